@@ -1,0 +1,130 @@
+//! `hopper demo`: the order-timeout route on the embedded broker, with sample
+//! orders that take every path, printed as they happen.
+
+use crate::{ctrl_c, prepare};
+use anyhow::Context as _;
+use hopper::Hopper;
+use hopper::events::Event;
+use hopper::headers;
+use rdkafka::Message;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Headers;
+use rdkafka::producer::FutureRecord;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Sample orders: (order id, payload, what should happen).
+const ORDERS: [(&str, &str, &str); 6] = [
+    ("o-1001", r#"{"order_id":"o-1001","status":"pending"}"#, "closed on the first attempt"),
+    ("o-1002", r#"{"order_id":"o-1002","status":"paid"}"#, "already paid: nothing to do"),
+    ("o-1003", r#"{"order_id":"o-1003","status":"pending","downstream":"flaky"}"#, "order service flaky: two retries, then closed"),
+    ("o-1004", r#"{"order_id":"o-1004","status":"refunded"}"#, "unknown status: FATAL, straight to the DLQ"),
+    ("o-1005", r#"{"order_id":"o-1005","status":"pending","downstream":"down"}"#, "order service down: RETRIES_EXHAUSTED in the DLQ"),
+    ("o-1006", "this is not json", "poison message: FATAL, straight to the DLQ"),
+];
+
+/// How long the demo waits for every sample to settle.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
+    let (settings, _broker) =
+        prepare(&config, None).with_context(|| format!("loading {}", config.display()))?;
+    let route = settings
+        .routes
+        .first()
+        .context("the demo config has no route")?
+        .clone();
+    let cluster = settings.cluster.clone();
+    let hopper = Hopper::start(settings).await?;
+    let mut events = hopper.events();
+    let started = Instant::now();
+    let stamp = move || format!("[{:>6.2}s]", started.elapsed().as_secs_f64());
+
+    println!(
+        "Route `{}`: {} → handler {} → retry tiers {} → DLQ {} (max {} attempts).",
+        route.name,
+        route.topics.join(","),
+        route.handler.display(),
+        route.tiers().iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join(", "),
+        route.dlq,
+        route.max_attempts
+    );
+
+    let producer = cluster.producer()?;
+    let input = &route.topics[0];
+    for (id, payload, expect) in ORDERS {
+        let record = FutureRecord::to(input).key(id).payload(payload).headers(
+            rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                key: headers::ID,
+                value: Some(id),
+            }),
+        );
+        producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map_err(|(e, _)| e)
+            .with_context(|| format!("producing sample order {id}"))?;
+        println!("{} sent {id} to {input}: {expect}", stamp());
+    }
+
+    // Watch the dead-letter topic the way any consumer would.
+    let dlq: StreamConsumer = cluster
+        .consumer_config(&format!("hopper-demo-dlq-{}", std::process::id()))
+        .create()?;
+    dlq.subscribe(&[route.dlq.as_str()])?;
+
+    let mut settled: BTreeMap<String, String> = BTreeMap::new();
+    let deadline = tokio::time::sleep(SETTLE_TIMEOUT);
+    tokio::pin!(deadline);
+    while settled.len() < ORDERS.len() {
+        tokio::select! {
+            _ = &mut deadline => {
+                println!("{} gave up waiting after {SETTLE_TIMEOUT:?}", stamp());
+                break;
+            }
+            _ = ctrl_c() => break,
+            event = events.recv() => match event {
+                Ok(Event::Handled { id, attempt, verdict, .. }) => {
+                    println!("{} {id} attempt {attempt}: handler said {verdict}", stamp());
+                    if verdict == "ok" {
+                        settled.insert(id, "ok".into());
+                    }
+                }
+                Ok(Event::RetryScheduled { id, topic, delay, .. }) => {
+                    println!("{} {id} → {topic} (due in {})", stamp(), humantime::format_duration(delay));
+                }
+                Ok(Event::DeadLettered { id, reason, .. }) => {
+                    settled.insert(id.clone(), format!("dead-lettered ({reason})"));
+                }
+                Err(_) => {}
+            },
+            record = dlq.recv() => {
+                if let Ok(record) = record {
+                    let mut context = Vec::new();
+                    if let Some(h) = record.headers() {
+                        for header in h.iter() {
+                            if header.key.starts_with(headers::PREFIX) {
+                                let value = String::from_utf8_lossy(header.value.unwrap_or_default());
+                                context.push(format!("{}={}", header.key, value));
+                            }
+                        }
+                    }
+                    println!("{} DLQ record at {}[{}]@{}:\n           {}", stamp(), record.topic(), record.partition(), record.offset(), context.join("\n           "));
+                }
+            }
+        }
+    }
+
+    println!("\nSummary:");
+    for (id, _, expect) in ORDERS {
+        let got = settled.get(id).map(String::as_str).unwrap_or("not settled");
+        println!("  {id}: {got:<32} expected: {expect}");
+    }
+    if linger {
+        println!("Still running; press Ctrl-C to stop.");
+        ctrl_c().await;
+    }
+    hopper.stop().await;
+    Ok(())
+}

@@ -1,0 +1,40 @@
+//! The embedded broker: librdkafka's in-process mock cluster, for the demo
+//! and for trying hopper without Kafka. It listens on a real 127.0.0.1 port,
+//! so any Kafka client on this machine can reach it while hopper runs.
+//!
+//! Not for production: it keeps everything in memory and loses it on exit.
+
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+
+pub struct EmbeddedBroker {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+}
+
+impl EmbeddedBroker {
+    pub fn start() -> anyhow::Result<EmbeddedBroker> {
+        let cluster = MockCluster::new(1)
+            .map_err(|e| anyhow::anyhow!("cannot start the embedded broker: {e}"))?;
+        Ok(EmbeddedBroker { cluster })
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn bootstrap_servers(&self) -> String {
+        self.cluster.bootstrap_servers()
+    }
+
+    /// Creates topics through the mock API (admin CreateTopics does not work
+    /// against the mock cluster).
+    pub fn create_topics<'a>(
+        &self,
+        topics: impl IntoIterator<Item = &'a String>,
+        partitions: i32,
+    ) -> anyhow::Result<()> {
+        for topic in topics {
+            self.cluster
+                .create_topic(topic, partitions, 1)
+                .map_err(|e| anyhow::anyhow!("cannot create topic {topic} on the embedded broker: {e}"))?;
+        }
+        Ok(())
+    }
+}

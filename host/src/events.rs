@@ -1,0 +1,160 @@
+//! Named events: each one writes its log line, bumps its counter and is
+//! broadcast to observers (the demo's live view, tests, the admin API).
+//!
+//! Counter labels stay low-cardinality: route, tier, reason, outcome — never a
+//! key or an id. Ids appear only in log lines and broadcast events.
+
+use crate::headers::Reason;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::broadcast;
+
+/// Something that happened to one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// A handler call finished.
+    Handled {
+        route: String,
+        id: String,
+        topic: String,
+        partition: i32,
+        offset: i64,
+        attempt: u32,
+        /// `ok`, `retryable`, `fatal`, `trap`, `timeout` or `memory`.
+        verdict: &'static str,
+        /// sha256 of the handler version that ran.
+        version: String,
+        at_ms: i64,
+    },
+    /// The message was produced to a retry tier and acknowledged.
+    RetryScheduled {
+        route: String,
+        id: String,
+        attempt: u32,
+        topic: String,
+        delay: Duration,
+        reason: Reason,
+    },
+    /// The message was produced to a dead-letter topic and acknowledged.
+    DeadLettered {
+        route: String,
+        id: String,
+        attempt: u32,
+        topic: String,
+        reason: Reason,
+        error: String,
+    },
+}
+
+/// Where events go. Cheap to clone.
+#[derive(Clone)]
+pub struct Telemetry {
+    events: broadcast::Sender<Event>,
+    // std Mutex: counters are bumped without any .await under the lock.
+    counters: Arc<Mutex<BTreeMap<String, u64>>>,
+}
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Telemetry {
+    pub fn new() -> Self {
+        // Slow observers lose the oldest events rather than slowing hopper.
+        let (events, _) = broadcast::channel(65_536);
+        Self {
+            events,
+            counters: Arc::default(),
+        }
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Event> {
+        self.events.subscribe()
+    }
+
+    /// Counter values, keyed `name{label=value,...}`.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        self.counters.lock().unwrap().clone()
+    }
+
+    fn count(&self, name: &str, labels: &[(&str, &str)]) {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let key = format!("{name}{{{}}}", labels.join(","));
+        *self.counters.lock().unwrap().entry(key).or_default() += 1;
+    }
+
+    pub fn emit(&self, event: Event) {
+        match &event {
+            Event::Handled {
+                route,
+                id,
+                topic,
+                partition,
+                offset,
+                attempt,
+                verdict,
+                version,
+                ..
+            } => {
+                tracing::debug!(
+                    route,
+                    id,
+                    topic,
+                    partition,
+                    offset,
+                    attempt,
+                    verdict,
+                    version = &version[..12.min(version.len())],
+                    "Message handled."
+                );
+                self.count("hopper_handled_total", &[("route", route), ("verdict", verdict)]);
+            }
+            Event::RetryScheduled {
+                route,
+                id,
+                attempt,
+                topic,
+                delay,
+                reason,
+            } => {
+                tracing::info!(
+                    route,
+                    id,
+                    attempt,
+                    tier = topic,
+                    delay = %humantime::format_duration(*delay),
+                    reason = reason.as_str(),
+                    "Retry scheduled."
+                );
+                self.count("hopper_retries_total", &[("route", route), ("tier", topic)]);
+            }
+            Event::DeadLettered {
+                route,
+                id,
+                attempt,
+                topic,
+                reason,
+                error,
+            } => {
+                tracing::warn!(
+                    route,
+                    id,
+                    attempt,
+                    dlq = topic,
+                    reason = reason.as_str(),
+                    error,
+                    "Message dead-lettered."
+                );
+                self.count(
+                    "hopper_dead_lettered_total",
+                    &[("route", route), ("reason", reason.as_str())],
+                );
+            }
+        }
+        // No subscribers is fine.
+        let _ = self.events.send(event);
+    }
+}

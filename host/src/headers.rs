@@ -1,0 +1,417 @@
+//! The header contract: what hopper reads from and writes onto records.
+//!
+//! Every value is UTF-8 text; times are epoch milliseconds. Each hop
+//! *replaces* the `hopper-` headers instead of appending to them, so a record
+//! that went through ten retries carries one set, not ten. The full list is in
+//! docs/headers.md.
+
+use rdkafka::message::{Header, Headers, OwnedHeaders};
+use std::fmt;
+
+/// The prefix of every header hopper owns.
+pub const PREFIX: &str = "hopper-";
+
+pub const ID: &str = "hopper-id";
+pub const ATTEMPT: &str = "hopper-attempt";
+pub const ROUTE: &str = "hopper-route";
+pub const ORIGIN_TOPIC: &str = "hopper-origin-topic";
+pub const ORIGIN_PARTITION: &str = "hopper-origin-partition";
+pub const ORIGIN_OFFSET: &str = "hopper-origin-offset";
+pub const ORIGIN_TIMESTAMP: &str = "hopper-origin-timestamp";
+pub const FIRST_FAILURE_AT: &str = "hopper-first-failure-at";
+pub const LAST_FAILURE_AT: &str = "hopper-last-failure-at";
+pub const LAST_ERROR: &str = "hopper-last-error";
+pub const REASON: &str = "hopper-reason";
+pub const HANDLER: &str = "hopper-handler";
+pub const HANDLER_VERSION: &str = "hopper-handler-version";
+pub const TRAIL: &str = "hopper-trail";
+pub const DUE_AT: &str = "hopper-due-at";
+
+/// `hopper-last-error` is cut to this many bytes (on a character boundary),
+/// with `…` appended when cut.
+pub const MAX_ERROR_BYTES: usize = 1024;
+/// `hopper-trail` keeps this many most recent hops; older ones fold into a
+/// leading `+N` count.
+pub const MAX_TRAIL_HOPS: usize = 12;
+/// Longest accepted `hopper-id`.
+pub const MAX_ID_BYTES: usize = 256;
+
+/// Why a record left the normal path. Written as `hopper-reason`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reason {
+    /// The handler returned `retryable` (retry records only).
+    Retryable,
+    /// The handler returned `fatal`.
+    Fatal,
+    /// The handler asked for a retry on the last allowed attempt.
+    RetriesExhausted,
+    /// The handler trapped (panic, `unreachable`, stack overflow, ...).
+    HandlerTrap,
+    /// The handler ran past the route's wall-clock limit.
+    HandlerTimeout,
+    /// The handler tried to grow its memory past the route's cap.
+    HandlerMemory,
+    /// Hopper's own headers on the record are missing or malformed.
+    InvalidEnvelope,
+    /// No handler could be loaded for the route.
+    NoHandler,
+    /// A delayed message asked for a time beyond the maximum delay.
+    DelayTooLong,
+    /// A replayed message came back to the dead-letter topic again.
+    ReplayLoop,
+}
+
+impl Reason {
+    pub const ALL: [Reason; 10] = [
+        Reason::Retryable,
+        Reason::Fatal,
+        Reason::RetriesExhausted,
+        Reason::HandlerTrap,
+        Reason::HandlerTimeout,
+        Reason::HandlerMemory,
+        Reason::InvalidEnvelope,
+        Reason::NoHandler,
+        Reason::DelayTooLong,
+        Reason::ReplayLoop,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Retryable => "RETRYABLE",
+            Reason::Fatal => "FATAL",
+            Reason::RetriesExhausted => "RETRIES_EXHAUSTED",
+            Reason::HandlerTrap => "HANDLER_TRAP",
+            Reason::HandlerTimeout => "HANDLER_TIMEOUT",
+            Reason::HandlerMemory => "HANDLER_MEMORY",
+            Reason::InvalidEnvelope => "INVALID_ENVELOPE",
+            Reason::NoHandler => "NO_HANDLER",
+            Reason::DelayTooLong => "DELAY_TOO_LONG",
+            Reason::ReplayLoop => "REPLAY_LOOP",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == text)
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A header that is present but unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("header {name}: {problem}")]
+pub struct HeaderError {
+    pub name: &'static str,
+    pub problem: String,
+}
+
+/// Where a message first entered hopper.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+}
+
+/// Hopper's state for one message, carried from hop to hop in headers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    pub id: String,
+    /// Handler attempts already made before this delivery.
+    pub attempts_made: u32,
+    pub origin: Origin,
+    pub first_failure_at: Option<i64>,
+    pub trail: Vec<String>,
+}
+
+/// The record being read, as far as the envelope cares.
+pub struct Incoming<'a, H: Headers> {
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp: Option<i64>,
+    pub headers: Option<&'a H>,
+}
+
+impl Envelope {
+    /// The envelope of a record read from a route's input topic: the record
+    /// itself is the origin and this is attempt 1. Only `hopper-id` is
+    /// honoured, so a producer can choose the id.
+    pub fn from_input<H: Headers>(rec: &Incoming<'_, H>) -> Result<Envelope, HeaderError> {
+        let id = match text(rec.headers, ID)? {
+            Some(id) => check_id(id)?,
+            None => default_id(rec.topic, rec.partition, rec.offset),
+        };
+        Ok(Envelope {
+            id,
+            attempts_made: 0,
+            origin: Origin {
+                topic: rec.topic.to_string(),
+                partition: rec.partition,
+                offset: rec.offset,
+                timestamp: rec.timestamp,
+            },
+            first_failure_at: None,
+            trail: Vec::new(),
+        })
+    }
+
+    /// The envelope of a record that hopper itself wrote onto a tier topic.
+    /// Every field must be present and well-formed.
+    pub fn from_tier<H: Headers>(rec: &Incoming<'_, H>) -> Result<Envelope, HeaderError> {
+        let h = rec.headers;
+        Ok(Envelope {
+            id: check_id(required(h, ID)?)?,
+            attempts_made: number(h, ATTEMPT)?,
+            origin: Origin {
+                topic: required(h, ORIGIN_TOPIC)?.to_string(),
+                partition: number(h, ORIGIN_PARTITION)?,
+                offset: number(h, ORIGIN_OFFSET)?,
+                timestamp: optional_number(h, ORIGIN_TIMESTAMP)?,
+            },
+            first_failure_at: optional_number(h, FIRST_FAILURE_AT)?,
+            trail: text(h, TRAIL)?.map(parse_trail).unwrap_or_default(),
+        })
+    }
+}
+
+/// The id of a message that arrived without `hopper-id`.
+pub fn default_id(topic: &str, partition: i32, offset: i64) -> String {
+    format!("{topic}-{partition}-{offset}")
+}
+
+fn check_id(id: &str) -> Result<String, HeaderError> {
+    if id.is_empty() {
+        return Err(HeaderError {
+            name: ID,
+            problem: "is empty".into(),
+        });
+    }
+    if id.len() > MAX_ID_BYTES {
+        return Err(HeaderError {
+            name: ID,
+            problem: format!("is {} bytes; the limit is {MAX_ID_BYTES}", id.len()),
+        });
+    }
+    Ok(id.to_string())
+}
+
+/// The value of the *last* header called `name`, as UTF-8.
+pub fn text<'a, H: Headers>(
+    headers: Option<&'a H>,
+    name: &'static str,
+) -> Result<Option<&'a str>, HeaderError> {
+    let Some(headers) = headers else {
+        return Ok(None);
+    };
+    let mut found = None;
+    for header in headers.iter() {
+        if header.key == name {
+            found = Some(header.value);
+        }
+    }
+    match found {
+        None => Ok(None),
+        Some(None) => Err(HeaderError {
+            name,
+            problem: "has a null value".into(),
+        }),
+        Some(Some(bytes)) => std::str::from_utf8(bytes)
+            .map(|s| Some(s.trim()))
+            .map_err(|_| HeaderError {
+                name,
+                problem: "is not UTF-8 text".into(),
+            }),
+    }
+}
+
+fn required<'a, H: Headers>(
+    headers: Option<&'a H>,
+    name: &'static str,
+) -> Result<&'a str, HeaderError> {
+    text(headers, name)?.ok_or(HeaderError {
+        name,
+        problem: "is missing".into(),
+    })
+}
+
+fn number<T: std::str::FromStr, H: Headers>(
+    headers: Option<&H>,
+    name: &'static str,
+) -> Result<T, HeaderError> {
+    let value = required(headers, name)?;
+    value.parse().map_err(|_| HeaderError {
+        name,
+        problem: format!("`{}` is not a valid number", shorten(value, 64)),
+    })
+}
+
+fn optional_number<T: std::str::FromStr, H: Headers>(
+    headers: Option<&H>,
+    name: &'static str,
+) -> Result<Option<T>, HeaderError> {
+    match text(headers, name)? {
+        None => Ok(None),
+        Some(value) => value.parse().map(Some).map_err(|_| HeaderError {
+            name,
+            problem: format!("`{}` is not a valid number", shorten(value, 64)),
+        }),
+    }
+}
+
+fn parse_trail(text: &str) -> Vec<String> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Appends a hop to a trail, folding the oldest hops into a `+N` count so
+/// the header stays bounded however many hops a message makes.
+pub fn push_trail(trail: &[String], hop: &str) -> Vec<String> {
+    let mut folded: u64 = 0;
+    let mut hops: Vec<String> = Vec::with_capacity(trail.len() + 1);
+    for entry in trail {
+        match entry.strip_prefix('+').and_then(|n| n.parse::<u64>().ok()) {
+            Some(n) => folded += n,
+            None => hops.push(entry.clone()),
+        }
+    }
+    hops.push(hop.to_string());
+    let keep = MAX_TRAIL_HOPS - 1;
+    if hops.len() > keep {
+        let excess = hops.len() - keep;
+        folded += excess as u64;
+        hops.drain(..excess);
+    }
+    let mut out = Vec::with_capacity(hops.len() + 1);
+    if folded > 0 {
+        out.push(format!("+{folded}"));
+    }
+    out.extend(hops);
+    out
+}
+
+/// Cuts `text` to at most `max` bytes on a character boundary, marking the cut.
+pub fn shorten(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max.saturating_sub('…'.len_utf8());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
+/// What the next hop's record says about the handler and the failure.
+pub struct Hop<'a> {
+    pub route: &'a str,
+    pub attempts_made: u32,
+    pub reason: Option<Reason>,
+    pub error: Option<&'a str>,
+    pub failed_at: Option<i64>,
+    pub handler: Option<(&'a str, &'a str)>,
+    /// Trail entry for this hop, such as `retry.5s` or `dlq`.
+    pub trail_entry: &'a str,
+    pub due_at: Option<i64>,
+}
+
+/// The headers of the next hop: the record's own non-hopper headers, in
+/// order, followed by one fresh set of hopper headers.
+pub fn next_hop_headers<H: Headers>(
+    original: Option<&H>,
+    envelope: &Envelope,
+    hop: &Hop<'_>,
+) -> OwnedHeaders {
+    let mut out = OwnedHeaders::new();
+    if let Some(original) = original {
+        for header in original.iter() {
+            if !header.key.starts_with(PREFIX) {
+                out = out.insert(Header {
+                    key: header.key,
+                    value: header.value,
+                });
+            }
+        }
+    }
+    let mut ours: Vec<(&str, String)> = vec![
+        (ID, envelope.id.clone()),
+        (ATTEMPT, hop.attempts_made.to_string()),
+        (ROUTE, hop.route.to_string()),
+        (ORIGIN_TOPIC, envelope.origin.topic.clone()),
+        (ORIGIN_PARTITION, envelope.origin.partition.to_string()),
+        (ORIGIN_OFFSET, envelope.origin.offset.to_string()),
+    ];
+    if let Some(ts) = envelope.origin.timestamp {
+        ours.push((ORIGIN_TIMESTAMP, ts.to_string()));
+    }
+    if let Some(failed_at) = hop.failed_at {
+        let first = envelope.first_failure_at.unwrap_or(failed_at);
+        ours.push((FIRST_FAILURE_AT, first.to_string()));
+        ours.push((LAST_FAILURE_AT, failed_at.to_string()));
+    }
+    if let Some(error) = hop.error {
+        ours.push((LAST_ERROR, shorten(error, MAX_ERROR_BYTES)));
+    }
+    if let Some(reason) = hop.reason {
+        ours.push((REASON, reason.as_str().to_string()));
+    }
+    if let Some((name, version)) = hop.handler {
+        ours.push((HANDLER, name.to_string()));
+        ours.push((HANDLER_VERSION, version.to_string()));
+    }
+    ours.push((
+        TRAIL,
+        push_trail(&envelope.trail, hop.trail_entry).join(","),
+    ));
+    if let Some(due) = hop.due_at {
+        ours.push((DUE_AT, due.to_string()));
+    }
+    for (key, value) in &ours {
+        out = out.insert(Header {
+            key,
+            value: Some(value.as_bytes()),
+        });
+    }
+    out
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trail_stays_bounded() {
+        let mut trail = Vec::new();
+        for i in 0..40 {
+            trail = push_trail(&trail, &format!("retry.{i}s"));
+        }
+        assert_eq!(trail.len(), MAX_TRAIL_HOPS);
+        assert_eq!(trail[0], "+29");
+        assert_eq!(trail.last().unwrap(), "retry.39s");
+    }
+
+    #[test]
+    fn shorten_respects_char_boundaries() {
+        let text = "é".repeat(600);
+        let cut = shorten(&text, MAX_ERROR_BYTES);
+        assert!(cut.len() <= MAX_ERROR_BYTES);
+        assert!(cut.ends_with('…'));
+        assert_eq!(shorten("short", 10), "short");
+    }
+
+    #[test]
+    fn reasons_round_trip() {
+        for reason in Reason::ALL {
+            assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+        }
+    }
+}

@@ -1,0 +1,123 @@
+//! Hold-until-due: how a tier topic waits without sleeping or buffering.
+//!
+//! Every message in a tier waits the same fixed time, so within a partition
+//! messages become due in offset order. When the head of a partition is not
+//! due yet, the consumer pauses that partition and seeks back to the head;
+//! when the head's time comes, the partition resumes and the head is fetched
+//! again. The poll loop never sleeps, and no backlog is held in memory: the
+//! Kafka offset is the durable record of what is still waiting.
+//!
+//! This module keeps the bookkeeping (which partitions are held, until when);
+//! the consumer loop that owns the consumer does the pause, seek and resume.
+//! Retry tiers and delay tiers both use it.
+
+use std::collections::{BTreeSet, HashMap};
+
+/// A partition of a topic.
+pub type TopicPartition = (String, i32);
+
+#[derive(Debug, Default)]
+pub struct Hold {
+    /// Held partitions: the offset to resume at and when it is due.
+    held: HashMap<TopicPartition, (i64, i64)>,
+    /// The same entries ordered by due time, for the next wake-up.
+    by_due: BTreeSet<(i64, TopicPartition)>,
+}
+
+/// What to do with a message read from a tier.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Gate {
+    /// Due: hand it on.
+    Pass,
+    /// Not due: pause the partition, seek back to this offset, and resume at
+    /// `due_ms`.
+    Hold { due_ms: i64 },
+    /// The partition is held already: this message was fetched before the
+    /// pause took effect and will be fetched again after the resume. Drop it.
+    Discard,
+}
+
+impl Hold {
+    /// Decides what to do with `offset` of `tp`, due at `due_ms`, at `now_ms`.
+    /// A message is never passed before it is due.
+    pub fn gate(&mut self, tp: &TopicPartition, offset: i64, due_ms: i64, now_ms: i64) -> Gate {
+        if self.held.contains_key(tp) {
+            return Gate::Discard;
+        }
+        if due_ms <= now_ms {
+            return Gate::Pass;
+        }
+        self.held.insert(tp.clone(), (offset, due_ms));
+        self.by_due.insert((due_ms, tp.clone()));
+        Gate::Hold { due_ms }
+    }
+
+    /// When the earliest held partition is due, if any is held.
+    pub fn next_due(&self) -> Option<i64> {
+        self.by_due.first().map(|(due, _)| *due)
+    }
+
+    /// Takes every partition due at `now_ms`; the caller resumes them.
+    pub fn take_due(&mut self, now_ms: i64) -> Vec<TopicPartition> {
+        let mut due = Vec::new();
+        while let Some((at, _)) = self.by_due.first() {
+            if *at > now_ms {
+                break;
+            }
+            let (_, tp) = self.by_due.pop_first().expect("checked above");
+            self.held.remove(&tp);
+            due.push(tp);
+        }
+        due
+    }
+
+    /// Forgets a partition, for example when a rebalance takes it away.
+    pub fn release(&mut self, tp: &TopicPartition) {
+        if let Some((_, due)) = self.held.remove(tp) {
+            self.by_due.remove(&(due, tp.clone()));
+        }
+    }
+
+    pub fn held(&self) -> usize {
+        self.held.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tp(p: i32) -> TopicPartition {
+        ("orders.retry.5s".to_string(), p)
+    }
+
+    #[test]
+    fn a_message_is_never_passed_early() {
+        let mut hold = Hold::default();
+        assert_eq!(hold.gate(&tp(0), 7, 1_000, 999), Gate::Hold { due_ms: 1_000 });
+        assert_eq!(hold.take_due(999), Vec::<TopicPartition>::new());
+        assert_eq!(hold.take_due(1_000), vec![tp(0)]);
+        assert_eq!(hold.gate(&tp(0), 7, 1_000, 1_000), Gate::Pass);
+    }
+
+    #[test]
+    fn a_held_partition_discards_prefetched_messages() {
+        let mut hold = Hold::default();
+        hold.gate(&tp(0), 7, 5_000, 0);
+        assert_eq!(hold.gate(&tp(0), 8, 5_001, 0), Gate::Discard);
+        assert_eq!(hold.gate(&tp(1), 3, 0, 0), Gate::Pass, "other partitions flow");
+    }
+
+    #[test]
+    fn wakes_for_the_earliest_partition_first() {
+        let mut hold = Hold::default();
+        hold.gate(&tp(0), 1, 3_000, 0);
+        hold.gate(&tp(1), 1, 2_000, 0);
+        assert_eq!(hold.next_due(), Some(2_000));
+        assert_eq!(hold.take_due(2_500), vec![tp(1)]);
+        assert_eq!(hold.next_due(), Some(3_000));
+        hold.release(&tp(0));
+        assert_eq!(hold.next_due(), None);
+        assert_eq!(hold.held(), 0);
+    }
+}

@@ -1,0 +1,155 @@
+//! Kafka clients with hopper's delivery guarantees, and topic provisioning.
+//!
+//! Producers are idempotent with `acks=all`; consumers store offsets only when
+//! hopper says so (`enable.auto.offset.store=false`) and commit what was
+//! stored in the background and on shutdown. Together with "store after the
+//! hop's produce is acknowledged" this gives at-least-once delivery.
+
+use crate::config::KafkaConfig;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
+use rdkafka::producer::FutureProducer;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Properties hopper sets itself; a config that sets them is rejected,
+/// because changing them would break the delivery guarantees.
+pub const PROTECTED_PROPERTIES: [&str; 7] = [
+    "bootstrap.servers",
+    "group.id",
+    "enable.auto.commit",
+    "enable.auto.offset.store",
+    "enable.idempotence",
+    "acks",
+    "isolation.level",
+];
+
+/// How long metadata and admin calls may take before startup gives up.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where the clients connect, and the extra properties they carry.
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub brokers: String,
+    pub kafka: KafkaConfig,
+}
+
+impl Cluster {
+    fn base(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.brokers);
+        for (key, value) in &self.kafka.properties {
+            config.set(key, value);
+        }
+        config
+    }
+
+    /// An idempotent, acks=all producer.
+    pub fn producer(&self) -> anyhow::Result<FutureProducer> {
+        let mut config = self.base();
+        config
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .set("queue.buffering.max.messages", "200000");
+        Ok(config.create()?)
+    }
+
+    /// Consumer settings for a group whose offsets hopper stores by hand.
+    pub fn consumer_config(&self, group: &str) -> ClientConfig {
+        let mut config = self.base();
+        config
+            .set("group.id", group)
+            .set("enable.auto.commit", "true")
+            .set("auto.commit.interval.ms", "1000")
+            .set("enable.auto.offset.store", "false")
+            .set("auto.offset.reset", "earliest")
+            .set("isolation.level", "read_committed")
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000");
+        config
+    }
+
+    /// Topics that exist on the cluster.
+    pub fn existing_topics(&self) -> anyhow::Result<BTreeSet<String>> {
+        let consumer: BaseConsumer = self.base().create()?;
+        let metadata = consumer
+            .fetch_metadata(None, ADMIN_TIMEOUT)
+            .map_err(|e| anyhow::anyhow!("cannot read topic metadata from {}: {e}", self.brokers))?;
+        Ok(metadata
+            .topics()
+            .iter()
+            .filter(|t| t.error().is_none())
+            .map(|t| t.name().to_string())
+            .collect())
+    }
+
+    /// Makes sure every topic in `wanted` exists: creates the missing ones
+    /// when the config allows it, and otherwise fails naming all of them.
+    pub async fn ensure_topics(&self, wanted: &BTreeSet<String>) -> anyhow::Result<Vec<String>> {
+        let existing = self.existing_topics()?;
+        let missing: Vec<String> = wanted.difference(&existing).cloned().collect();
+        if missing.is_empty() {
+            return Ok(missing);
+        }
+        if !self.kafka.create_topics {
+            anyhow::bail!(
+                "{} topic(s) are missing and kafka.create_topics is false: {}",
+                missing.len(),
+                missing.join(", ")
+            );
+        }
+        let admin: AdminClient<DefaultClientContext> = self.base().create()?;
+        let new: Vec<NewTopic<'_>> = missing
+            .iter()
+            .map(|name| {
+                NewTopic::new(
+                    name,
+                    self.kafka.partitions,
+                    TopicReplication::Fixed(self.kafka.replication),
+                )
+            })
+            .collect();
+        let options = AdminOptions::new().operation_timeout(Some(ADMIN_TIMEOUT));
+        let results = admin.create_topics(&new, &options).await?;
+        let mut failures = Vec::new();
+        for result in results {
+            match result {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => failures.push(format!("{topic}: {code}")),
+            }
+        }
+        if !failures.is_empty() {
+            anyhow::bail!("cannot create topics: {}", failures.join("; "));
+        }
+        self.wait_for_topics(&missing).await?;
+        Ok(missing)
+    }
+
+    /// New topics take a moment to show up in metadata with leaders.
+    async fn wait_for_topics(&self, topics: &[String]) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + ADMIN_TIMEOUT;
+        loop {
+            let existing = self.existing_topics()?;
+            let pending: Vec<&String> = topics.iter().filter(|t| !existing.contains(*t)).collect();
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                anyhow::bail!(
+                    "topics were created but never appeared in metadata: {}",
+                    pending
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}

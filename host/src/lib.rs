@@ -1,0 +1,176 @@
+//! hopper: delay, retry and dead-letter plumbing for Kafka, around sandboxed
+//! WebAssembly handlers.
+//!
+//! A message's path through the code:
+//! [`route`] (consumer loop, partition workers) → [`plugin`] (the handler
+//! call) → [`retry`] (the next hop) → [`headers`] (the next hop's record) →
+//! back to [`route`] (produce, acknowledge, store the offset). Retry tiers wait
+//! through [`hold`].
+
+pub mod config;
+pub mod embedded;
+pub mod events;
+pub mod headers;
+pub mod hold;
+pub mod kafka;
+pub mod offsets;
+pub mod plugin;
+pub mod retry;
+pub mod route;
+
+use anyhow::Context as _;
+use config::Route;
+use events::Telemetry;
+use kafka::Cluster;
+use rdkafka::consumer::Consumer;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Everything `Hopper::start` needs: where Kafka is and the resolved routes.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub cluster: Cluster,
+    pub routes: Vec<Route>,
+}
+
+/// A running hopper: one consumer loop per route.
+pub struct Hopper {
+    telemetry: Telemetry,
+    /// Cancelled by [`Hopper::stop`]; every route loop watches it.
+    shutdown: CancellationToken,
+    loops: TaskTracker,
+    slots: HashMap<String, Arc<route::HandlerSlot>>,
+}
+
+impl Hopper {
+    /// Loads every handler, makes sure every topic exists, and starts every
+    /// route. Nothing starts unless all of that succeeds; a failure names
+    /// every handler that could not be loaded.
+    pub async fn start(settings: Settings) -> anyhow::Result<Hopper> {
+        let max_memory = settings
+            .routes
+            .iter()
+            .map(|r| r.memory_bytes)
+            .max()
+            .unwrap_or(64 << 20);
+        let runtime = plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+
+        let mut handlers = Vec::new();
+        let mut failures = Vec::new();
+        for route in &settings.routes {
+            match runtime.load(&route.handler, route) {
+                Ok(handler) => {
+                    tracing::info!(
+                        route = route.name,
+                        handler = handler.name(),
+                        version = handler.version(),
+                        "Handler loaded."
+                    );
+                    handlers.push(handler);
+                }
+                Err(e) => failures.push(format!("route `{}`: {e}", route.name)),
+            }
+        }
+        if !failures.is_empty() {
+            anyhow::bail!("{}", failures.join("\n"));
+        }
+
+        let wanted: BTreeSet<String> = settings
+            .routes
+            .iter()
+            .flat_map(|r| r.all_topics())
+            .collect();
+        let created = settings.cluster.ensure_topics(&wanted).await?;
+        if !created.is_empty() {
+            tracing::info!(topics = created.join(","), "Topics created.");
+        }
+
+        let telemetry = Telemetry::new();
+        let shutdown = CancellationToken::new();
+        let loops = TaskTracker::new();
+        let mut slots = HashMap::new();
+        for (route, handler) in settings.routes.iter().zip(handlers) {
+            let route = Arc::new(route.clone());
+            let slot = Arc::new(route::HandlerSlot::new(handler));
+            slots.insert(route.name.clone(), slot.clone());
+            let (tx, rx) = mpsc::unbounded_channel();
+            let consumer: route::RouteConsumer = settings
+                .cluster
+                .consumer_config(&route.group)
+                .create_with_context(route::RouteContext {
+                    route: route.name.clone(),
+                    rebalances: tx,
+                })
+                .with_context(|| format!("creating the consumer of route `{}`", route.name))?;
+            let tiers: HashMap<String, std::time::Duration> =
+                route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
+            let mut subscription: Vec<String> = route.topics.clone();
+            subscription.extend(tiers.keys().cloned());
+            let subscription: Vec<&str> = subscription.iter().map(String::as_str).collect();
+            consumer
+                .subscribe(&subscription)
+                .with_context(|| format!("subscribing route `{}`", route.name))?;
+            let shared = Arc::new(route::Shared {
+                producer: settings.cluster.producer()?,
+                consumer: Arc::new(consumer),
+                tiers,
+                handler: slot,
+                telemetry: telemetry.clone(),
+                acks: TaskTracker::new(),
+                route: route.clone(),
+            });
+            tracing::info!(
+                route = route.name,
+                topics = subscription.join(","),
+                group = route.group,
+                dlq = route.dlq,
+                "Route started."
+            );
+            loops.spawn(route::run(shared, rx, shutdown.clone()));
+        }
+        loops.close();
+        Ok(Hopper {
+            telemetry,
+            shutdown,
+            loops,
+            slots,
+        })
+    }
+
+    /// Events of every route, from now on.
+    pub fn events(&self) -> tokio::sync::broadcast::Receiver<events::Event> {
+        self.telemetry.subscribe()
+    }
+
+    pub fn telemetry(&self) -> &Telemetry {
+        &self.telemetry
+    }
+
+    /// The handler version serving `route` now.
+    pub fn handler_version(&self, route: &str) -> Option<String> {
+        self.slots
+            .get(route)
+            .map(|s| s.current().version().to_string())
+    }
+
+    /// Stops every route: in-flight messages finish and their offsets are
+    /// committed before this returns.
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.loops.wait().await;
+    }
+
+    /// Runs until `shutdown` completes, then stops.
+    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::select! {
+            _ = shutdown => {}
+            _ = self.loops.wait() => {
+                tracing::error!("Every route loop ended on its own.");
+            }
+        }
+        self.stop().await;
+    }
+}

@@ -1,0 +1,133 @@
+//! The `hopper` command: a thin layer over the library.
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use hopper::config::Config;
+use hopper::embedded::EmbeddedBroker;
+use hopper::kafka::Cluster;
+use hopper::{Hopper, Settings};
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+mod demo;
+
+#[derive(Parser)]
+#[command(name = "hopper", version, about = "Delay, retry and dead-letter plumbing for Kafka, around WebAssembly handlers.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Runs the routes of a config file until Ctrl-C.
+    Run {
+        /// The config file.
+        #[arg(short, long, default_value = "hopper.toml")]
+        config: PathBuf,
+        /// Bootstrap servers; overrides `kafka.brokers`. Without either,
+        /// hopper starts an embedded broker on 127.0.0.1.
+        #[arg(long, env = "HOPPER_BROKERS")]
+        brokers: Option<String>,
+    },
+    /// Runs the order-timeout demo on the embedded broker: sample orders
+    /// that succeed, retry, and land in the dead-letter topic.
+    Demo {
+        #[arg(short, long, default_value = "examples/demo.toml")]
+        config: PathBuf,
+        /// Keep running after the sample orders settle, until Ctrl-C.
+        #[arg(long)]
+        linger: bool,
+    },
+    /// Handler components.
+    Plugin {
+        #[command(subcommand)]
+        command: PluginCommand,
+    },
+}
+
+#[derive(Subcommand)]
+enum PluginCommand {
+    /// Says whether a file is a component that fits the handler world.
+    Check { file: PathBuf },
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HOPPER_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run { config, brokers } => run(config, brokers).await,
+        Command::Demo { config, linger } => demo::run(config, linger).await,
+        Command::Plugin {
+            command: PluginCommand::Check { file },
+        } => plugin_check(file),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// Loads the config and, when no broker is given, starts the embedded one.
+/// The broker must outlive hopper, so it is returned to the caller.
+pub(crate) fn prepare(
+    config: &PathBuf,
+    brokers: Option<String>,
+) -> anyhow::Result<(Settings, Option<EmbeddedBroker>)> {
+    let (mut config, routes) = Config::load(config)?;
+    let mut embedded = None;
+    let brokers = match brokers.or(config.kafka.brokers.clone()) {
+        Some(brokers) => brokers,
+        None => {
+            let broker = EmbeddedBroker::start()?;
+            let topics: BTreeSet<String> = routes.iter().flat_map(|r| r.all_topics()).collect();
+            broker.create_topics(&topics, config.kafka.partitions)?;
+            let address = broker.bootstrap_servers();
+            println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
+            embedded = Some(broker);
+            address
+        }
+    };
+    config.kafka.brokers = Some(brokers.clone());
+    Ok((
+        Settings {
+            cluster: Cluster {
+                brokers,
+                kafka: config.kafka,
+            },
+            routes,
+        },
+        embedded,
+    ))
+}
+
+async fn run(config: PathBuf, brokers: Option<String>) -> anyhow::Result<()> {
+    let (settings, _embedded) =
+        prepare(&config, brokers).with_context(|| format!("loading {}", config.display()))?;
+    let hopper = Hopper::start(settings).await?;
+    hopper.run_until(ctrl_c()).await;
+    Ok(())
+}
+
+pub(crate) async fn ctrl_c() {
+    if tokio::signal::ctrl_c().await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn plugin_check(file: PathBuf) -> anyhow::Result<()> {
+    let runtime = hopper::plugin::Runtime::new(64 << 20)?;
+    println!("{}", runtime.check(&file)?);
+    Ok(())
+}

@@ -1,0 +1,88 @@
+//! The `hopper` binary's edges: config errors and `plugin check`. These need
+//! no broker; everything that moves messages is in the workspace's tests/.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn hopper() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_hopper"))
+}
+
+fn plugin(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/dist")
+        .join(format!("{name}.wasm"));
+    assert!(path.is_file(), "{} is missing: run `cargo xtask build-plugins`", path.display());
+    path
+}
+
+#[test]
+fn an_invalid_config_fails_listing_every_problem() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    std::fs::write(
+        &config,
+        r#"
+[kafka]
+brokers = "127.0.0.1:1"
+properties = { "enable.auto.commit" = "false" }
+
+[[route]]
+name = "orders"
+topics = ["orders"]
+handler = "nowhere.wasm"
+retry = ["5m", "30s"]
+
+[[route]]
+name = "orders"
+topics = []
+handler = "nowhere.wasm"
+timeout = "0s"
+"#,
+    )
+    .unwrap();
+    let out = hopper().arg("run").arg("--config").arg(&config).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "has 7 problem(s)",
+        "kafka.properties.\"enable.auto.commit\" is set by hopper itself",
+        "route `orders`: handler",
+        "nowhere.wasm does not exist or is not a file",
+        "route `orders`: invalid retry ladder: 30s follows 5m",
+        "route `orders`: name is used by route #1 as well",
+        "route `orders`: no input topics",
+        "route `orders`: timeout must be more than 0s",
+    ] {
+        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+    }
+}
+
+#[test]
+fn a_config_with_a_typo_names_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    std::fs::write(&config, "[[route]]\nname = \"a\"\ntopic = [\"a\"]\nhandler = \"h.wasm\"\n").unwrap();
+    let out = hopper().arg("run").arg("--config").arg(&config).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown field `topic`"), "{stderr}");
+    assert!(stderr.contains("hopper.toml"), "{stderr}");
+}
+
+#[test]
+fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
+    let ok = hopper().args(["plugin", "check"]).arg(plugin("order_timeout")).output().unwrap();
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(stdout.starts_with("ok: "), "{stdout}");
+    assert!(stdout.contains("fits hopper:handler/handler@0.1.0"), "{stdout}");
+    assert!(stdout.contains("exports [handle]"), "{stdout}");
+
+    let wrong = plugin("wrong_world");
+    let bad = hopper().args(["plugin", "check"]).arg(&wrong).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert!(stderr.contains(&wrong.display().to_string()), "{stderr}");
+    assert!(stderr.contains("exports [greet]"), "{stderr}");
+}

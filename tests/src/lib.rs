@@ -1,0 +1,259 @@
+//! Test harness: a real Kafka-protocol broker, random topic and group names,
+//! handler fixtures by path, and small produce/consume helpers.
+//!
+//! `cargo xtask test` starts one nisshi broker for the whole run and passes
+//! its address in `HOPPER_TEST_BROKERS`. Without it, each test binary starts
+//! its own nisshi (it must be installed: `cargo install nisshi --locked`).
+
+use hopper::config::Config;
+use hopper::kafka::Cluster;
+use hopper::{Hopper, Settings};
+use rand::Rng;
+use rdkafka::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// The broker for this test run.
+pub fn brokers() -> String {
+    static BROKERS: OnceLock<String> = OnceLock::new();
+    BROKERS
+        .get_or_init(|| {
+            if let Ok(brokers) = std::env::var("HOPPER_TEST_BROKERS") {
+                return brokers;
+            }
+            let broker = start_nisshi();
+            let address = broker.address.clone();
+            // Lives for the rest of the process; nisshi is killed with it
+            // (see the parent-death signal below).
+            std::mem::forget(broker);
+            address
+        })
+        .clone()
+}
+
+pub fn init_tracing() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HOPPER_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
+struct Nisshi {
+    _child: Child,
+    address: String,
+}
+
+fn start_nisshi() -> Nisshi {
+    let home = std::env::var("HOME").unwrap_or_default();
+    let binary = [PathBuf::from(&home).join(".cargo/bin/nisshi")]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from("nisshi"));
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let address = format!("127.0.0.1:{port}");
+    let url = format!("tcp://{address}");
+    let dir = tempfile::tempdir().unwrap().keep();
+    let mut command = Command::new(&binary);
+    command
+        .current_dir(&dir)
+        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args(["--storage-engine", "memory://nisshi/"])
+        .args(["--group-initial-rebalance-delay", "0s"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    let child = command.spawn().unwrap_or_else(|e| {
+        panic!(
+            "cannot start {} ({e}); run the suite with `cargo xtask test`, which installs it",
+            binary.display()
+        )
+    });
+    let addr: SocketAddr = address.parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+        assert!(Instant::now() < deadline, "nisshi did not start on {address}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Nisshi {
+        _child: child,
+        address,
+    }
+}
+
+/// A topic name no other test uses.
+pub fn rand_name(prefix: &str) -> String {
+    let n: u64 = rand::rng().random();
+    format!("{prefix}-{n:016x}")
+}
+
+/// A built handler component, by file stem (`scripted`, `order_timeout`, ...).
+pub fn plugin(name: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../plugins/dist")
+        .join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask build-plugins` (or `cargo xtask test`)",
+        path.display()
+    );
+    path.canonicalize().unwrap()
+}
+
+/// A one-route config around `handler`, with unique topic and group names.
+/// `extra` is appended inside the route table.
+pub struct TestRoute {
+    pub name: String,
+    pub input: String,
+    pub dlq: String,
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+}
+
+impl TestRoute {
+    pub fn new(handler: &Path, extra: &str) -> TestRoute {
+        let name = rand_name("route");
+        let input = format!("{name}.in");
+        let dir = tempfile::tempdir().unwrap();
+        let config_path = dir.path().join("hopper.toml");
+        let text = format!(
+            "[kafka]\nbrokers = \"{}\"\npartitions = 2\n\n[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\n{extra}\n",
+            brokers(),
+            handler.display()
+        );
+        std::fs::write(&config_path, text).unwrap();
+        TestRoute {
+            dlq: format!("{name}.dlq"),
+            name,
+            input,
+            dir,
+            config_path,
+        }
+    }
+
+    pub fn settings(&self) -> Settings {
+        let (config, routes) = Config::load(&self.config_path).unwrap();
+        Settings {
+            cluster: Cluster {
+                brokers: brokers(),
+                kafka: config.kafka,
+            },
+            routes,
+        }
+    }
+
+    pub async fn start(&self) -> Hopper {
+        Hopper::start(self.settings())
+            .await
+            .expect("hopper starts")
+    }
+}
+
+pub fn client_config() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers());
+    config
+}
+
+/// A plain producer, configured like any application's.
+pub fn producer() -> FutureProducer {
+    client_config()
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .create()
+        .unwrap()
+}
+
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&str>,
+    payload: &str,
+    headers: &[(&str, &str)],
+) -> (i32, i64) {
+    let mut owned = OwnedHeaders::new();
+    for (k, v) in headers {
+        owned = owned.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
+    }
+    let mut record = FutureRecord::<str, str>::to(topic)
+        .payload(payload)
+        .headers(owned);
+    if let Some(key) = key {
+        record = record.key(key);
+    }
+    let delivery = producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+    (delivery.partition, delivery.offset)
+}
+
+/// Reads `count` records from `topic` from the beginning, failing after
+/// `timeout`.
+pub async fn consume(topic: &str, count: usize, timeout: Duration) -> Vec<OwnedMessage> {
+    let consumer: StreamConsumer = client_config()
+        .set("group.id", rand_name("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let mut out = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while out.len() < count {
+        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(m)) => out.push(m.detach()),
+            Ok(Err(e)) => panic!("consuming {topic}: {e}"),
+            Err(_) => panic!(
+                "expected {count} records on {topic} within {timeout:?}, got {}",
+                out.len()
+            ),
+        }
+    }
+    out
+}
+
+/// Headers of a record as a map of UTF-8 text (the last value wins), plus
+/// the raw count per key so tests can check nothing was appended twice.
+pub fn header_map(message: &OwnedMessage) -> (HashMap<String, String>, HashMap<String, usize>) {
+    let mut values = HashMap::new();
+    let mut counts = HashMap::new();
+    if let Some(headers) = message.headers() {
+        for h in headers.iter() {
+            values.insert(
+                h.key.to_string(),
+                String::from_utf8_lossy(h.value.unwrap_or_default()).into_owned(),
+            );
+            *counts.entry(h.key.to_string()).or_default() += 1;
+        }
+    }
+    (values, counts)
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    hopper::route::now_ms()
+}
+
+/// sha256 of `bytes` in hex, computed independently of hopper.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(bytes))
+}

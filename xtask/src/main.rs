@@ -1,0 +1,225 @@
+//! Project tooling: `cargo xtask <command>`.
+//!
+//! - `demo`: builds the handlers and runs the demo on the embedded broker.
+//! - `test`: installs the test broker if missing, builds the handlers, starts
+//!   the broker on 127.0.0.1, runs every test, and stops the broker.
+//! - `build-plugins`: builds every handler component into `plugins/dist/`.
+//! - `broker`: starts the test broker and prints its address, until Ctrl-C.
+
+use anyhow::{Context, Result, bail};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Components built from `plugins/`, by crate name.
+const PLUGINS: [&str; 3] = ["order-timeout", "scripted", "wrong-world"];
+const NISSHI_VERSION: &str = "0.8.1";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (command, rest) = args.split_first().map_or(("help", &[][..]), |(c, r)| (c.as_str(), r));
+    match command {
+        "build-plugins" => build_plugins(),
+        "demo" => demo(rest),
+        "test" => test(rest),
+        "broker" => broker(),
+        _ => {
+            eprintln!(
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait"
+            );
+            if command == "help" { Ok(()) } else { bail!("unknown command `{command}`") }
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+fn cargo() -> Command {
+    Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+}
+
+fn step(what: &str) {
+    eprintln!("==> {what}");
+}
+
+fn run(mut command: Command, what: &str) -> Result<()> {
+    let status = command.status().with_context(|| format!("starting {what}"))?;
+    if !status.success() {
+        bail!("{what} failed ({status})");
+    }
+    Ok(())
+}
+
+/// Builds every handler for wasm32-wasip2 and copies it to
+/// `plugins/dist/<crate_name>.wasm`, where configs and tests find it.
+fn build_plugins() -> Result<()> {
+    step("building handler components (wasm32-wasip2, release)");
+    let plugin_target = target_dir().join("plugins");
+    let mut build = cargo();
+    build
+        .current_dir(root().join("plugins"))
+        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .arg(&plugin_target);
+    run(build, "building the handler components")?;
+    let dist = root().join("plugins/dist");
+    std::fs::create_dir_all(&dist)?;
+    for name in PLUGINS {
+        let file = format!("{}.wasm", name.replace('-', "_"));
+        let built = plugin_target.join("wasm32-wasip2/release").join(&file);
+        let dest = dist.join(&file);
+        // Write a temp file and rename, so a running hopper never sees half a file.
+        let tmp = dist.join(format!(".{file}.tmp"));
+        std::fs::copy(&built, &tmp).with_context(|| format!("copying {}", built.display()))?;
+        std::fs::rename(&tmp, &dest)?;
+        eprintln!("    {} ({} KiB)", dest.display(), std::fs::metadata(&dest)?.len() / 1024);
+    }
+    Ok(())
+}
+
+fn demo(rest: &[String]) -> Result<()> {
+    build_plugins()?;
+    step("running the demo on the embedded broker");
+    let mut demo = cargo();
+    demo.current_dir(root())
+        .args(["run", "--quiet", "-p", "hopper", "--", "demo", "--config", "examples/demo.toml"])
+        .args(rest);
+    run(demo, "the demo")
+}
+
+fn test(rest: &[String]) -> Result<()> {
+    let started = Instant::now();
+    let nisshi = ensure_nisshi()?;
+    build_plugins()?;
+    step("checking formatting");
+    let mut fmt = cargo();
+    fmt.current_dir(root()).args(["fmt", "--all", "--check"]);
+    run(fmt, "cargo fmt --check")?;
+    step("building the tests");
+    let mut build = cargo();
+    build.current_dir(root()).args(["test", "--workspace", "--no-run"]);
+    run(build, "building the tests")?;
+    let broker = Broker::start(&nisshi)?;
+    step(&format!("running the tests against nisshi at {}", broker.address));
+    let mut tests = cargo();
+    tests
+        .current_dir(root())
+        .env("HOPPER_TEST_BROKERS", &broker.address)
+        .args(["test", "--workspace"])
+        .args(rest);
+    let result = run(tests, "the tests");
+    drop(broker);
+    eprintln!("==> finished in {:.0?}", started.elapsed());
+    result
+}
+
+fn broker() -> Result<()> {
+    let nisshi = ensure_nisshi()?;
+    let broker = Broker::start(&nisshi)?;
+    println!("nisshi listening on {} (Ctrl-C to stop)", broker.address);
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The nisshi binary: on PATH, in cargo's bin dir, or installed now. An
+/// installed binary is always reused; building it takes 20-35 minutes.
+fn ensure_nisshi() -> Result<PathBuf> {
+    let cargo_home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")))
+        .context("neither CARGO_HOME nor HOME is set")?;
+    let installed = cargo_home.join("bin/nisshi");
+    if installed.is_file() {
+        return Ok(installed);
+    }
+    if let Some(found) = which("nisshi") {
+        return Ok(found);
+    }
+    step(&format!(
+        "installing the test broker: cargo install nisshi@{NISSHI_VERSION} --locked (20-35 minutes on 2 cores; done once)"
+    ));
+    let mut install = cargo();
+    install.args(["install", "nisshi", "--version", NISSHI_VERSION, "--locked"]);
+    run(install, "cargo install nisshi")?;
+    if installed.is_file() { Ok(installed) } else { bail!("nisshi was installed but {} is missing", installed.display()) }
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A nisshi broker on 127.0.0.1 with in-memory storage, run from a clean
+/// temp dir (it reads a `.env` from its working directory). Stopped on drop.
+struct Broker {
+    child: Child,
+    address: String,
+    _dir: TempDir,
+}
+
+impl Broker {
+    fn start(nisshi: &Path) -> Result<Broker> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let address = format!("127.0.0.1:{port}");
+        let dir = TempDir::new()?;
+        let url = format!("tcp://{address}");
+        step(&format!("starting nisshi on {address}"));
+        let log = std::fs::File::create(dir.0.join("nisshi.log"))?;
+        let child = Command::new(nisshi)
+            .current_dir(&dir.0)
+            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "memory://nisshi/", "--group-initial-rebalance-delay", "0s"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("starting {}", nisshi.display()))?;
+        let mut broker = Broker { child, address, _dir: dir };
+        let addr: SocketAddr = broker.address.parse()?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            if let Some(status) = broker.child.try_wait()? {
+                let log = std::fs::read_to_string(broker._dir.0.join("nisshi.log")).unwrap_or_default();
+                bail!("nisshi exited at startup ({status}):\n{log}");
+            }
+            if Instant::now() > deadline {
+                bail!("nisshi did not accept connections on {} within 30s", broker.address);
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(broker)
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new() -> Result<TempDir> {
+        let dir = std::env::temp_dir().join(format!("hopper-nisshi-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+        std::fs::create_dir_all(&dir)?;
+        Ok(TempDir(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
