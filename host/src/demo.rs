@@ -77,12 +77,18 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
     let mut settled: BTreeMap<String, String> = BTreeMap::new();
     let deadline = tokio::time::sleep(SETTLE_TIMEOUT);
     tokio::pin!(deadline);
-    while settled.len() < ORDERS.len() {
+    // After the last order settles, keep printing DLQ records a moment longer.
+    let mut tail: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    loop {
+        if settled.len() == ORDERS.len() && tail.is_none() {
+            tail = Some(Box::pin(tokio::time::sleep(Duration::from_millis(1500))));
+        }
         tokio::select! {
             _ = &mut deadline => {
                 println!("{} gave up waiting after {SETTLE_TIMEOUT:?}", stamp());
                 break;
             }
+            _ = async { match tail.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => break,
             _ = ctrl_c() => break,
             event = events.recv() => match event {
                 Ok(Event::Handled { id, attempt, verdict, .. }) => {

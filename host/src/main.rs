@@ -55,14 +55,20 @@ enum PluginCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo prints its own live view; by default it shows only what the
+    // handler logs, and problems.
+    let default_filter = match cli.command {
+        Command::Demo { .. } => "warn,hopper::plugin=info",
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("HOPPER_LOG")
-                .unwrap_or_else(|_| "info".into()),
+                .unwrap_or_else(|_| default_filter.into()),
         )
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     let result = match cli.command {
         Command::Run { config, brokers } => run(config, brokers).await,
         Command::Demo { config, linger } => demo::run(config, linger).await,

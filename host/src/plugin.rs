@@ -322,6 +322,8 @@ impl Handler {
         // The epoch deadline stops guest code; this timeout also covers time
         // spent inside host calls, which epochs do not interrupt.
         let result = tokio::time::timeout(inner.timeout + EPOCH_TICK * 50, call).await;
+        // Read before the flush empties it: a panicking guest says why here.
+        let stderr_summary = stderr.summary();
         stdout.flush_to_log();
         stderr.flush_to_log();
         match result {
@@ -330,7 +332,7 @@ impl Handler {
                 error: format!("handler ran past its {:?} limit", inner.timeout),
             },
             Ok(Ok(outcome)) => from_wit(outcome),
-            Ok(Err(error)) => classify(&error, &store, &stderr, inner.timeout),
+            Ok(Err(error)) => classify(&error, &store, stderr_summary, inner.timeout),
         }
     }
 }
@@ -338,7 +340,7 @@ impl Handler {
 fn classify(
     error: &wasmtime::Error,
     store: &Store<GuestState>,
-    stderr: &GuestOutput,
+    stderr_summary: Option<String>,
     timeout: Duration,
 ) -> Verdict {
     if let Some(denied) = store.data().limits.denied {
@@ -361,7 +363,7 @@ fn classify(
         Some(trap) => format!("trap: {trap}"),
         None => root_cause(error),
     };
-    if let Some(line) = stderr.last_line() {
+    if let Some(line) = stderr_summary {
         text.push_str("; guest stderr: ");
         text.push_str(&line);
     }

@@ -213,7 +213,13 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
     assert!(by_id["h2"]["hopper-last-error"].starts_with("HANDLER_TIMEOUT"), "{:?}", by_id["h2"]);
     assert_eq!(by_id["h4"]["hopper-reason"], "HANDLER_MEMORY");
     assert_eq!(by_id["h6"]["hopper-reason"], "HANDLER_TRAP");
-    assert!(by_id["h6"]["hopper-last-error"].contains("call stack exhausted"), "{:?}", by_id["h6"]);
+    // A Rust guest's stack lives in linear memory: overflowing it is an
+    // out-of-bounds access rather than wasm's own call-stack limit.
+    let overflow = &by_id["h6"]["hopper-last-error"];
+    assert!(
+        overflow.contains("out of bounds memory access") || overflow.contains("call stack exhausted"),
+        "{overflow}"
+    );
     hopper.stop().await;
 }
 

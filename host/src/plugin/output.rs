@@ -55,7 +55,7 @@ impl GuestOutput {
 
     /// The first few meaningful lines, for a trap's error text (a Rust
     /// guest's panic message arrives here).
-    pub(super) fn last_line(&self) -> Option<String> {
+    pub(super) fn summary(&self) -> Option<String> {
         let capture = self.capture.lock().unwrap();
         let text = String::from_utf8_lossy(&capture.kept);
         let lines: Vec<&str> = text
