@@ -14,9 +14,11 @@ pub mod headers;
 pub mod hold;
 pub mod kafka;
 pub mod offsets;
+pub mod pipeline;
 pub mod plugin;
 pub mod retry;
 pub mod route;
+pub mod scheduler;
 
 use anyhow::Context as _;
 use config::Route;
@@ -34,6 +36,37 @@ use tokio_util::task::TaskTracker;
 pub struct Settings {
     pub cluster: Cluster,
     pub routes: Vec<Route>,
+}
+
+/// Creates the consumer and producer of a pipeline and spawns its loop.
+fn start_pipeline<P: pipeline::Processor>(
+    cluster: &Cluster,
+    group: &str,
+    topics: &[String],
+    processor: P,
+    telemetry: &Telemetry,
+    shutdown: &CancellationToken,
+    loops: &TaskTracker,
+) -> anyhow::Result<Arc<pipeline::Shared<P>>> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let consumer: pipeline::PipelineConsumer = cluster
+        .consumer_config(group)
+        .create_with_context(pipeline::PipelineContext {
+            name: processor.name().to_string(),
+            rebalances: tx,
+        })
+        .context("creating the consumer")?;
+    let subscription: Vec<&str> = topics.iter().map(String::as_str).collect();
+    consumer.subscribe(&subscription).context("subscribing")?;
+    let shared = Arc::new(pipeline::Shared {
+        processor,
+        producer: cluster.producer()?,
+        consumer: Arc::new(consumer),
+        telemetry: telemetry.clone(),
+        acks: TaskTracker::new(),
+    });
+    loops.spawn(pipeline::run(shared.clone(), rx, shutdown.clone()));
+    Ok(shared)
 }
 
 /// A running hopper: one consumer loop per route.
@@ -96,32 +129,19 @@ impl Hopper {
             let route = Arc::new(route.clone());
             let slot = Arc::new(route::HandlerSlot::new(handler));
             slots.insert(route.name.clone(), slot.clone());
-            let (tx, rx) = mpsc::unbounded_channel();
-            let consumer: route::RouteConsumer = settings
-                .cluster
-                .consumer_config(&route.group)
-                .create_with_context(route::RouteContext {
-                    route: route.name.clone(),
-                    rebalances: tx,
-                })
-                .with_context(|| format!("creating the consumer of route `{}`", route.name))?;
-            let tiers: HashMap<String, std::time::Duration> =
-                route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
+            let processor = route::RouteProcessor::new(route.clone(), slot, telemetry.clone());
             let mut subscription: Vec<String> = route.topics.clone();
-            subscription.extend(tiers.keys().cloned());
-            let subscription: Vec<&str> = subscription.iter().map(String::as_str).collect();
-            consumer
-                .subscribe(&subscription)
-                .with_context(|| format!("subscribing route `{}`", route.name))?;
-            let shared = Arc::new(route::Shared {
-                producer: settings.cluster.producer()?,
-                consumer: Arc::new(consumer),
-                tiers,
-                handler: slot,
-                telemetry: telemetry.clone(),
-                acks: TaskTracker::new(),
-                route: route.clone(),
-            });
+            subscription.extend(processor.tiers.keys().cloned());
+            let shared = start_pipeline(
+                &settings.cluster,
+                &route.group,
+                &subscription,
+                processor,
+                &telemetry,
+                &shutdown,
+                &loops,
+            )
+            .with_context(|| format!("starting route `{}`", route.name))?;
             tracing::info!(
                 route = route.name,
                 topics = subscription.join(","),
@@ -129,7 +149,7 @@ impl Hopper {
                 dlq = route.dlq,
                 "Route started."
             );
-            loops.spawn(route::run(shared, rx, shutdown.clone()));
+            drop(shared);
         }
         loops.close();
         Ok(Hopper {

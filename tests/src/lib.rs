@@ -249,7 +249,7 @@ pub fn header_map(message: &OwnedMessage) -> (HashMap<String, String>, HashMap<S
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    hopper::route::now_ms()
+    hopper::pipeline::now_ms()
 }
 
 /// sha256 of `bytes` in hex, computed independently of hopper.

@@ -1,0 +1,455 @@
+//! The consumer loop shared by routes and the delay relay.
+//!
+//! The loop owns the consumer. It gates messages of tier topics through
+//! [`Hold`] and hands every due message to the worker of its partition. Each
+//! partition has one worker task, so a partition is processed in offset order
+//! while different partitions run in parallel. A worker never waits for a
+//! hop's acknowledgement: it enqueues the produce and moves on, and the ack
+//! task marks the offset done in the partition's [`OffsetTracker`], which
+//! stores the highest offset below which every message is done.
+//!
+//! What happens to a message is the [`Processor`]'s business: a route calls
+//! its handler, the delay relay moves the message one tier closer to its
+//! time.
+
+use crate::events::{Event, Telemetry};
+use crate::headers;
+use crate::hold::{Gate, Hold, TopicPartition};
+use crate::offsets::OffsetTracker;
+use crate::scheduler::{Scheduled, Scheduler};
+use rdkafka::consumer::{Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::{ClientContext, Offset, TopicPartitionList};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Messages queued per partition worker before the poll loop waits.
+const WORKER_QUEUE: usize = 1024;
+/// How long shutdown waits for in-flight hops to be acknowledged.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Milliseconds since the Unix epoch, the unit of every time header.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// Decides what happens to each message of a pipeline.
+pub trait Processor: Send + Sync + 'static {
+    /// A short name for logs: the route name, or `delay`.
+    fn name(&self) -> &str;
+
+    /// When a message read from a tier topic is due, or `None` when its
+    /// topic is not a tier (it is processed at once).
+    fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64>;
+
+    /// Processes one due message.
+    fn process(&self, message: &OwnedMessage) -> impl Future<Output = Action> + Send;
+}
+
+/// What to do with a processed message.
+pub enum Action {
+    /// Done: the offset may be committed.
+    Done,
+    /// Produce this record; the offset is done once it is acknowledged.
+    Hop(PlannedHop),
+    /// Keep this record in memory and produce it at `at_ms` (epoch ms). Used
+    /// only for the last stretch of a delay, shorter than the smallest tier.
+    HopAt { at_ms: i64, hop: PlannedHop },
+}
+
+/// A record to produce, and the event that reports it once acknowledged.
+pub struct PlannedHop {
+    pub record: OutRecord,
+    pub event: Option<Event>,
+}
+
+/// A record to produce, owned so it can be produced again after a failure.
+pub struct OutRecord {
+    pub topic: String,
+    pub key: Option<Vec<u8>>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: OwnedHeaders,
+    pub timestamp: i64,
+}
+
+impl OutRecord {
+    /// A record with the key and payload of `message`.
+    pub fn like(message: &OwnedMessage, topic: String, headers: OwnedHeaders) -> OutRecord {
+        OutRecord {
+            topic,
+            key: message.key().map(<[u8]>::to_vec),
+            payload: message.payload().map(<[u8]>::to_vec),
+            headers,
+            timestamp: now_ms(),
+        }
+    }
+}
+
+/// Partitions gained or lost in a rebalance, sent from the consumer's
+/// rebalance callback to the loop.
+#[derive(Debug)]
+pub enum Rebalanced {
+    Assigned(Vec<TopicPartition>),
+    Revoked(Vec<TopicPartition>),
+}
+
+/// Consumer context that reports rebalances to the loop.
+pub struct PipelineContext {
+    pub name: String,
+    /// Dropped with the consumer; the loop's receiver then sees the end.
+    pub rebalances: mpsc::UnboundedSender<Rebalanced>,
+}
+
+impl ClientContext for PipelineContext {}
+
+impl ConsumerContext for PipelineContext {
+    fn pre_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
+        if let Rebalance::Revoke(tpl) = r {
+            let _ = self.rebalances.send(Rebalanced::Revoked(partitions(tpl)));
+        }
+    }
+    fn post_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
+        match r {
+            Rebalance::Assign(tpl) => {
+                let _ = self.rebalances.send(Rebalanced::Assigned(partitions(tpl)));
+            }
+            Rebalance::Error(e) => {
+                tracing::warn!(pipeline = self.name, error = %e, "Rebalance failed.")
+            }
+            Rebalance::Revoke(_) => {}
+        }
+    }
+}
+
+fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
+    tpl.elements()
+        .iter()
+        .map(|e| (e.topic().to_string(), e.partition()))
+        .collect()
+}
+
+fn tpl_of(tp: &TopicPartition) -> TopicPartitionList {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(&tp.0, tp.1);
+    tpl
+}
+
+pub type PipelineConsumer = StreamConsumer<PipelineContext>;
+
+/// What the loop, the workers and the ack tasks of one pipeline share.
+pub struct Shared<P> {
+    pub processor: P,
+    pub producer: FutureProducer,
+    pub consumer: Arc<PipelineConsumer>,
+    pub telemetry: Telemetry,
+    /// Ack tasks still waiting for their produce; shutdown waits on it.
+    pub acks: TaskTracker,
+}
+
+/// A partition's worker, as the loop sees it.
+struct Worker {
+    /// Dropping it ends the worker after its current message.
+    tx: mpsc::Sender<OwnedMessage>,
+    tracker: Arc<Mutex<OffsetTracker>>,
+    /// Set when the partition is revoked or the pipeline shuts down: queued
+    /// messages are then left for the partition's next owner.
+    cancelled: Arc<AtomicBool>,
+    join: tokio::task::JoinHandle<()>,
+}
+
+/// Where a message's offset is reported done.
+#[derive(Clone)]
+pub struct Completion {
+    tp: TopicPartition,
+    offset: i64,
+    tracker: Arc<Mutex<OffsetTracker>>,
+}
+
+/// Runs the loop until `shutdown`, then drains: the current message of each
+/// partition finishes, in-flight hops are acknowledged, stored offsets are
+/// committed. Messages held in memory for a later time are not forwarded;
+/// their offsets were never stored, so they are read again on restart.
+pub async fn run<P: Processor>(
+    shared: Arc<Shared<P>>,
+    mut rebalances: mpsc::UnboundedReceiver<Rebalanced>,
+    shutdown: CancellationToken,
+) {
+    let name = shared.processor.name().to_string();
+    let consumer = shared.consumer.clone();
+    let mut hold = Hold::default();
+    let mut workers: HashMap<TopicPartition, Worker> = HashMap::new();
+    let scheduler = Scheduler::spawn(shared.clone(), shutdown.clone());
+
+    loop {
+        let wake = hold.next_due().map(|due| {
+            let wait = (due - now_ms()).max(0) as u64;
+            tokio::time::sleep(Duration::from_millis(wait))
+        });
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some(event) = rebalances.recv() => match event {
+                Rebalanced::Revoked(tps) => {
+                    for tp in tps {
+                        hold.release(&tp);
+                        if let Some(worker) = workers.remove(&tp) {
+                            worker.cancelled.store(true, Ordering::SeqCst);
+                        }
+                    }
+                }
+                Rebalanced::Assigned(tps) => {
+                    tracing::info!(pipeline = name, partitions = tps.len(), "Partitions assigned.");
+                    for tp in tps {
+                        // A partition paused under an earlier assignment
+                        // must not stay paused.
+                        let _ = consumer.resume(&tpl_of(&tp));
+                    }
+                }
+            },
+            _ = async { match wake { Some(sleep) => sleep.await, None => std::future::pending().await } } => {
+                for tp in hold.take_due(now_ms()) {
+                    if let Err(e) = consumer.resume(&tpl_of(&tp)) {
+                        tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot resume partition.");
+                    }
+                }
+            }
+            received = consumer.recv() => {
+                let message = match received {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::warn!(pipeline = name, error = %e, "Consumer error.");
+                        continue;
+                    }
+                };
+                let tp = (message.topic().to_string(), message.partition());
+                let offset = message.offset();
+                if let Some(due) = shared.processor.due_at(&message) {
+                    match hold.gate(&tp, offset, due, now_ms()) {
+                        Gate::Pass => {}
+                        Gate::Discard => continue,
+                        Gate::Hold { .. } => {
+                            drop(message);
+                            if let Err(e) = pause_at(&consumer, &tp, offset) {
+                                tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot hold partition.");
+                                hold.release(&tp);
+                            }
+                            continue;
+                        }
+                    }
+                }
+                let owned = message.detach();
+                let worker = workers
+                    .entry(tp.clone())
+                    .or_insert_with(|| spawn_worker(shared.clone(), tp.clone(), scheduler.clone()));
+                worker.tracker.lock().unwrap().begin(offset);
+                if worker.tx.send(owned).await.is_err() {
+                    tracing::error!(pipeline = name, topic = tp.0, partition = tp.1, "Partition worker ended unexpectedly.");
+                    workers.remove(&tp);
+                }
+            }
+        }
+    }
+
+    // Drain: stop taking new messages, let each worker finish its current
+    // one, wait for in-flight hops, then commit what was stored.
+    tracing::info!(pipeline = name, "Stopping.");
+    let mut joins = Vec::new();
+    for (_, worker) in workers.drain() {
+        worker.cancelled.store(true, Ordering::SeqCst);
+        drop(worker.tx);
+        joins.push(worker.join);
+    }
+    for join in joins {
+        let _ = join.await;
+    }
+    shared.acks.close();
+    if tokio::time::timeout(DRAIN_TIMEOUT, shared.acks.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            pipeline = name,
+            "Some hops were not acknowledged before shutdown; they will be redelivered."
+        );
+    }
+    match consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
+        Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
+        Err(e) => tracing::warn!(pipeline = name, error = %e, "Final commit failed."),
+    }
+    consumer.unsubscribe();
+    tracing::info!(pipeline = name, "Stopped.");
+}
+
+/// When a tier message is due: its `hopper-due-at`, else its timestamp plus
+/// the tier's wait, else now.
+pub fn due_at<M: Message>(message: &M, wait: Duration) -> i64 {
+    if let Ok(Some(due)) = headers::text(message.headers(), headers::DUE_AT)
+        && let Ok(due) = due.parse::<i64>()
+    {
+        return due;
+    }
+    match message.timestamp().to_millis() {
+        Some(ts) => ts + wait.as_millis() as i64,
+        None => now_ms(),
+    }
+}
+
+/// Pauses `tp` and rewinds it to `offset`, so that offset is fetched again
+/// after the resume.
+fn pause_at(
+    consumer: &PipelineConsumer,
+    tp: &TopicPartition,
+    offset: i64,
+) -> Result<(), KafkaError> {
+    consumer.pause(&tpl_of(tp))?;
+    consumer.seek(&tp.0, tp.1, Offset::Offset(offset), Duration::from_secs(10))
+}
+
+fn spawn_worker<P: Processor>(
+    shared: Arc<Shared<P>>,
+    tp: TopicPartition,
+    scheduler: mpsc::UnboundedSender<Scheduled>,
+) -> Worker {
+    let (tx, rx) = mpsc::channel(WORKER_QUEUE);
+    let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let join = tokio::spawn(work(
+        shared,
+        tp,
+        rx,
+        tracker.clone(),
+        cancelled.clone(),
+        scheduler,
+    ));
+    Worker {
+        tx,
+        tracker,
+        cancelled,
+        join,
+    }
+}
+
+/// One partition's worker: processes its messages one at a time, in order.
+async fn work<P: Processor>(
+    shared: Arc<Shared<P>>,
+    tp: TopicPartition,
+    mut rx: mpsc::Receiver<OwnedMessage>,
+    tracker: Arc<Mutex<OffsetTracker>>,
+    cancelled: Arc<AtomicBool>,
+    scheduler: mpsc::UnboundedSender<Scheduled>,
+) {
+    while let Some(message) = rx.recv().await {
+        if cancelled.load(Ordering::SeqCst) {
+            return;
+        }
+        let done = Completion {
+            tp: tp.clone(),
+            offset: message.offset(),
+            tracker: tracker.clone(),
+        };
+        match shared.processor.process(&message).await {
+            Action::Done => mark_done(&shared, &done),
+            Action::Hop(hop) => send_hop(&shared, hop, done).await,
+            Action::HopAt { at_ms, hop } => {
+                // The scheduler lives until shutdown; if it is gone, the
+                // offset simply stays uncommitted.
+                let _ = scheduler.send(Scheduled { at_ms, hop, done });
+            }
+        }
+    }
+}
+
+/// Enqueues a hop and spawns the task that waits for its acknowledgement.
+pub(crate) async fn send_hop<P: Processor>(shared: &Arc<Shared<P>>, hop: PlannedHop, done: Completion) {
+    let delivery = enqueue(&shared.producer, &hop.record).await;
+    let shared = shared.clone();
+    shared.acks.clone().spawn(async move {
+        acknowledge(&shared, delivery, &hop.record).await;
+        if let Some(event) = hop.event {
+            shared.telemetry.emit(event);
+        }
+        mark_done(&shared, &done);
+    });
+}
+
+fn mark_done<P: Processor>(shared: &Shared<P>, done: &Completion) {
+    let position = done.tracker.lock().unwrap().complete(done.offset);
+    if let Some(position) = position {
+        let mut tpl = TopicPartitionList::new();
+        if tpl
+            .add_partition_offset(&done.tp.0, done.tp.1, Offset::Offset(position))
+            .is_ok()
+            && let Err(e) = shared.consumer.store_offsets(&tpl)
+        {
+            // Expected after a revoke: the partition's next owner redelivers.
+            tracing::debug!(pipeline = shared.processor.name(), topic = done.tp.0, partition = done.tp.1, error = %e, "Offset not stored.");
+        }
+    }
+}
+
+type DeliveryFuture = rdkafka::producer::DeliveryFuture;
+
+/// Puts a record on the producer's queue, waiting while the queue is full.
+async fn enqueue(producer: &FutureProducer, record: &OutRecord) -> DeliveryFuture {
+    loop {
+        let mut r = FutureRecord::<[u8], [u8]>::to(&record.topic)
+            .headers(record.headers.clone())
+            .timestamp(record.timestamp);
+        if let Some(key) = &record.key {
+            r = r.key(key.as_slice());
+        }
+        if let Some(payload) = &record.payload {
+            r = r.payload(payload.as_slice());
+        }
+        match producer.send_result(r) {
+            Ok(delivery) => return delivery,
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err((e, _)) => {
+                tracing::warn!(topic = record.topic, error = %e, "Cannot enqueue hop; retrying.");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
+/// Waits until the record is acknowledged, producing it again after each
+/// failure: the source offset must not be stored before the hop is durable.
+async fn acknowledge<P: Processor>(
+    shared: &Shared<P>,
+    mut delivery: DeliveryFuture,
+    record: &OutRecord,
+) {
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        match delivery.await {
+            Ok(Ok(_)) => return,
+            Ok(Err((e, _))) => {
+                tracing::warn!(pipeline = shared.processor.name(), topic = record.topic, error = %e, "Hop was not acknowledged; producing again.");
+            }
+            Err(_) => {
+                tracing::warn!(
+                    pipeline = shared.processor.name(),
+                    topic = record.topic,
+                    "Producer dropped a hop; producing again."
+                );
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(10));
+        delivery = enqueue(&shared.producer, record).await;
+    }
+}
