@@ -26,6 +26,128 @@ pub struct Config {
     pub kafka: KafkaConfig,
     #[serde(default, rename = "route")]
     pub routes: Vec<RouteConfig>,
+    /// The delay relay; runs when this table is present.
+    pub delay: Option<DelayConfig>,
+}
+
+/// Default delay ladder: 1s up to 1d.
+pub const DEFAULT_DELAY_TIERS: [Duration; 8] = [
+    Duration::from_secs(1),
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(2 * 60),
+    Duration::from_secs(10 * 60),
+    Duration::from_secs(60 * 60),
+    Duration::from_secs(6 * 60 * 60),
+    Duration::from_secs(24 * 60 * 60),
+];
+
+/// The delay relay as written: where delayed messages come in, and the
+/// ladder of tiers they cascade down.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DelayConfig {
+    /// The topic producers send delayed messages to. Default `hopper.delay`.
+    #[serde(default = "default_inbox")]
+    pub inbox: String,
+    /// Tier waits, shortest first. Default 1s, 5s, 30s, 2m, 10m, 1h, 6h, 1d.
+    pub tiers: Option<Vec<HumanDuration>>,
+    /// Longest delay accepted. Default 30 days.
+    #[serde(default = "default_max_delay", with = "humantime_serde")]
+    pub max_delay: Duration,
+    /// Dead-letter topic for messages that cannot be scheduled. Default
+    /// `<inbox>.dlq`.
+    pub dlq: Option<String>,
+    /// Consumer group. Default `hopper.delay`.
+    pub group: Option<String>,
+    /// Prefix of tier topics. Default `<inbox>`, giving `hopper.delay.30m`.
+    pub tier_prefix: Option<String>,
+}
+
+fn default_inbox() -> String {
+    "hopper.delay".into()
+}
+fn default_max_delay() -> Duration {
+    Duration::from_secs(30 * 24 * 60 * 60)
+}
+
+/// The delay relay with every default filled in.
+#[derive(Debug, Clone)]
+pub struct DelayRelay {
+    pub inbox: String,
+    /// (wait, topic), shortest first.
+    pub tiers: Vec<(Duration, String)>,
+    pub max_delay: Duration,
+    pub dlq: String,
+    pub group: String,
+}
+
+impl DelayRelay {
+    pub fn all_topics(&self) -> Vec<String> {
+        let mut topics = vec![self.inbox.clone(), self.dlq.clone()];
+        topics.extend(self.tiers.iter().map(|(_, t)| t.clone()));
+        topics
+    }
+}
+
+impl DelayConfig {
+    fn resolve(&self, problems: &mut Vec<String>) -> Option<DelayRelay> {
+        let before = problems.len();
+        let waits: Vec<Duration> = match &self.tiers {
+            Some(t) => t.iter().map(|d| d.0).collect(),
+            None => DEFAULT_DELAY_TIERS.to_vec(),
+        };
+        if waits.is_empty() {
+            problems.push("delay: tiers is empty; give at least one tier".into());
+        }
+        if waits.iter().any(|d| *d < Duration::from_secs(1)) {
+            problems.push("delay: tiers must be at least 1s".into());
+        }
+        for pair in waits.windows(2) {
+            if pair[1] <= pair[0] {
+                problems.push(format!(
+                    "delay: invalid tier ladder: {} follows {}; tiers must get longer",
+                    compact_duration(pair[1]),
+                    compact_duration(pair[0])
+                ));
+            }
+        }
+        if self.max_delay.is_zero() {
+            problems.push("delay: max_delay must be more than 0s".into());
+        }
+        let dlq = self
+            .dlq
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", self.inbox));
+        let group = self.group.clone().unwrap_or_else(|| "hopper.delay".into());
+        let prefix = self
+            .tier_prefix
+            .clone()
+            .unwrap_or_else(|| self.inbox.clone());
+        for (what, name) in [
+            ("inbox", &self.inbox),
+            ("dlq", &dlq),
+            ("group", &group),
+            ("tier_prefix", &prefix),
+        ] {
+            if let Err(e) = check_name(name) {
+                problems.push(format!("delay: {what} `{name}` {e}"));
+            }
+        }
+        if problems.len() > before {
+            return None;
+        }
+        Some(DelayRelay {
+            tiers: waits
+                .into_iter()
+                .map(|d| (d, format!("{prefix}.{}", compact_duration(d))))
+                .collect(),
+            inbox: self.inbox.clone(),
+            max_delay: self.max_delay,
+            dlq,
+            group,
+        })
+    }
 }
 
 /// How hopper reaches Kafka.
@@ -254,8 +376,8 @@ impl Config {
     /// Fills in defaults and checks everything, returning every problem.
     pub fn resolve(&self, base: &Path) -> Result<Vec<Route>, Vec<String>> {
         let mut problems = Vec::new();
-        if self.routes.is_empty() {
-            problems.push("no routes: add at least one [[route]] table".to_string());
+        if self.routes.is_empty() && self.delay.is_none() {
+            problems.push("nothing to run: add a [[route]] table or a [delay] table".to_string());
         }
         if self.kafka.partitions < 1 {
             problems.push(format!(
@@ -297,11 +419,30 @@ impl Config {
             }
         }
         check_topic_overlap(&routes, &mut problems);
+        if let Some(relay) = self.delay.as_ref().and_then(|d| d.resolve(&mut problems)) {
+            for route in &routes {
+                for topic in route.all_topics() {
+                    if relay.all_topics().contains(&topic) {
+                        problems.push(format!(
+                            "route `{}`: topic `{topic}` is also a topic of the delay relay",
+                            route.name
+                        ));
+                    }
+                }
+            }
+        }
         if problems.is_empty() {
             Ok(routes)
         } else {
             Err(problems)
         }
+    }
+
+    /// The delay relay, resolved; `None` when the config has no `[delay]`.
+    /// Call after [`Config::resolve`] succeeded.
+    pub fn delay_relay(&self) -> Option<DelayRelay> {
+        let mut problems = Vec::new();
+        self.delay.as_ref().and_then(|d| d.resolve(&mut problems))
     }
 }
 
@@ -369,7 +510,10 @@ fn resolve_route(
             raw.memory_mib
         ));
     }
-    let dlq = raw.dlq.clone().unwrap_or_else(|| format!("{}.dlq", raw.name));
+    let dlq = raw
+        .dlq
+        .clone()
+        .unwrap_or_else(|| format!("{}.dlq", raw.name));
     let group = raw
         .group
         .clone()
@@ -383,7 +527,11 @@ fn resolve_route(
     for (what, name, explicit) in [
         ("dlq", &dlq, raw.dlq.is_some()),
         ("group", &group, raw.group.is_some()),
-        ("retry_topic_prefix", &retry_topic_prefix, raw.retry_topic_prefix.is_some()),
+        (
+            "retry_topic_prefix",
+            &retry_topic_prefix,
+            raw.retry_topic_prefix.is_some(),
+        ),
     ] {
         if !(explicit || name_ok) {
             continue;
@@ -417,7 +565,10 @@ fn check_name(name: &str) -> Result<(), String> {
         return Err("is empty".into());
     }
     if name.len() > 249 {
-        return Err(format!("is {} characters long; the limit is 249", name.len()));
+        return Err(format!(
+            "is {} characters long; the limit is 249",
+            name.len()
+        ));
     }
     if name == "." || name == ".." {
         return Err("cannot be `.` or `..`".into());
@@ -506,7 +657,10 @@ mod tests {
         assert_eq!(route.dlq, "orders.dlq");
         assert_eq!(route.group, "hopper.orders");
         assert_eq!(route.tier_topic(Duration::from_secs(5)), "orders.retry.5s");
-        assert_eq!(route.tier_topic(Duration::from_secs(90)), "orders.retry.1m30s");
+        assert_eq!(
+            route.tier_topic(Duration::from_secs(90)),
+            "orders.retry.1m30s"
+        );
         assert_eq!(route.memory_bytes, 64 << 20);
         assert!(config.kafka.brokers.is_none());
     }

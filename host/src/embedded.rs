@@ -33,7 +33,9 @@ impl EmbeddedBroker {
         for topic in topics {
             self.cluster
                 .create_topic(topic, partitions, 1)
-                .map_err(|e| anyhow::anyhow!("cannot create topic {topic} on the embedded broker: {e}"))?;
+                .map_err(|e| {
+                    anyhow::anyhow!("cannot create topic {topic} on the embedded broker: {e}")
+                })?;
         }
         Ok(())
     }

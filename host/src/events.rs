@@ -45,6 +45,13 @@ pub enum Event {
         reason: Reason,
         error: String,
     },
+    /// The delay relay forwarded a message to its target and it was
+    /// acknowledged.
+    Delivered {
+        id: String,
+        target: String,
+        deliver_at: i64,
+    },
 }
 
 /// Where events go. Cheap to clone.
@@ -80,6 +87,11 @@ impl Telemetry {
         self.counters.lock().unwrap().clone()
     }
 
+    /// A delayed message moved down one tier.
+    pub fn count_tier_hop(&self, tier: &str) {
+        self.count("hopper_delay_hops_total", &[("tier", tier)]);
+    }
+
     fn count(&self, name: &str, labels: &[(&str, &str)]) {
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let key = format!("{name}{{{}}}", labels.join(","));
@@ -110,7 +122,10 @@ impl Telemetry {
                     version = &version[..12.min(version.len())],
                     "Message handled."
                 );
-                self.count("hopper_handled_total", &[("route", route), ("verdict", verdict)]);
+                self.count(
+                    "hopper_handled_total",
+                    &[("route", route), ("verdict", verdict)],
+                );
             }
             Event::RetryScheduled {
                 route,
@@ -152,6 +167,31 @@ impl Telemetry {
                     "hopper_dead_lettered_total",
                     &[("route", route), ("reason", reason.as_str())],
                 );
+            }
+            Event::Delivered {
+                id,
+                target,
+                deliver_at,
+            } => {
+                let late_ms = crate::pipeline::now_ms() - deliver_at;
+                tracing::debug!(
+                    id,
+                    target,
+                    deliver_at,
+                    late_ms,
+                    "Delayed message delivered."
+                );
+                if late_ms > 1000 {
+                    tracing::warn!(
+                        id,
+                        target,
+                        deliver_at,
+                        late_ms,
+                        "Delayed message delivered late."
+                    );
+                    self.count("hopper_delay_late_total", &[("target", target)]);
+                }
+                self.count("hopper_delay_delivered_total", &[("target", target)]);
             }
         }
         // No subscribers is fine.

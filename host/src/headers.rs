@@ -26,6 +26,12 @@ pub const HANDLER: &str = "hopper-handler";
 pub const HANDLER_VERSION: &str = "hopper-handler-version";
 pub const TRAIL: &str = "hopper-trail";
 pub const DUE_AT: &str = "hopper-due-at";
+/// Delay relay: the topic a delayed message goes to.
+pub const TARGET: &str = "hopper-target";
+/// Delay relay: when to deliver, epoch ms (or RFC 3339).
+pub const DELIVER_AT: &str = "hopper-deliver-at";
+/// Delay relay: how long to wait, humantime, instead of `hopper-deliver-at`.
+pub const DELAY: &str = "hopper-delay";
 
 /// `hopper-last-error` is cut to this many bytes (on a character boundary),
 /// with `…` appended when cut.
@@ -383,6 +389,33 @@ pub fn next_hop_headers<H: Headers>(
     out
 }
 
+/// `original`'s headers without those named in `drop`, in order, followed by
+/// `add`. How the delay relay replaces its own headers on each hop.
+pub fn rewrite<H: Headers>(
+    original: Option<&H>,
+    drop: &[&str],
+    add: &[(&str, String)],
+) -> OwnedHeaders {
+    let mut out = OwnedHeaders::new();
+    if let Some(original) = original {
+        for header in original.iter() {
+            let replaced = add.iter().any(|(k, _)| *k == header.key);
+            if !replaced && !drop.contains(&header.key) {
+                out = out.insert(Header {
+                    key: header.key,
+                    value: header.value,
+                });
+            }
+        }
+    }
+    for (key, value) in add {
+        out = out.insert(Header {
+            key,
+            value: Some(value.as_bytes()),
+        });
+    }
+    out
+}
 
 #[cfg(test)]
 mod tests {

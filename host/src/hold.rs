@@ -94,7 +94,10 @@ mod tests {
     #[test]
     fn a_message_is_never_passed_early() {
         let mut hold = Hold::default();
-        assert_eq!(hold.gate(&tp(0), 7, 1_000, 999), Gate::Hold { due_ms: 1_000 });
+        assert_eq!(
+            hold.gate(&tp(0), 7, 1_000, 999),
+            Gate::Hold { due_ms: 1_000 }
+        );
         assert_eq!(hold.take_due(999), Vec::<TopicPartition>::new());
         assert_eq!(hold.take_due(1_000), vec![tp(0)]);
         assert_eq!(hold.gate(&tp(0), 7, 1_000, 1_000), Gate::Pass);
@@ -105,7 +108,11 @@ mod tests {
         let mut hold = Hold::default();
         hold.gate(&tp(0), 7, 5_000, 0);
         assert_eq!(hold.gate(&tp(0), 8, 5_001, 0), Gate::Discard);
-        assert_eq!(hold.gate(&tp(1), 3, 0, 0), Gate::Pass, "other partitions flow");
+        assert_eq!(
+            hold.gate(&tp(1), 3, 0, 0),
+            Gate::Pass,
+            "other partitions flow"
+        );
     }
 
     #[test]

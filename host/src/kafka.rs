@@ -76,9 +76,9 @@ impl Cluster {
     /// Topics that exist on the cluster.
     pub fn existing_topics(&self) -> anyhow::Result<BTreeSet<String>> {
         let consumer: BaseConsumer = self.base().create()?;
-        let metadata = consumer
-            .fetch_metadata(None, ADMIN_TIMEOUT)
-            .map_err(|e| anyhow::anyhow!("cannot read topic metadata from {}: {e}", self.brokers))?;
+        let metadata = consumer.fetch_metadata(None, ADMIN_TIMEOUT).map_err(|e| {
+            anyhow::anyhow!("cannot read topic metadata from {}: {e}", self.brokers)
+        })?;
         Ok(metadata
             .topics()
             .iter()

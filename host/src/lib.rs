@@ -8,6 +8,7 @@
 //! through [`hold`].
 
 pub mod config;
+pub mod delay;
 pub mod embedded;
 pub mod events;
 pub mod headers;
@@ -36,6 +37,20 @@ use tokio_util::task::TaskTracker;
 pub struct Settings {
     pub cluster: Cluster,
     pub routes: Vec<Route>,
+    /// The delay relay, when the config has a `[delay]` table.
+    pub delay: Option<config::DelayRelay>,
+}
+
+impl Settings {
+    /// Every topic hopper reads or writes.
+    pub fn all_topics(&self) -> BTreeSet<String> {
+        let mut topics: BTreeSet<String> =
+            self.routes.iter().flat_map(|r| r.all_topics()).collect();
+        if let Some(relay) = &self.delay {
+            topics.extend(relay.all_topics());
+        }
+        topics
+    }
 }
 
 /// Creates the consumer and producer of a pipeline and spawns its loop.
@@ -89,7 +104,8 @@ impl Hopper {
             .map(|r| r.memory_bytes)
             .max()
             .unwrap_or(64 << 20);
-        let runtime = plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+        let runtime =
+            plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
 
         let mut handlers = Vec::new();
         let mut failures = Vec::new();
@@ -111,11 +127,7 @@ impl Hopper {
             anyhow::bail!("{}", failures.join("\n"));
         }
 
-        let wanted: BTreeSet<String> = settings
-            .routes
-            .iter()
-            .flat_map(|r| r.all_topics())
-            .collect();
+        let wanted = settings.all_topics();
         let created = settings.cluster.ensure_topics(&wanted).await?;
         if !created.is_empty() {
             tracing::info!(topics = created.join(","), "Topics created.");
@@ -150,6 +162,33 @@ impl Hopper {
                 "Route started."
             );
             drop(shared);
+        }
+        if let Some(relay) = &settings.delay {
+            let metadata = settings
+                .cluster
+                .consumer_config(&relay.group)
+                .create()
+                .context("creating the delay relay's metadata client")?;
+            let processor =
+                delay::DelayProcessor::new(Arc::new(relay.clone()), metadata, telemetry.clone());
+            let mut subscription = vec![relay.inbox.clone()];
+            subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
+            start_pipeline(
+                &settings.cluster,
+                &relay.group,
+                &subscription,
+                processor,
+                &telemetry,
+                &shutdown,
+                &loops,
+            )
+            .context("starting the delay relay")?;
+            tracing::info!(
+                inbox = relay.inbox,
+                tiers = relay.tiers.len(),
+                dlq = relay.dlq,
+                "Delay relay started."
+            );
         }
         loops.close();
         Ok(Hopper {

@@ -13,7 +13,11 @@ use std::process::ExitCode;
 mod demo;
 
 #[derive(Parser)]
-#[command(name = "hopper", version, about = "Delay, retry and dead-letter plumbing for Kafka, around WebAssembly handlers.")]
+#[command(
+    name = "hopper",
+    version,
+    about = "Delay, retry and dead-letter plumbing for Kafka, around WebAssembly handlers."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,6 +43,35 @@ enum Command {
         /// Keep running after the sample orders settle, until Ctrl-C.
         #[arg(long)]
         linger: bool,
+    },
+    /// Sends a message to be delivered to a topic later, through the delay
+    /// relay's inbox. The payload is read from stdin unless --payload is given.
+    Send {
+        /// The topic the message is delivered to.
+        #[arg(long)]
+        topic: String,
+        /// How long to wait (humantime: 90s, 30m, 2d).
+        #[arg(long, conflicts_with = "at", required_unless_present = "at")]
+        delay: Option<humantime::Duration>,
+        /// When to deliver: RFC 3339 (2026-12-01T09:00:00Z) or epoch ms.
+        #[arg(long)]
+        at: Option<String>,
+        #[arg(long)]
+        key: Option<String>,
+        /// A header to deliver with the message, `name=value`; repeatable.
+        #[arg(short = 'H', long = "header")]
+        headers: Vec<String>,
+        /// Message id (`hopper-id`); by default derived from the inbox offset.
+        #[arg(long)]
+        id: Option<String>,
+        #[arg(long)]
+        payload: Option<String>,
+        /// Bootstrap servers.
+        #[arg(long, env = "HOPPER_BROKERS")]
+        brokers: String,
+        /// The delay relay's inbox topic.
+        #[arg(long, default_value = "hopper.delay")]
+        inbox: String,
     },
     /// Handler components.
     Plugin {
@@ -75,6 +108,17 @@ async fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Check { file },
         } => plugin_check(file),
+        Command::Send {
+            topic,
+            delay,
+            at,
+            key,
+            headers,
+            id,
+            payload,
+            brokers,
+            inbox,
+        } => send(topic, delay, at, key, headers, id, payload, brokers, inbox).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -97,7 +141,10 @@ pub(crate) fn prepare(
         Some(brokers) => brokers,
         None => {
             let broker = EmbeddedBroker::start()?;
-            let topics: BTreeSet<String> = routes.iter().flat_map(|r| r.all_topics()).collect();
+            let mut topics: BTreeSet<String> = routes.iter().flat_map(|r| r.all_topics()).collect();
+            if let Some(relay) = config.delay_relay() {
+                topics.extend(relay.all_topics());
+            }
             broker.create_topics(&topics, config.kafka.partitions)?;
             let address = broker.bootstrap_servers();
             println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
@@ -106,6 +153,7 @@ pub(crate) fn prepare(
         }
     };
     config.kafka.brokers = Some(brokers.clone());
+    let delay = config.delay_relay();
     Ok((
         Settings {
             cluster: Cluster {
@@ -113,6 +161,7 @@ pub(crate) fn prepare(
                 kafka: config.kafka,
             },
             routes,
+            delay,
         },
         embedded,
     ))
@@ -135,5 +184,54 @@ pub(crate) async fn ctrl_c() {
 fn plugin_check(file: PathBuf) -> anyhow::Result<()> {
     let runtime = hopper::plugin::Runtime::new(64 << 20)?;
     println!("{}", runtime.check(&file)?);
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    topic: String,
+    delay: Option<humantime::Duration>,
+    at: Option<String>,
+    key: Option<String>,
+    headers: Vec<String>,
+    id: Option<String>,
+    payload: Option<String>,
+    brokers: String,
+    inbox: String,
+) -> anyhow::Result<()> {
+    let deliver_at = at
+        .map(|at| hopper::delay::parse_instant(&at).map_err(|e| anyhow::anyhow!("--at: {e}")))
+        .transpose()?;
+    let headers = headers
+        .iter()
+        .map(|h| {
+            h.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.as_bytes().to_vec()))
+                .with_context(|| format!("--header `{h}` is not name=value"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let payload = match payload {
+        Some(p) => p.into_bytes(),
+        None => {
+            let mut buf = Vec::new();
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf).context("reading stdin")?;
+            buf
+        }
+    };
+    let message = hopper::delay::DelayedMessage {
+        target: topic.clone(),
+        deliver_at,
+        delay: delay.map(Into::into),
+        id,
+        key: key.map(String::into_bytes),
+        payload: Some(payload),
+        headers,
+    };
+    let cluster = Cluster {
+        brokers,
+        kafka: Default::default(),
+    };
+    let (partition, offset) = message.send(&cluster.producer()?, &inbox).await?;
+    println!("Scheduled for {topic} via {inbox}[{partition}]@{offset}.");
     Ok(())
 }

@@ -372,7 +372,11 @@ async fn work<P: Processor>(
 }
 
 /// Enqueues a hop and spawns the task that waits for its acknowledgement.
-pub(crate) async fn send_hop<P: Processor>(shared: &Arc<Shared<P>>, hop: PlannedHop, done: Completion) {
+pub(crate) async fn send_hop<P: Processor>(
+    shared: &Arc<Shared<P>>,
+    hop: PlannedHop,
+    done: Completion,
+) {
     let delivery = enqueue(&shared.producer, &hop.record).await;
     let shared = shared.clone();
     shared.acks.clone().spawn(async move {

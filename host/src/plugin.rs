@@ -203,7 +203,10 @@ impl Runtime {
             path: path.to_path_buf(),
             detail: format!("{}; {}", root_cause(&e), describe(&self.engine, &component)),
         };
-        let pre = self.linker.instantiate_pre(&component).map_err(wrong_world)?;
+        let pre = self
+            .linker
+            .instantiate_pre(&component)
+            .map_err(wrong_world)?;
         let pre = bindings::HandlerPre::new(pre).map_err(wrong_world)?;
         Ok((component, pre, version))
     }
@@ -222,7 +225,9 @@ impl Runtime {
     fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, LoadError> {
         let path = path.to_path_buf();
         match bytes.get(0..8) {
-            Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => return Err(LoadError::CoreModule { path }),
+            Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => {
+                return Err(LoadError::CoreModule { path });
+            }
             Some([0, b'a', b's', b'm', ..]) => {}
             _ => {
                 return Err(LoadError::NotWasm {
@@ -418,8 +423,14 @@ fn root_cause(e: &wasmtime::Error) -> String {
 /// `hopper plugin check`.
 pub fn describe(engine: &Engine, component: &Component) -> String {
     let ty = component.component_type();
-    let imports: Vec<String> = ty.imports(engine).map(|(name, _)| name.to_string()).collect();
-    let exports: Vec<String> = ty.exports(engine).map(|(name, _)| name.to_string()).collect();
+    let imports: Vec<String> = ty
+        .imports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
+    let exports: Vec<String> = ty
+        .exports(engine)
+        .map(|(name, _)| name.to_string())
+        .collect();
     format!(
         "it exports [{}] and imports [{}]",
         exports.join(", "),

@@ -149,8 +149,17 @@ mod tests {
     fn fatal_and_memory_dead_letter_at_once() {
         let r = route("");
         assert!(matches!(
-            decide(&r, 1, &Verdict::Fatal { reason: "no".into() }),
-            Decision::DeadLetter { reason: Reason::Fatal, .. }
+            decide(
+                &r,
+                1,
+                &Verdict::Fatal {
+                    reason: "no".into()
+                }
+            ),
+            Decision::DeadLetter {
+                reason: Reason::Fatal,
+                ..
+            }
         ));
         let oom = Verdict::Failed {
             class: Reason::HandlerMemory,
@@ -158,7 +167,10 @@ mod tests {
         };
         assert!(matches!(
             decide(&r, 1, &oom),
-            Decision::DeadLetter { reason: Reason::HandlerMemory, .. }
+            Decision::DeadLetter {
+                reason: Reason::HandlerMemory,
+                ..
+            }
         ));
     }
 
@@ -170,11 +182,17 @@ mod tests {
         };
         assert!(matches!(
             decide(&route(""), 1, &trap),
-            Decision::DeadLetter { reason: Reason::HandlerTrap, .. }
+            Decision::DeadLetter {
+                reason: Reason::HandlerTrap,
+                ..
+            }
         ));
         assert!(matches!(
             decide(&route("on_trap = \"retry\""), 1, &trap),
-            Decision::Retry { reason: Reason::HandlerTrap, .. }
+            Decision::Retry {
+                reason: Reason::HandlerTrap,
+                ..
+            }
         ));
         let timeout = Verdict::Failed {
             class: Reason::HandlerTimeout,
@@ -182,7 +200,10 @@ mod tests {
         };
         assert!(matches!(
             decide(&route(""), 1, &timeout),
-            Decision::Retry { reason: Reason::HandlerTimeout, .. }
+            Decision::Retry {
+                reason: Reason::HandlerTimeout,
+                ..
+            }
         ));
     }
 
@@ -190,8 +211,17 @@ mod tests {
     fn retry_after_hint_picks_a_longer_tier() {
         let r = route("retry = [\"1s\", \"10s\", \"1m\"]");
         assert_eq!(tier_delay(&r, 1, None), Duration::from_secs(1));
-        assert_eq!(tier_delay(&r, 1, Some(Duration::from_secs(5))), Duration::from_secs(10));
-        assert_eq!(tier_delay(&r, 1, Some(Duration::from_secs(3600))), Duration::from_secs(60));
-        assert_eq!(tier_delay(&r, 2, Some(Duration::from_millis(1))), Duration::from_secs(10));
+        assert_eq!(
+            tier_delay(&r, 1, Some(Duration::from_secs(5))),
+            Duration::from_secs(10)
+        );
+        assert_eq!(
+            tier_delay(&r, 1, Some(Duration::from_secs(3600))),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            tier_delay(&r, 2, Some(Duration::from_millis(1))),
+            Duration::from_secs(10)
+        );
     }
 }

@@ -149,13 +149,27 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
         at_ms: now_ms(),
     });
     if let Verdict::Failed { class, error } = &verdict {
-        tracing::warn!(route = route.name, id = envelope.id, attempt, class = class.as_str(), error, "Handler call failed.");
+        tracing::warn!(
+            route = route.name,
+            id = envelope.id,
+            attempt,
+            class = class.as_str(),
+            error,
+            "Handler call failed."
+        );
     }
     let decision = decide(route, attempt, &verdict);
     if decision == Decision::Commit {
         return None;
     }
-    Some(plan(shared, message, &envelope, attempt, Some(&handler), decision))
+    Some(plan(
+        shared,
+        message,
+        &envelope,
+        attempt,
+        Some(&handler),
+        decision,
+    ))
 }
 
 /// Builds the record of the next hop and the event that reports it.
@@ -186,7 +200,13 @@ fn plan(
                 delay,
                 reason,
             };
-            (topic, reason, error, Some(now + delay.as_millis() as i64), event)
+            (
+                topic,
+                reason,
+                error,
+                Some(now + delay.as_millis() as i64),
+                event,
+            )
         }
         Decision::DeadLetter { reason, error } => {
             let event = Event::DeadLettered {

@@ -92,7 +92,8 @@ async fn run<P: Processor>(
             biased;
             _ = shutdown.cancelled() => return,
             _ = async { match wake { Some(s) => s.await, None => std::future::pending().await } } => {
-                for due in timeline.take_due(now_ms()) {
+                for mut due in timeline.take_due(now_ms()) {
+                    due.hop.record.timestamp = now_ms();
                     send_hop(&shared, due.hop, due.done).await;
                 }
             }

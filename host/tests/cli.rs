@@ -12,7 +12,11 @@ fn plugin(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../plugins/dist")
         .join(format!("{name}.wasm"));
-    assert!(path.is_file(), "{} is missing: run `cargo xtask build-plugins`", path.display());
+    assert!(
+        path.is_file(),
+        "{} is missing: run `cargo xtask build-plugins`",
+        path.display()
+    );
     path
 }
 
@@ -41,7 +45,12 @@ timeout = "0s"
 "#,
     )
     .unwrap();
-    let out = hopper().arg("run").arg("--config").arg(&config).output().unwrap();
+    let out = hopper()
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     for expected in [
@@ -54,7 +63,10 @@ timeout = "0s"
         "route `orders`: no input topics",
         "route `orders`: timeout must be more than 0s",
     ] {
-        assert!(stderr.contains(expected), "missing {expected:?} in:\n{stderr}");
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
     }
 }
 
@@ -62,8 +74,17 @@ timeout = "0s"
 fn a_config_with_a_typo_names_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("hopper.toml");
-    std::fs::write(&config, "[[route]]\nname = \"a\"\ntopic = [\"a\"]\nhandler = \"h.wasm\"\n").unwrap();
-    let out = hopper().arg("run").arg("--config").arg(&config).output().unwrap();
+    std::fs::write(
+        &config,
+        "[[route]]\nname = \"a\"\ntopic = [\"a\"]\nhandler = \"h.wasm\"\n",
+    )
+    .unwrap();
+    let out = hopper()
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown field `topic`"), "{stderr}");
@@ -72,15 +93,30 @@ fn a_config_with_a_typo_names_the_field() {
 
 #[test]
 fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
-    let ok = hopper().args(["plugin", "check"]).arg(plugin("order_timeout")).output().unwrap();
+    let ok = hopper()
+        .args(["plugin", "check"])
+        .arg(plugin("order_timeout"))
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&ok.stdout);
-    assert!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
     assert!(stdout.starts_with("ok: "), "{stdout}");
-    assert!(stdout.contains("fits hopper:handler/handler@0.1.0"), "{stdout}");
+    assert!(
+        stdout.contains("fits hopper:handler/handler@0.1.0"),
+        "{stdout}"
+    );
     assert!(stdout.contains("exports [handle]"), "{stdout}");
 
     let wrong = plugin("wrong_world");
-    let bad = hopper().args(["plugin", "check"]).arg(&wrong).output().unwrap();
+    let bad = hopper()
+        .args(["plugin", "check"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&bad.stderr);
     assert!(stderr.contains(&wrong.display().to_string()), "{stderr}");

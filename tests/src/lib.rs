@@ -70,7 +70,13 @@ fn start_nisshi() -> Nisshi {
     let mut command = Command::new(&binary);
     command
         .current_dir(&dir)
-        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
         .args(["--storage-engine", "memory://nisshi/"])
         .args(["--group-initial-rebalance-delay", "0s"])
         .stdin(Stdio::null())
@@ -85,7 +91,10 @@ fn start_nisshi() -> Nisshi {
     let addr: SocketAddr = address.parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(Instant::now() < deadline, "nisshi did not start on {address}");
+        assert!(
+            Instant::now() < deadline,
+            "nisshi did not start on {address}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     Nisshi {
@@ -146,19 +155,19 @@ impl TestRoute {
 
     pub fn settings(&self) -> Settings {
         let (config, routes) = Config::load(&self.config_path).unwrap();
+        let delay = config.delay_relay();
         Settings {
             cluster: Cluster {
                 brokers: brokers(),
                 kafka: config.kafka,
             },
             routes,
+            delay,
         }
     }
 
     pub async fn start(&self) -> Hopper {
-        Hopper::start(self.settings())
-            .await
-            .expect("hopper starts")
+        Hopper::start(self.settings()).await.expect("hopper starts")
     }
 }
 
@@ -230,6 +239,35 @@ pub async fn consume(topic: &str, count: usize, timeout: Duration) -> Vec<OwnedM
     out
 }
 
+/// Reads `topic` from the beginning until `found` accepts a record; panics
+/// after `timeout`.
+pub async fn consume_until(
+    topic: &str,
+    timeout: Duration,
+    mut found: impl FnMut(&OwnedMessage) -> bool,
+) -> OwnedMessage {
+    let consumer: StreamConsumer = client_config()
+        .set("group.id", rand_name("reader"))
+        .set("auto.offset.reset", "earliest")
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[topic]).unwrap();
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(m)) => {
+                let m = m.detach();
+                if found(&m) {
+                    return m;
+                }
+            }
+            Ok(Err(e)) => panic!("consuming {topic}: {e}"),
+            Err(_) => panic!("no matching record on {topic} within {timeout:?}"),
+        }
+    }
+}
+
 /// Headers of a record as a map of UTF-8 text (the last value wins), plus
 /// the raw count per key so tests can check nothing was appended twice.
 pub fn header_map(message: &OwnedMessage) -> (HashMap<String, String>, HashMap<String, usize>) {
@@ -256,4 +294,70 @@ pub fn now_ms() -> i64 {
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
+}
+
+/// Writes a config file with `body` after a `[kafka]` table that points at
+/// the test broker, and loads it.
+pub struct TestConfig {
+    pub dir: tempfile::TempDir,
+    pub path: PathBuf,
+}
+
+impl TestConfig {
+    pub fn new(body: &str) -> TestConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hopper.toml");
+        let text = format!(
+            "[kafka]\nbrokers = \"{}\"\npartitions = 2\n\n{body}\n",
+            brokers()
+        );
+        std::fs::write(&path, text).unwrap();
+        TestConfig { dir, path }
+    }
+
+    pub fn settings(&self) -> Settings {
+        let (config, routes) = Config::load(&self.path).unwrap();
+        let delay = config.delay_relay();
+        Settings {
+            cluster: Cluster {
+                brokers: brokers(),
+                kafka: config.kafka,
+            },
+            routes,
+            delay,
+        }
+    }
+
+    pub async fn start(&self) -> Hopper {
+        Hopper::start(self.settings()).await.expect("hopper starts")
+    }
+}
+
+/// Creates topics on the test broker.
+pub async fn create_topics(topics: &[&str]) {
+    let cluster = Cluster {
+        brokers: brokers(),
+        kafka: hopper::config::KafkaConfig {
+            partitions: 2,
+            ..Default::default()
+        },
+    };
+    let wanted = topics.iter().map(|t| t.to_string()).collect();
+    cluster
+        .ensure_topics(&wanted)
+        .await
+        .expect("topics created");
+}
+
+/// The `hopper` binary built next to this test binary.
+pub fn hopper_bin() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let bin = dir.join("hopper");
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with `cargo build -p hopper`",
+        bin.display()
+    );
+    bin
 }

@@ -46,7 +46,14 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
     init_tracing();
     let route = TestRoute::new(&plugin("scripted"), "retry = [\"1s\"]");
     let producer = producer();
-    produce(&producer, &route.input, Some("a"), "ok", &[("hopper-id", "first")]).await;
+    produce(
+        &producer,
+        &route.input,
+        Some("a"),
+        "ok",
+        &[("hopper-id", "first")],
+    )
+    .await;
 
     let hopper = route.start().await;
     let mut events = hopper.events();
@@ -57,7 +64,14 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
     // Same group again: only the new message may be handled.
     let hopper = route.start().await;
     let mut events = hopper.events();
-    produce(&producer, &route.input, Some("a"), "ok", &[("hopper-id", "second")]).await;
+    produce(
+        &producer,
+        &route.input,
+        Some("a"),
+        "ok",
+        &[("hopper-id", "second")],
+    )
+    .await;
     let ids = collect(
         &mut events,
         |e| match e {
@@ -74,11 +88,21 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_twice_then_ok_is_called_three_times_and_never_early() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "retry = [\"1s\", \"2s\"]\nmax_attempts = 5");
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        "retry = [\"1s\", \"2s\"]\nmax_attempts = 5",
+    );
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
-    produce(&producer, &route.input, None, "retry-until:3", &[("hopper-id", "r3")]).await;
+    produce(
+        &producer,
+        &route.input,
+        None,
+        "retry-until:3",
+        &[("hopper-id", "r3")],
+    )
+    .await;
 
     let calls = collect(&mut events, handled_id("r3"), |v| {
         v.last().is_some_and(|c| c.1 == "ok")
@@ -90,13 +114,19 @@ async fn retryable_twice_then_ok_is_called_three_times_and_never_early() {
     assert_eq!(calls[1].1, "retryable");
 
     // Each retry record says when it is due; the next call came no earlier.
-    for (tier, delay_ms, next_call) in [(format!("{}.retry.1s", route.name), 1000, calls[1].2), (format!("{}.retry.2s", route.name), 2000, calls[2].2)] {
+    for (tier, delay_ms, next_call) in [
+        (format!("{}.retry.1s", route.name), 1000, calls[1].2),
+        (format!("{}.retry.2s", route.name), 2000, calls[2].2),
+    ] {
         let records = consume(&tier, 1, PATIENCE).await;
         let (h, _) = header_map(&records[0]);
         let failed: i64 = h["hopper-last-failure-at"].parse().unwrap();
         let due: i64 = h["hopper-due-at"].parse().unwrap();
         assert_eq!(due - failed, delay_ms, "{tier}");
-        assert!(next_call >= due, "{tier}: handled at {next_call}, due at {due}");
+        assert!(
+            next_call >= due,
+            "{tier}: handled at {next_call}, due at {due}"
+        );
     }
     hopper.stop().await;
 }
@@ -128,7 +158,10 @@ async fn always_retryable_goes_to_the_dlq_after_max_attempts_with_every_header()
     }
     assert_eq!(h["x-trace"], "abc");
     assert_eq!(h["x-tenant"], "t1");
-    assert_eq!(h["hopper-id"], format!("{}-{partition}-{offset}", route.input));
+    assert_eq!(
+        h["hopper-id"],
+        format!("{}-{partition}-{offset}", route.input)
+    );
     assert_eq!(h["hopper-attempt"], "3");
     assert_eq!(h["hopper-route"], route.name);
     assert_eq!(h["hopper-origin-topic"], route.input);
@@ -140,9 +173,15 @@ async fn always_retryable_goes_to_the_dlq_after_max_attempts_with_every_header()
     assert_eq!(h["hopper-last-error"], "told to retry");
     let first: i64 = h["hopper-first-failure-at"].parse().unwrap();
     let last: i64 = h["hopper-last-failure-at"].parse().unwrap();
-    assert!(first >= before && last >= first + 2000, "first {first}, last {last}");
+    assert!(
+        first >= before && last >= first + 2000,
+        "first {first}, last {last}"
+    );
     assert_eq!(h["hopper-handler"], "scripted");
-    assert_eq!(h["hopper-handler-version"], sha256_hex(&std::fs::read(&handler).unwrap()));
+    assert_eq!(
+        h["hopper-handler-version"],
+        sha256_hex(&std::fs::read(&handler).unwrap())
+    );
     assert_eq!(h["hopper-trail"], "retry.1s,retry.1s,dlq");
     assert!(!h.contains_key("hopper-due-at"), "a DLQ record is not held");
     hopper.stop().await;
@@ -154,7 +193,14 @@ async fn fatal_goes_to_the_dlq_at_once() {
     let route = TestRoute::new(&plugin("scripted"), "");
     let hopper = route.start().await;
     let mut events = hopper.events();
-    produce(&producer(), &route.input, None, "fatal", &[("hopper-id", "f1")]).await;
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        "fatal",
+        &[("hopper-id", "f1")],
+    )
+    .await;
     let dlq = consume(&route.dlq, 1, PATIENCE).await;
     let (h, _) = header_map(&dlq[0]);
     assert_eq!(h["hopper-reason"], "FATAL");
@@ -179,15 +225,30 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
     let producer = producer();
     // One key, so one partition: each hostile message is followed by a
     // well-behaved one that must still be handled.
-    let script = ["trap", "ok", "loop", "ok", "oom", "ok", "recurse", "ok", "spam", "ok"];
+    let script = [
+        "trap", "ok", "loop", "ok", "oom", "ok", "recurse", "ok", "spam", "ok",
+    ];
     for (i, command) in script.iter().enumerate() {
         let id = format!("h{i}");
-        produce(&producer, &route.input, Some("same"), command, &[("hopper-id", &id)]).await;
+        produce(
+            &producer,
+            &route.input,
+            Some("same"),
+            command,
+            &[("hopper-id", &id)],
+        )
+        .await;
     }
     let calls = collect(
         &mut events,
         |e| match e {
-            Event::Handled { id, verdict, partition, offset, .. } => Some((id.clone(), *verdict, *partition, *offset)),
+            Event::Handled {
+                id,
+                verdict,
+                partition,
+                offset,
+                ..
+            } => Some((id.clone(), *verdict, *partition, *offset)),
             _ => None,
         },
         |v| v.len() == script.len(),
@@ -196,28 +257,43 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
     let verdicts: Vec<&str> = calls.iter().map(|c| c.1).collect();
     assert_eq!(
         verdicts,
-        vec!["trap", "ok", "timeout", "ok", "memory", "ok", "trap", "ok", "ok", "ok"]
+        vec![
+            "trap", "ok", "timeout", "ok", "memory", "ok", "trap", "ok", "ok", "ok"
+        ]
     );
     let offsets: Vec<i64> = calls.iter().map(|c| c.3).collect();
-    assert!(offsets.windows(2).all(|w| w[0] < w[1]), "handled in offset order: {offsets:?}");
+    assert!(
+        offsets.windows(2).all(|w| w[0] < w[1]),
+        "handled in offset order: {offsets:?}"
+    );
 
     let dlq = consume(&route.dlq, 4, PATIENCE).await;
-    let mut by_id: std::collections::HashMap<String, std::collections::HashMap<String, String>> = Default::default();
+    let mut by_id: std::collections::HashMap<String, std::collections::HashMap<String, String>> =
+        Default::default();
     for record in &dlq {
         let (h, _) = header_map(record);
         by_id.insert(h["hopper-id"].clone(), h);
     }
     assert_eq!(by_id["h0"]["hopper-reason"], "HANDLER_TRAP");
-    assert!(by_id["h0"]["hopper-last-error"].contains("told to trap"), "{:?}", by_id["h0"]);
+    assert!(
+        by_id["h0"]["hopper-last-error"].contains("told to trap"),
+        "{:?}",
+        by_id["h0"]
+    );
     assert_eq!(by_id["h2"]["hopper-reason"], "RETRIES_EXHAUSTED");
-    assert!(by_id["h2"]["hopper-last-error"].starts_with("HANDLER_TIMEOUT"), "{:?}", by_id["h2"]);
+    assert!(
+        by_id["h2"]["hopper-last-error"].starts_with("HANDLER_TIMEOUT"),
+        "{:?}",
+        by_id["h2"]
+    );
     assert_eq!(by_id["h4"]["hopper-reason"], "HANDLER_MEMORY");
     assert_eq!(by_id["h6"]["hopper-reason"], "HANDLER_TRAP");
     // A Rust guest's stack lives in linear memory: overflowing it is an
     // out-of-bounds access rather than wasm's own call-stack limit.
     let overflow = &by_id["h6"]["hopper-last-error"];
     assert!(
-        overflow.contains("out of bounds memory access") || overflow.contains("call stack exhausted"),
+        overflow.contains("out of bounds memory access")
+            || overflow.contains("call stack exhausted"),
         "{overflow}"
     );
     hopper.stop().await;
@@ -226,9 +302,19 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trap_policy_retry_sends_a_trap_up_the_ladder() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "retry = [\"1s\"]\nmax_attempts = 2\non_trap = \"retry\"");
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        "retry = [\"1s\"]\nmax_attempts = 2\non_trap = \"retry\"",
+    );
     let hopper = route.start().await;
-    produce(&producer(), &route.input, None, "trap", &[("hopper-id", "t1")]).await;
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        "trap",
+        &[("hopper-id", "t1")],
+    )
+    .await;
     let dlq = consume(&route.dlq, 1, PATIENCE).await;
     let (h, _) = header_map(&dlq[0]);
     assert_eq!(h["hopper-reason"], "RETRIES_EXHAUSTED");
@@ -244,7 +330,14 @@ async fn malformed_envelopes_are_dead_lettered_with_the_header_named() {
     let hopper = route.start().await;
     let producer = producer();
     let long_id = "x".repeat(300);
-    produce(&producer, &route.input, None, "ok", &[("hopper-id", &long_id)]).await;
+    produce(
+        &producer,
+        &route.input,
+        None,
+        "ok",
+        &[("hopper-id", &long_id)],
+    )
+    .await;
     // Someone writes straight into a retry tier with a broken attempt count.
     let tier = format!("{}.retry.1s", route.name);
     produce(
@@ -261,7 +354,14 @@ async fn malformed_envelopes_are_dead_lettered_with_the_header_named() {
         ],
     )
     .await;
-    produce(&producer, &tier, None, "ok", &[("hopper-id", "no-origin"), ("hopper-attempt", "1")]).await;
+    produce(
+        &producer,
+        &tier,
+        None,
+        "ok",
+        &[("hopper-id", "no-origin"), ("hopper-attempt", "1")],
+    )
+    .await;
 
     let dlq = consume(&route.dlq, 3, PATIENCE).await;
     let mut errors: Vec<(String, String)> = dlq
@@ -274,9 +374,26 @@ async fn malformed_envelopes_are_dead_lettered_with_the_header_named() {
         })
         .collect();
     errors.sort();
-    assert_eq!(errors[0], ("bad-attempt".into(), "header hopper-attempt: `three` is not a valid number".into()));
-    assert_eq!(errors[1], ("no-origin".into(), "header hopper-origin-topic: is missing".into()));
-    assert!(errors[2].0.starts_with("xxx") && errors[2].1 == "header hopper-id: is 300 bytes; the limit is 256", "{:?}", errors[2]);
+    assert_eq!(
+        errors[0],
+        (
+            "bad-attempt".into(),
+            "header hopper-attempt: `three` is not a valid number".into()
+        )
+    );
+    assert_eq!(
+        errors[1],
+        (
+            "no-origin".into(),
+            "header hopper-origin-topic: is missing".into()
+        )
+    );
+    assert!(
+        errors[2].0.starts_with("xxx")
+            && errors[2].1 == "header hopper-id: is 300 bytes; the limit is 256",
+        "{:?}",
+        errors[2]
+    );
     hopper.stop().await;
 }
 
@@ -287,8 +404,22 @@ async fn route_config_values_reach_the_guest() {
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
-    produce(&producer, &route.input, None, "config:colour=blue", &[("hopper-id", "c1")]).await;
-    produce(&producer, &route.input, None, "config:colour=red", &[("hopper-id", "c2")]).await;
+    produce(
+        &producer,
+        &route.input,
+        None,
+        "config:colour=blue",
+        &[("hopper-id", "c1")],
+    )
+    .await;
+    produce(
+        &producer,
+        &route.input,
+        None,
+        "config:colour=red",
+        &[("hopper-id", "c2")],
+    )
+    .await;
     let mut calls = collect(
         &mut events,
         |e| match e {
@@ -299,7 +430,10 @@ async fn route_config_values_reach_the_guest() {
     )
     .await;
     calls.sort();
-    assert_eq!(calls, vec![("c1".to_string(), "ok"), ("c2".to_string(), "fatal")]);
+    assert_eq!(
+        calls,
+        vec![("c1".to_string(), "ok"), ("c2".to_string(), "fatal")]
+    );
     hopper.stop().await;
 }
 
@@ -316,7 +450,10 @@ async fn handlers_that_do_not_fit_fail_at_startup_naming_the_file() {
     let text = dir.path().join("notes.wasm");
     std::fs::write(&text, b"hello").unwrap();
     let cases = [
-        (plugin("wrong_world"), "does not fit the hopper:handler/handler@0.1.0 world"),
+        (
+            plugin("wrong_world"),
+            "does not fit the hopper:handler/handler@0.1.0 world",
+        ),
         (core, "is a core WebAssembly module, not a component"),
         (truncated, "does not compile"),
         (text, "is not a WebAssembly file"),
@@ -329,7 +466,9 @@ async fn handlers_that_do_not_fit_fail_at_startup_naming_the_file() {
         };
         assert!(error.contains(&path.display().to_string()), "{error}");
         assert!(error.contains(expected), "{error}");
-        assert!(error.contains(&format!("route `{}`", route.name)), "{error}");
+        assert!(
+            error.contains(&format!("route `{}`", route.name)),
+            "{error}"
+        );
     }
 }
-

@@ -18,7 +18,9 @@ const NISSHI_VERSION: &str = "0.8.1";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (command, rest) = args.split_first().map_or(("help", &[][..]), |(c, r)| (c.as_str(), r));
+    let (command, rest) = args
+        .split_first()
+        .map_or(("help", &[][..]), |(c, r)| (c.as_str(), r));
     match command {
         "build-plugins" => build_plugins(),
         "demo" => demo(rest),
@@ -28,13 +30,20 @@ fn main() -> Result<()> {
             eprintln!(
                 "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait"
             );
-            if command == "help" { Ok(()) } else { bail!("unknown command `{command}`") }
+            if command == "help" {
+                Ok(())
+            } else {
+                bail!("unknown command `{command}`")
+            }
         }
     }
 }
 
 fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 fn target_dir() -> PathBuf {
@@ -52,7 +61,9 @@ fn step(what: &str) {
 }
 
 fn run(mut command: Command, what: &str) -> Result<()> {
-    let status = command.status().with_context(|| format!("starting {what}"))?;
+    let status = command
+        .status()
+        .with_context(|| format!("starting {what}"))?;
     if !status.success() {
         bail!("{what} failed ({status})");
     }
@@ -67,7 +78,13 @@ fn build_plugins() -> Result<()> {
     let mut build = cargo();
     build
         .current_dir(root().join("plugins"))
-        .args(["build", "--release", "--target", "wasm32-wasip2", "--target-dir"])
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "--target-dir",
+        ])
         .arg(&plugin_target);
     run(build, "building the handler components")?;
     let dist = root().join("plugins/dist");
@@ -80,7 +97,11 @@ fn build_plugins() -> Result<()> {
         let tmp = dist.join(format!(".{file}.tmp"));
         std::fs::copy(&built, &tmp).with_context(|| format!("copying {}", built.display()))?;
         std::fs::rename(&tmp, &dest)?;
-        eprintln!("    {} ({} KiB)", dest.display(), std::fs::metadata(&dest)?.len() / 1024);
+        eprintln!(
+            "    {} ({} KiB)",
+            dest.display(),
+            std::fs::metadata(&dest)?.len() / 1024
+        );
     }
     Ok(())
 }
@@ -90,7 +111,16 @@ fn demo(rest: &[String]) -> Result<()> {
     step("running the demo on the embedded broker");
     let mut demo = cargo();
     demo.current_dir(root())
-        .args(["run", "--quiet", "-p", "hopper", "--", "demo", "--config", "examples/demo.toml"])
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "hopper",
+            "--",
+            "demo",
+            "--config",
+            "examples/demo.toml",
+        ])
         .args(rest);
     run(demo, "the demo")
 }
@@ -105,10 +135,15 @@ fn test(rest: &[String]) -> Result<()> {
     run(fmt, "cargo fmt --check")?;
     step("building the tests");
     let mut build = cargo();
-    build.current_dir(root()).args(["test", "--workspace", "--no-run"]);
+    build
+        .current_dir(root())
+        .args(["test", "--workspace", "--no-run"]);
     run(build, "building the tests")?;
     let broker = Broker::start(&nisshi)?;
-    step(&format!("running the tests against nisshi at {}", broker.address));
+    step(&format!(
+        "running the tests against nisshi at {}",
+        broker.address
+    ));
     let mut tests = cargo();
     tests
         .current_dir(root())
@@ -150,7 +185,14 @@ fn ensure_nisshi() -> Result<PathBuf> {
     let mut install = cargo();
     install.args(["install", "nisshi", "--version", NISSHI_VERSION, "--locked"]);
     run(install, "cargo install nisshi")?;
-    if installed.is_file() { Ok(installed) } else { bail!("nisshi was installed but {} is missing", installed.display()) }
+    if installed.is_file() {
+        Ok(installed)
+    } else {
+        bail!(
+            "nisshi was installed but {} is missing",
+            installed.display()
+        )
+    }
 }
 
 fn which(name: &str) -> Option<PathBuf> {
@@ -177,23 +219,42 @@ impl Broker {
         let log = std::fs::File::create(dir.0.join("nisshi.log"))?;
         let child = Command::new(nisshi)
             .current_dir(&dir.0)
-            .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
-            .args(["--storage-engine", "memory://nisshi/", "--group-initial-rebalance-delay", "0s"])
+            .args([
+                "broker",
+                "--listener-url",
+                &url,
+                "--advertised-listener-url",
+                &url,
+            ])
+            .args([
+                "--storage-engine",
+                "memory://nisshi/",
+                "--group-initial-rebalance-delay",
+                "0s",
+            ])
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
             .with_context(|| format!("starting {}", nisshi.display()))?;
-        let mut broker = Broker { child, address, _dir: dir };
+        let mut broker = Broker {
+            child,
+            address,
+            _dir: dir,
+        };
         let addr: SocketAddr = broker.address.parse()?;
         let deadline = Instant::now() + Duration::from_secs(30);
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
             if let Some(status) = broker.child.try_wait()? {
-                let log = std::fs::read_to_string(broker._dir.0.join("nisshi.log")).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(broker._dir.0.join("nisshi.log")).unwrap_or_default();
                 bail!("nisshi exited at startup ({status}):\n{log}");
             }
             if Instant::now() > deadline {
-                bail!("nisshi did not accept connections on {} within 30s", broker.address);
+                bail!(
+                    "nisshi did not accept connections on {} within 30s",
+                    broker.address
+                );
             }
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -212,7 +273,11 @@ struct TempDir(PathBuf);
 
 impl TempDir {
     fn new() -> Result<TempDir> {
-        let dir = std::env::temp_dir().join(format!("hopper-nisshi-{}-{}", std::process::id(), Instant::now().elapsed().as_nanos()));
+        let dir = std::env::temp_dir().join(format!(
+            "hopper-nisshi-{}-{}",
+            std::process::id(),
+            Instant::now().elapsed().as_nanos()
+        ));
         std::fs::create_dir_all(&dir)?;
         Ok(TempDir(dir))
     }
