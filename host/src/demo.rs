@@ -48,6 +48,13 @@ const ORDERS: [(&str, &str, &str); 6] = [
     ),
 ];
 
+/// An order sent through the delay relay.
+const DELAYED: (&str, &str, &str) = (
+    "o-1007",
+    r#"{"order_id":"o-1007","status":"pending"}"#,
+    "payment window of 4s, then closed by its delayed timeout",
+);
+
 /// How long the demo waits for every sample to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
@@ -60,6 +67,7 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
         .context("the demo config has no route")?
         .clone();
     let cluster = settings.cluster.clone();
+    let delay = settings.delay.clone();
     let hopper = Hopper::start(settings).await?;
     let mut events = hopper.events();
     let started = Instant::now();
@@ -81,7 +89,8 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
     );
 
     let producer = cluster.producer()?;
-    let input = &route.topics[0];
+    let input = route.topics[0].clone();
+    let input = &input;
     for (id, payload, expect) in ORDERS {
         let record = FutureRecord::to(input).key(id).payload(payload).headers(
             rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
@@ -97,6 +106,21 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
         println!("{} sent {id} to {input}: {expect}", stamp());
     }
 
+    // An order whose payment window is 4 seconds: its timeout message goes
+    // through the delay relay and reaches the route when the window closes.
+    if let Some(relay) = &delay {
+        let delayed = hopper::delay::DelayedMessage {
+            target: input.clone(),
+            delay: Some(Duration::from_secs(4)),
+            id: Some(DELAYED.0.to_string()),
+            key: Some(DELAYED.0.as_bytes().to_vec()),
+            payload: Some(DELAYED.1.as_bytes().to_vec()),
+            ..Default::default()
+        };
+        delayed.send(&producer, &relay.inbox).await?;
+        println!("{} sent {} to {} for {input} in 4s: {}", stamp(), DELAYED.0, relay.inbox, DELAYED.2);
+    }
+
     // Watch the dead-letter topic the way any consumer would.
     let dlq: StreamConsumer = cluster
         .consumer_config(&format!("hopper-demo-dlq-{}", std::process::id()))
@@ -109,7 +133,8 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
     // After the last order settles, keep printing DLQ records a moment longer.
     let mut tail: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     loop {
-        if settled.len() == ORDERS.len() && tail.is_none() {
+        let expected = ORDERS.len() + usize::from(delay.is_some());
+        if settled.len() == expected && tail.is_none() {
             tail = Some(Box::pin(tokio::time::sleep(Duration::from_millis(1500))));
         }
         tokio::select! {
@@ -156,7 +181,8 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
     }
 
     println!("\nSummary:");
-    for (id, _, expect) in ORDERS {
+    let delayed = delay.as_ref().map(|_| DELAYED);
+    for (id, _, expect) in ORDERS.into_iter().chain(delayed) {
         let got = settled.get(id).map(String::as_str).unwrap_or("not settled");
         println!("  {id}: {got:<32} expected: {expect}");
     }

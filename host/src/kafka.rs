@@ -68,6 +68,9 @@ impl Cluster {
             .set("enable.auto.offset.store", "false")
             .set("auto.offset.reset", "earliest")
             .set("isolation.level", "read_committed")
+            // A resumed tier partition is fetched in the broker's next fetch
+            // request; a long-polling fetch would hold it up to this long.
+            .set("fetch.wait.max.ms", "20")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000");
         config

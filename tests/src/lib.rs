@@ -351,9 +351,14 @@ pub async fn create_topics(topics: &[&str]) {
 
 /// The `hopper` binary built next to this test binary.
 pub fn hopper_bin() -> PathBuf {
+    // Test binaries live in target/<profile>/deps, other binaries in
+    // target/<profile>, next to `hopper`.
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let bin = dir.join("hopper");
+    let dir = exe.parent().unwrap();
+    let bin = [dir.join("hopper"), dir.parent().unwrap().join("hopper")]
+        .into_iter()
+        .find(|b| b.is_file())
+        .unwrap_or_else(|| dir.join("hopper"));
     assert!(
         bin.is_file(),
         "{} is missing: build it with `cargo build -p hopper`",

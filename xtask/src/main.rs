@@ -26,6 +26,7 @@ fn main() -> Result<()> {
         "demo" => demo(rest),
         "test" => test(rest),
         "broker" => broker(),
+        "bench" => bench(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait"
@@ -153,6 +154,26 @@ fn test(rest: &[String]) -> Result<()> {
     let result = run(tests, "the tests");
     drop(broker);
     eprintln!("==> finished in {:.0?}", started.elapsed());
+    result
+}
+
+/// Runs a benchmark binary of the tests crate against a fresh broker.
+fn bench(rest: &[String]) -> Result<()> {
+    let (name, args) = rest.split_first().context("usage: cargo xtask bench delay lateness|memory [ARGS]")?;
+    let nisshi = ensure_nisshi()?;
+    build_plugins()?;
+    let mut build = cargo();
+    build.current_dir(root()).args(["build", "-p", "hopper", "-p", "hopper-tests", "--bins"]);
+    run(build, "building the benchmarks")?;
+    let broker = Broker::start(&nisshi)?;
+    let mut bench = cargo();
+    bench
+        .current_dir(root())
+        .env("HOPPER_TEST_BROKERS", &broker.address)
+        .args(["run", "--quiet", "-p", "hopper-tests", "--bin", &format!("bench-{name}"), "--"])
+        .args(args);
+    let result = run(bench, "the benchmark");
+    drop(broker);
     result
 }
 
