@@ -118,7 +118,13 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
             ..Default::default()
         };
         delayed.send(&producer, &relay.inbox).await?;
-        println!("{} sent {} to {} for {input} in 4s: {}", stamp(), DELAYED.0, relay.inbox, DELAYED.2);
+        println!(
+            "{} sent {} to {} for {input} in 4s: {}",
+            stamp(),
+            DELAYED.0,
+            relay.inbox,
+            DELAYED.2
+        );
     }
 
     // Watch the dead-letter topic the way any consumer would.

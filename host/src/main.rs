@@ -132,7 +132,7 @@ async fn main() -> ExitCode {
 /// Loads the config and, when no broker is given, starts the embedded one.
 /// The broker must outlive hopper, so it is returned to the caller.
 pub(crate) fn prepare(
-    config: &PathBuf,
+    config: &std::path::Path,
     brokers: Option<String>,
 ) -> anyhow::Result<(Settings, Option<EmbeddedBroker>)> {
     let (mut config, routes) = Config::load(config)?;

@@ -320,3 +320,72 @@ async fn a_killed_relay_loses_nothing_and_delivers_nothing_early() {
     second.kill().unwrap();
     second.wait().unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hopper_send_schedules_from_the_command_line() {
+    init_tracing();
+    let (config, inbox) = relay("");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let before = now_ms();
+    let out = std::process::Command::new(hopper_bin())
+        .args([
+            "send",
+            "--brokers",
+            &brokers(),
+            "--inbox",
+            &inbox,
+            "--topic",
+            &target,
+        ])
+        .args([
+            "--delay",
+            "1500ms",
+            "--key",
+            "k-7",
+            "-H",
+            "x-source=cli",
+            "--id",
+            "cli-1",
+        ])
+        .args(["--payload", "from the shell"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("Scheduled for "));
+    let got = consume(&target, 1, PATIENCE).await;
+    let (h, _) = header_map(&got[0]);
+    assert_eq!(got[0].key(), Some(&b"k-7"[..]));
+    assert_eq!(got[0].payload(), Some(&b"from the shell"[..]));
+    assert_eq!(h["x-source"], "cli");
+    assert_eq!(h["hopper-id"], "cli-1");
+    assert!(timestamp(&got[0]) >= before + 1500);
+
+    // Bad input is refused before anything is sent.
+    let bad = std::process::Command::new(hopper_bin())
+        .args([
+            "send",
+            "--brokers",
+            &brokers(),
+            "--topic",
+            &target,
+            "--at",
+            "someday",
+            "--payload",
+            "x",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--at: `someday` is neither"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    hopper.stop().await;
+}

@@ -159,18 +159,30 @@ fn test(rest: &[String]) -> Result<()> {
 
 /// Runs a benchmark binary of the tests crate against a fresh broker.
 fn bench(rest: &[String]) -> Result<()> {
-    let (name, args) = rest.split_first().context("usage: cargo xtask bench delay lateness|memory [ARGS]")?;
+    let (name, args) = rest
+        .split_first()
+        .context("usage: cargo xtask bench delay lateness|memory [ARGS]")?;
     let nisshi = ensure_nisshi()?;
     build_plugins()?;
     let mut build = cargo();
-    build.current_dir(root()).args(["build", "-p", "hopper", "-p", "hopper-tests", "--bins"]);
+    build
+        .current_dir(root())
+        .args(["build", "-p", "hopper", "-p", "hopper-tests", "--bins"]);
     run(build, "building the benchmarks")?;
     let broker = Broker::start(&nisshi)?;
     let mut bench = cargo();
     bench
         .current_dir(root())
         .env("HOPPER_TEST_BROKERS", &broker.address)
-        .args(["run", "--quiet", "-p", "hopper-tests", "--bin", &format!("bench-{name}"), "--"])
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "hopper-tests",
+            "--bin",
+            &format!("bench-{name}"),
+            "--",
+        ])
         .args(args);
     let result = run(bench, "the benchmark");
     drop(broker);

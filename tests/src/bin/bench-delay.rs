@@ -30,7 +30,10 @@ async fn main() {
             lateness(rate, seconds).await;
         }
         Some("memory") => {
-            let pending: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1_000_000);
+            let pending: u64 = args
+                .get(1)
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(1_000_000);
             memory(pending).await;
         }
         _ => eprintln!("usage: bench-delay lateness [RATE] [SECONDS] | memory [PENDING]"),
@@ -48,9 +51,13 @@ impl Relay {
     async fn start() -> Relay {
         let inbox = rand_name("bench-delay");
         let target = rand_name("bench-target");
-        let config = TestConfig::new(&format!("[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\n"));
+        let config = TestConfig::new(&format!(
+            "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\n"
+        ));
         // Four partitions everywhere: the relay runs a worker per partition.
-        let text = std::fs::read_to_string(&config.path).unwrap().replace("partitions = 2", "partitions = 4");
+        let text = std::fs::read_to_string(&config.path)
+            .unwrap()
+            .replace("partitions = 2", "partitions = 4");
         std::fs::write(&config.path, text).unwrap();
         create_topics(&[&target]).await;
         let child = Command::new(hopper_bin())
@@ -60,7 +67,12 @@ impl Relay {
             .stdin(Stdio::null())
             .spawn()
             .expect("hopper runs");
-        let relay = Relay { child, inbox, target, _config: config };
+        let relay = Relay {
+            child,
+            inbox,
+            target,
+            _config: config,
+        };
         // Ready once a message with no delay comes through.
         let probe = hopper::delay::DelayedMessage {
             target: relay.target.clone(),
@@ -68,7 +80,10 @@ impl Relay {
             payload: Some(b"probe".to_vec()),
             ..Default::default()
         };
-        probe.send(&producer(), &relay.inbox).await.expect("probe sent");
+        probe
+            .send(&producer(), &relay.inbox)
+            .await
+            .expect("probe sent");
         consume(&relay.target, 1, Duration::from_secs(60)).await;
         relay
     }
@@ -128,9 +143,17 @@ async fn lateness(rate: u64, seconds: u64) {
                 let record = FutureRecord::<str, str>::to(&inbox)
                     .key(&at_text)
                     .payload(&at_text)
-                    .headers(rdkafka::message::OwnedHeaders::new()
-                        .insert(rdkafka::message::Header { key: "hopper-target", value: Some(target.as_str()) })
-                        .insert(rdkafka::message::Header { key: "hopper-deliver-at", value: Some(at_text.as_str()) }));
+                    .headers(
+                        rdkafka::message::OwnedHeaders::new()
+                            .insert(rdkafka::message::Header {
+                                key: "hopper-target",
+                                value: Some(target.as_str()),
+                            })
+                            .insert(rdkafka::message::Header {
+                                key: "hopper-deliver-at",
+                                value: Some(at_text.as_str()),
+                            }),
+                    );
                 match producer.send_result(record) {
                     Ok(ack) => {
                         acks.push(ack);
@@ -157,7 +180,11 @@ async fn lateness(rate: u64, seconds: u64) {
             continue;
         };
         let received = now_ms();
-        let Some(at) = m.payload().and_then(|p| std::str::from_utf8(p).ok()).and_then(|p| p.parse::<i64>().ok()) else {
+        let Some(at) = m
+            .payload()
+            .and_then(|p| std::str::from_utf8(p).ok())
+            .and_then(|p| p.parse::<i64>().ok())
+        else {
             continue;
         };
         relay_late.push(m.timestamp().to_millis().unwrap() - at);
@@ -167,9 +194,18 @@ async fn lateness(rate: u64, seconds: u64) {
         }
     }
     let achieved = sender.await.unwrap();
-    println!("offered rate achieved: {achieved:.0} msg/s; delivered {} of {total}", relay_late.len());
-    report("lateness at the target (record timestamp - deliver-at)", &mut relay_late);
-    report("end to end (benchmark consumer receive - deliver-at)", &mut e2e_late);
+    println!(
+        "offered rate achieved: {achieved:.0} msg/s; delivered {} of {total}",
+        relay_late.len()
+    );
+    report(
+        "lateness at the target (record timestamp - deliver-at)",
+        &mut relay_late,
+    );
+    report(
+        "end to end (benchmark consumer receive - deliver-at)",
+        &mut e2e_late,
+    );
 }
 
 fn report(what: &str, samples: &mut [i64]) {
@@ -202,9 +238,17 @@ async fn memory(pending: u64) {
             let record = FutureRecord::<str, str>::to(&relay.inbox)
                 .key(&key)
                 .payload(&payload)
-                .headers(rdkafka::message::OwnedHeaders::new()
-                    .insert(rdkafka::message::Header { key: "hopper-target", value: Some(relay.target.as_str()) })
-                    .insert(rdkafka::message::Header { key: "hopper-deliver-at", value: Some(at.as_str()) }));
+                .headers(
+                    rdkafka::message::OwnedHeaders::new()
+                        .insert(rdkafka::message::Header {
+                            key: "hopper-target",
+                            value: Some(relay.target.as_str()),
+                        })
+                        .insert(rdkafka::message::Header {
+                            key: "hopper-deliver-at",
+                            value: Some(at.as_str()),
+                        }),
+                );
             match producer.send_result(record) {
                 Ok(ack) => {
                     acks.push(ack);
@@ -240,7 +284,10 @@ async fn memory(pending: u64) {
         }
         peak = peak.max(relay.rss_kib());
         if in_tier as u64 >= pending || Instant::now() > deadline {
-            println!("{in_tier} messages pending in {tier} after {:.1?}", started.elapsed());
+            println!(
+                "{in_tier} messages pending in {tier} after {:.1?}",
+                started.elapsed()
+            );
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -252,5 +299,22 @@ async fn memory(pending: u64) {
         loaded as i64 - idle as i64,
         (loaded as f64 - idle as f64) / 1024.0,
         peak
+    );
+    // A fresh process holding the same backlog: what pending messages cost,
+    // without the allocator's memory from moving them.
+    let mut relay = relay;
+    let _ = relay.child.kill();
+    let _ = relay.child.wait();
+    relay.child = Command::new(hopper_bin())
+        .args(["run", "--config"])
+        .arg(&relay._config.path)
+        .env("HOPPER_LOG", "error")
+        .stdin(Stdio::null())
+        .spawn()
+        .expect("hopper runs");
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    println!(
+        "restarted relay RSS with {pending} pending: {} KiB (vs {idle} KiB idle before the backlog)",
+        relay.rss_kib()
     );
 }
