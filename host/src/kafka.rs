@@ -54,7 +54,7 @@ impl Cluster {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
-            .set("queue.buffering.max.messages", "200000");
+            .set("queue.buffering.max.messages", "20000");
         Ok(config.create()?)
     }
 
@@ -75,7 +75,7 @@ impl Cluster {
             // messages per partition and 64 MiB), so memory does not grow
             // with the backlog.
             .set("queued.min.messages", "2000")
-            .set("queued.max.messages.kbytes", "8192")
+            .set("queued.max.messages.kbytes", "4096")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000");
         config

@@ -150,8 +150,9 @@ fn test(rest: &[String]) -> Result<()> {
         .current_dir(root())
         .env("HOPPER_TEST_BROKERS", &broker.address)
         .args(["test", "--workspace"])
-        .args(rest);
-    let result = run(tests, "the tests");
+        .args(rest)
+        .stdout(Stdio::piped());
+    let result = run_counting(tests);
     drop(broker);
     eprintln!("==> finished in {:.0?}", started.elapsed());
     result
@@ -187,6 +188,42 @@ fn bench(rest: &[String]) -> Result<()> {
     let result = run(bench, "the benchmark");
     drop(broker);
     result
+}
+
+/// Runs the test command, passing its output through, and closes with one
+/// line that totals every `test result:` line.
+fn run_counting(mut command: Command) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let mut child = command.spawn().context("starting the tests")?;
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (mut passed, mut failed) = (0u64, 0u64);
+    for line in BufReader::new(stdout).lines() {
+        let line = line?;
+        println!("{line}");
+        if let Some(rest) = line.strip_prefix("test result: ") {
+            let count = |word: &str| {
+                rest.split(';')
+                    .find_map(|part| {
+                        part.trim()
+                            .strip_suffix(word)?
+                            .trim()
+                            .rsplit(' ')
+                            .next()?
+                            .parse::<u64>()
+                            .ok()
+                    })
+                    .unwrap_or(0)
+            };
+            passed += count("passed");
+            failed += count("failed");
+        }
+    }
+    let status = child.wait()?;
+    println!("summary: {passed} passed, {failed} failed");
+    if !status.success() {
+        bail!("the tests failed ({status})");
+    }
+    Ok(())
 }
 
 fn broker() -> Result<()> {
