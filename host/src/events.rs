@@ -6,6 +6,7 @@
 
 use crate::headers::Reason;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -54,12 +55,23 @@ pub enum Event {
     },
 }
 
+/// One counter, registered once and bumped without a lookup: hot paths
+/// hold their counters.
+#[derive(Clone, Default)]
+pub struct Counter(Arc<AtomicU64>);
+
+impl Counter {
+    pub fn inc(&self) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
 /// Where events go. Cheap to clone.
 #[derive(Clone)]
 pub struct Telemetry {
     events: broadcast::Sender<Event>,
-    // std Mutex: counters are bumped without any .await under the lock.
-    counters: Arc<Mutex<BTreeMap<String, u64>>>,
+    // std Mutex: held to register or read counters, never across an .await.
+    counters: Arc<Mutex<BTreeMap<String, Counter>>>,
 }
 
 impl Default for Telemetry {
@@ -84,7 +96,36 @@ impl Telemetry {
 
     /// Counter values, keyed `name{label=value,...}`.
     pub fn counters(&self) -> BTreeMap<String, u64> {
-        self.counters.lock().unwrap().clone()
+        self.counters
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(k, c)| (k.clone(), c.0.load(Ordering::Relaxed)))
+            .collect()
+    }
+
+    /// The counter `name{labels}`, registered on first use.
+    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Counter {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let key = format!("{name}{{{}}}", labels.join(","));
+        self.counters
+            .lock()
+            .unwrap()
+            .entry(key)
+            .or_default()
+            .clone()
+    }
+
+    /// True when someone listens to [`Telemetry::subscribe`]; hot paths
+    /// skip building events nobody reads.
+    pub fn has_observers(&self) -> bool {
+        self.events.receiver_count() > 0
+    }
+
+    /// Sends an event to observers only: for events whose log line and
+    /// counter the caller has already taken care of.
+    pub fn publish(&self, event: Event) {
+        let _ = self.events.send(event);
     }
 
     /// A delayed message moved down one tier.
@@ -93,9 +134,7 @@ impl Telemetry {
     }
 
     fn count(&self, name: &str, labels: &[(&str, &str)]) {
-        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let key = format!("{name}{{{}}}", labels.join(","));
-        *self.counters.lock().unwrap().entry(key).or_default() += 1;
+        self.counter(name, labels).inc();
     }
 
     pub fn emit(&self, event: Event) {

@@ -76,6 +76,9 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every value [`Verdict::label`] returns.
+    pub const LABELS: [&'static str; 6] = ["ok", "retryable", "fatal", "trap", "timeout", "memory"];
+
     /// A short label for logs and metrics.
     pub fn label(&self) -> &'static str {
         match self {

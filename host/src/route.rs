@@ -2,7 +2,7 @@
 //! hop from its verdict. The consumer loop around it is [`crate::pipeline`].
 
 use crate::config::Route;
-use crate::events::{Event, Telemetry};
+use crate::events::{Counter, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::pipeline::{Action, OutRecord, PlannedHop, Processor, now_ms};
 use crate::plugin::{Delivery, Handler, Verdict};
@@ -41,16 +41,26 @@ pub struct RouteProcessor {
     pub tiers: HashMap<String, Duration>,
     pub handler: Arc<HandlerSlot>,
     pub telemetry: Telemetry,
+    /// `hopper_handled_total{route,verdict}`, by verdict label.
+    handled: HashMap<&'static str, Counter>,
 }
 
 impl RouteProcessor {
     pub fn new(route: Arc<Route>, handler: Arc<HandlerSlot>, telemetry: Telemetry) -> Self {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
+        let handled = Verdict::LABELS
+            .into_iter()
+            .map(|label| {
+                let labels = [("route", route.name.as_str()), ("verdict", label)];
+                (label, telemetry.counter("hopper_handled_total", &labels))
+            })
+            .collect();
         Self {
             route,
             tiers,
             handler,
             telemetry,
+            handled,
         }
     }
 }
@@ -137,17 +147,33 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
         route: route.name.clone(),
     };
     let verdict = handler.call(delivery).await;
-    shared.telemetry.emit(Event::Handled {
-        route: route.name.clone(),
-        id: envelope.id.clone(),
-        topic: message.topic().to_string(),
-        partition: message.partition(),
-        offset: message.offset(),
+    let label = verdict.label();
+    if let Some(counter) = shared.handled.get(label) {
+        counter.inc();
+    }
+    tracing::debug!(
+        route = route.name,
+        id = envelope.id,
+        topic = message.topic(),
+        partition = message.partition(),
+        offset = message.offset(),
         attempt,
-        verdict: verdict.label(),
-        version: handler.version().to_string(),
-        at_ms: now_ms(),
-    });
+        verdict = label,
+        "Message handled."
+    );
+    if shared.telemetry.has_observers() {
+        shared.telemetry.publish(Event::Handled {
+            route: route.name.clone(),
+            id: envelope.id.clone(),
+            topic: message.topic().to_string(),
+            partition: message.partition(),
+            offset: message.offset(),
+            attempt,
+            verdict: label,
+            version: handler.version().to_string(),
+            at_ms: now_ms(),
+        });
+    }
     if let Verdict::Failed { class, error } = &verdict {
         tracing::warn!(
             route = route.name,
