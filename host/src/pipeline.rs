@@ -308,6 +308,13 @@ pub fn due_at<M: Message>(message: &M, wait: Duration) -> i64 {
 
 /// Pauses `tp` and rewinds it to `offset`, so that offset is fetched again
 /// after the resume.
+///
+/// Ordering relies on librdkafka's op versions: pause, seek and resume each
+/// bump the partition's version, and messages fetched under an older version
+/// are dropped at poll time. Messages polled before the pause takes effect
+/// are dropped by [`Hold`] (`Gate::Discard`). So after a resume the first
+/// message of the partition is `offset` again, and offsets are dispatched in
+/// order, which [`OffsetTracker`] depends on.
 fn pause_at(
     consumer: &PipelineConsumer,
     tp: &TopicPartition,
