@@ -16,20 +16,44 @@ use std::time::{Duration, Instant};
 
 /// Sample orders: (order id, payload, what should happen).
 const ORDERS: [(&str, &str, &str); 6] = [
-    ("o-1001", r#"{"order_id":"o-1001","status":"pending"}"#, "closed on the first attempt"),
-    ("o-1002", r#"{"order_id":"o-1002","status":"paid"}"#, "already paid: nothing to do"),
-    ("o-1003", r#"{"order_id":"o-1003","status":"pending","downstream":"flaky"}"#, "order service flaky: two retries, then closed"),
-    ("o-1004", r#"{"order_id":"o-1004","status":"refunded"}"#, "unknown status: FATAL, straight to the DLQ"),
-    ("o-1005", r#"{"order_id":"o-1005","status":"pending","downstream":"down"}"#, "order service down: RETRIES_EXHAUSTED in the DLQ"),
-    ("o-1006", "this is not json", "poison message: FATAL, straight to the DLQ"),
+    (
+        "o-1001",
+        r#"{"order_id":"o-1001","status":"pending"}"#,
+        "closed on the first attempt",
+    ),
+    (
+        "o-1002",
+        r#"{"order_id":"o-1002","status":"paid"}"#,
+        "already paid: nothing to do",
+    ),
+    (
+        "o-1003",
+        r#"{"order_id":"o-1003","status":"pending","downstream":"flaky"}"#,
+        "order service flaky: two retries, then closed",
+    ),
+    (
+        "o-1004",
+        r#"{"order_id":"o-1004","status":"refunded"}"#,
+        "unknown status: FATAL, straight to the DLQ",
+    ),
+    (
+        "o-1005",
+        r#"{"order_id":"o-1005","status":"pending","downstream":"down"}"#,
+        "order service down: RETRIES_EXHAUSTED in the DLQ",
+    ),
+    (
+        "o-1006",
+        "this is not json",
+        "poison message: FATAL, straight to the DLQ",
+    ),
 ];
 
 /// How long the demo waits for every sample to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
-    let (settings, _broker) =
-        prepare(&config, None).with_context(|| format!("loading {}", config.display()))?;
+pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let (settings, _broker) = prepare(&config, None, cache_dir)
+        .with_context(|| format!("loading {}", config.display()))?;
     let route = settings
         .routes
         .first()
@@ -46,7 +70,12 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
         route.name,
         route.topics.join(","),
         route.handler.display(),
-        route.tiers().iter().map(|(_, t)| t.as_str()).collect::<Vec<_>>().join(", "),
+        route
+            .tiers()
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
         route.dlq,
         route.max_attempts
     );
@@ -102,6 +131,12 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
                 }
                 Ok(Event::DeadLettered { id, reason, .. }) => {
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
+                }
+                Ok(Event::HandlerReloaded { handler, old_version, new_version, took, .. }) => {
+                    println!("{} handler {handler} reloaded in {took:.0?}: {} → {}", stamp(), &old_version[..12], &new_version[..12]);
+                }
+                Ok(Event::HandlerReloadFailed { error, .. }) => {
+                    println!("{} handler reload failed, the old version keeps serving: {error}", stamp());
                 }
                 Err(_) => {}
             },

@@ -15,6 +15,7 @@ pub mod hold;
 pub mod kafka;
 pub mod offsets;
 pub mod plugin;
+pub mod reload;
 pub mod retry;
 pub mod route;
 
@@ -29,11 +30,13 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Everything `Hopper::start` needs: where Kafka is and the resolved routes.
+/// Everything `Hopper::start` needs: where Kafka is, the resolved routes,
+/// and where compiled handlers are cached (`None`: compile every time).
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub cluster: Cluster,
     pub routes: Vec<Route>,
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 /// A running hopper: one consumer loop per route.
@@ -43,6 +46,8 @@ pub struct Hopper {
     shutdown: CancellationToken,
     loops: TaskTracker,
     slots: HashMap<String, Arc<route::HandlerSlot>>,
+    /// Swaps new handler versions into the slots; dropped with hopper.
+    reloader: reload::Reloader,
 }
 
 impl Hopper {
@@ -56,7 +61,11 @@ impl Hopper {
             .map(|r| r.memory_bytes)
             .max()
             .unwrap_or(64 << 20);
-        let runtime = plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+        let mut runtime =
+            plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+        if let Some(dir) = &settings.cache_dir {
+            runtime = runtime.with_cache(dir.clone());
+        }
 
         let mut handlers = Vec::new();
         let mut failures = Vec::new();
@@ -67,6 +76,7 @@ impl Hopper {
                         route = route.name,
                         handler = handler.name(),
                         version = handler.version(),
+                        cached = handler.load_stats().0,
                         "Handler loaded."
                     );
                     handlers.push(handler);
@@ -92,10 +102,15 @@ impl Hopper {
         let shutdown = CancellationToken::new();
         let loops = TaskTracker::new();
         let mut slots = HashMap::new();
+        let mut reload_targets = Vec::new();
         for (route, handler) in settings.routes.iter().zip(handlers) {
             let route = Arc::new(route.clone());
             let slot = Arc::new(route::HandlerSlot::new(handler));
             slots.insert(route.name.clone(), slot.clone());
+            reload_targets.push(reload::Target {
+                route: route.clone(),
+                slot: slot.clone(),
+            });
             let (tx, rx) = mpsc::unbounded_channel();
             let consumer: route::RouteConsumer = settings
                 .cluster
@@ -132,11 +147,22 @@ impl Hopper {
             loops.spawn(route::run(shared, rx, shutdown.clone()));
         }
         loops.close();
+        let reloader =
+            reload::Reloader::start(runtime, reload_targets, telemetry.clone(), shutdown.clone());
+        let reloader = match reloader {
+            Ok(reloader) => reloader,
+            Err(e) => {
+                shutdown.cancel();
+                loops.wait().await;
+                return Err(e.into());
+            }
+        };
         Ok(Hopper {
             telemetry,
             shutdown,
             loops,
             slots,
+            reloader,
         })
     }
 
@@ -154,6 +180,12 @@ impl Hopper {
         self.slots
             .get(route)
             .map(|s| s.current().version().to_string())
+    }
+
+    /// Per route: the handler file, the serving version (sha256) and the
+    /// last reload error, if the file as it is now could not be loaded.
+    pub fn status(&self) -> Vec<reload::RouteStatus> {
+        self.reloader.status()
     }
 
     /// Stops every route: in-flight messages finish and their offsets are

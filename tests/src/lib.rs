@@ -70,7 +70,13 @@ fn start_nisshi() -> Nisshi {
     let mut command = Command::new(&binary);
     command
         .current_dir(&dir)
-        .args(["broker", "--listener-url", &url, "--advertised-listener-url", &url])
+        .args([
+            "broker",
+            "--listener-url",
+            &url,
+            "--advertised-listener-url",
+            &url,
+        ])
         .args(["--storage-engine", "memory://nisshi/"])
         .args(["--group-initial-rebalance-delay", "0s"])
         .stdin(Stdio::null())
@@ -85,7 +91,10 @@ fn start_nisshi() -> Nisshi {
     let addr: SocketAddr = address.parse().unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-        assert!(Instant::now() < deadline, "nisshi did not start on {address}");
+        assert!(
+            Instant::now() < deadline,
+            "nisshi did not start on {address}"
+        );
         std::thread::sleep(Duration::from_millis(100));
     }
     Nisshi {
@@ -152,14 +161,20 @@ impl TestRoute {
                 kafka: config.kafka,
             },
             routes,
+            cache_dir: Some(cache_dir()),
         }
     }
 
     pub async fn start(&self) -> Hopper {
-        Hopper::start(self.settings())
-            .await
-            .expect("hopper starts")
+        Hopper::start(self.settings()).await.expect("hopper starts")
     }
+}
+
+/// The compiled-handler cache every test shares. Entries are keyed by the
+/// content of the `.wasm`, so sharing is safe, and it spares each test a
+/// compile.
+pub fn cache_dir() -> PathBuf {
+    std::env::temp_dir().join("hopper-test-components")
 }
 
 pub fn client_config() -> ClientConfig {
