@@ -272,3 +272,37 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
     hex::encode(sha2::Sha256::digest(bytes))
 }
+
+/// `component` with one more top-level custom section (id 0, LEB128 size,
+/// name, bytes) appended. The result is still a valid component with the
+/// same behaviour, but a different sha256: a new handler version.
+pub fn with_custom_section(component: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(data);
+    let mut out = component.to_vec();
+    out.push(0);
+    leb128(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Replaces `path` the way build tools do: write a temp file beside it,
+/// then rename it over, so no reader ever sees half a file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
