@@ -147,8 +147,7 @@ impl Hopper {
             loops.spawn(route::run(shared, rx, shutdown.clone()));
         }
         loops.close();
-        let reloader =
-            reload::Reloader::start(runtime, reload_targets, telemetry.clone(), shutdown.clone());
+        let reloader = reload::Reloader::start(runtime, reload_targets, telemetry.clone());
         let reloader = match reloader {
             Ok(reloader) => reloader,
             Err(e) => {

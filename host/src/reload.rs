@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio_util::sync::{CancellationToken, DropGuard};
 
 /// How long a handler file must be quiet before it is loaded.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -73,14 +73,17 @@ pub struct Target {
     pub slot: Arc<HandlerSlot>,
 }
 
-/// Watches every route's handler file until dropped or until `shutdown`.
+/// Watches every route's handler file until dropped.
 pub struct Reloader {
     targets: Arc<[Target]>,
     /// Last reload error per target, by index. Written by the reload task,
     /// read by `status`; std Mutex, never held across an .await.
     errors: Arc<Mutex<Vec<Option<String>>>>,
-    /// Dropping it stops the file events; the task then ends on its own.
+    /// Dropping it stops the file events.
     _watcher: notify::RecommendedWatcher,
+    /// Dropping it cancels the reload task. A load already running finishes
+    /// on the blocking pool, and its result is dropped unused.
+    _stop: DropGuard,
 }
 
 enum Message {
@@ -116,7 +119,6 @@ impl Reloader {
         runtime: Runtime,
         targets: Vec<Target>,
         telemetry: Telemetry,
-        shutdown: CancellationToken,
     ) -> Result<Reloader, ReloadError> {
         let (tx, rx) = mpsc::unbounded_channel();
         let events = tx.clone();
@@ -165,11 +167,13 @@ impl Reloader {
                 .collect(),
             tx,
         };
-        tokio::spawn(task.run(rx, shutdown));
+        let stop = CancellationToken::new();
+        tokio::spawn(task.run(rx, stop.clone()));
         Ok(Reloader {
             targets,
             errors,
             _watcher: watcher,
+            _stop: stop.drop_guard(),
         })
     }
 
