@@ -114,7 +114,7 @@ fn default_cache_dir() -> Option<PathBuf> {
 /// Loads the config and, when no broker is given, starts the embedded one.
 /// The broker must outlive hopper, so it is returned to the caller.
 pub(crate) fn prepare(
-    config: &PathBuf,
+    config: &std::path::Path,
     brokers: Option<String>,
     cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<(Settings, Option<EmbeddedBroker>)> {
