@@ -96,8 +96,12 @@ enum Message {
 enum Outcome {
     /// The file holds the version already serving.
     Unchanged,
+    /// The file holds the content whose load failed last time; that failure
+    /// was reported already.
+    SameFailure,
     Loaded(Handler),
-    Failed(LoadError),
+    /// With the sha256 of the content that failed, when it could be read.
+    Failed(LoadError, Option<String>),
 }
 
 /// Reload state of one target, owned by the reload task.
@@ -110,6 +114,10 @@ struct Pending {
     /// A load is running; `due` waits for it. Holds the first event that
     /// load covers.
     loading: Option<Option<Instant>>,
+    /// sha256 of the content whose load failed last, so a file event that
+    /// does not change the content (a late close of the same write) does not
+    /// report the same failure twice.
+    failed: Option<String>,
 }
 
 impl Reloader {
@@ -300,11 +308,12 @@ impl Task {
             let target = &self.targets[index];
             let (runtime, route) = (self.runtime.clone(), target.route.clone());
             let serving = target.slot.current().version().to_string();
+            let failed = p.failed.clone();
             let tx = self.tx.clone();
             // Compiling takes from milliseconds to seconds: off the async
             // workers, so no partition waits for it.
             tokio::task::spawn_blocking(move || {
-                let outcome = load(&runtime, &route, &serving);
+                let outcome = load(&runtime, &route, &serving, failed.as_deref());
                 let _ = tx.send(Message::Loaded {
                     target: index,
                     outcome,
@@ -316,7 +325,11 @@ impl Task {
     fn on_loaded(&mut self, index: usize, outcome: Outcome) {
         // Events that came during the load are in `first_event`, for the
         // next load.
-        let first_event = self.pending[index].loading.take().flatten();
+        let p = &mut self.pending[index];
+        let first_event = p.loading.take().flatten();
+        if !matches!(outcome, Outcome::SameFailure) {
+            p.failed = None;
+        }
         let target = &self.targets[index];
         let route = &target.route.name;
         match outcome {
@@ -341,7 +354,9 @@ impl Task {
                     cached,
                 });
             }
-            Outcome::Failed(error) => {
+            Outcome::SameFailure => {}
+            Outcome::Failed(error, content) => {
+                self.pending[index].failed = content;
                 let error = error.to_string();
                 self.errors.lock().unwrap()[index] = Some(error.clone());
                 self.telemetry.emit(Event::HandlerReloadFailed {
@@ -354,22 +369,28 @@ impl Task {
     }
 }
 
-/// Reads the file and, when it is not the serving version, loads it.
-fn load(runtime: &Runtime, route: &Route, serving: &str) -> Outcome {
+/// Reads the file and, when it is neither the serving version nor the
+/// content that failed last, loads it.
+fn load(runtime: &Runtime, route: &Route, serving: &str, failed: Option<&str>) -> Outcome {
     let bytes = match std::fs::read(&route.handler) {
         Ok(bytes) => bytes,
         Err(source) => {
-            return Outcome::Failed(LoadError::Read {
+            let error = LoadError::Read {
                 path: route.handler.clone(),
                 source,
-            });
+            };
+            return Outcome::Failed(error, None);
         }
     };
-    if crate::plugin::version_of(&bytes) == serving {
+    let version = crate::plugin::version_of(&bytes);
+    if version == serving {
         return Outcome::Unchanged;
+    }
+    if failed == Some(version.as_str()) {
+        return Outcome::SameFailure;
     }
     match runtime.load_bytes(&route.handler, &bytes, route) {
         Ok(handler) => Outcome::Loaded(handler),
-        Err(e) => Outcome::Failed(e),
+        Err(e) => Outcome::Failed(e, Some(version)),
     }
 }
