@@ -306,3 +306,28 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) {
     std::fs::write(&tmp, bytes).unwrap();
     std::fs::rename(&tmp, path).unwrap();
 }
+
+/// How long [`next_matching`] waits before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The next event that `pick` accepts, within `PATIENCE`. Every event read
+/// on the way is passed to `seen` as well.
+pub async fn next_matching<T>(
+    events: &mut tokio::sync::broadcast::Receiver<hopper::events::Event>,
+    mut seen: impl FnMut(&hopper::events::Event),
+    mut pick: impl FnMut(&hopper::events::Event) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => {
+                seen(&event);
+                if let Some(found) = pick(&event) {
+                    return found;
+                }
+            }
+            Ok(Err(e)) => panic!("event stream: {e}"),
+            Err(_) => panic!("timed out waiting for an event"),
+        }
+    }
+}
