@@ -131,7 +131,7 @@ impl Reloader {
         let (tx, rx) = mpsc::unbounded_channel();
         let events = tx.clone();
         let mut watcher = notify::recommended_watcher(move |event| {
-            // The receiver is gone only after shutdown.
+            // The receiver is gone only once the reloader is dropped.
             let _ = events.send(Message::Fs(event));
         })
         .map_err(ReloadError::Watcher)?;
