@@ -218,10 +218,47 @@ pub struct RouteConfig {
     /// Linear-memory limit of one handler instance, in MiB. Default 64.
     #[serde(default = "default_memory_mib")]
     pub memory_mib: u64,
+    /// Instance policy: `warm` (default) reuses an instance for up to
+    /// `warm_max_calls` calls; `fresh` instantiates for every call.
+    #[serde(default)]
+    pub instance: InstanceMode,
+    /// Calls a warm instance serves before it is retired. Default 1000.
+    pub warm_max_calls: Option<u32>,
     /// Values the handler reads through the `config` import.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
 }
+
+/// How a route's handler calls get their instance, as written in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceMode {
+    /// Reuse an instance for many calls: several times cheaper per call (see
+    /// docs/operations.md), at the price of guest globals surviving between
+    /// messages.
+    #[default]
+    Warm,
+    /// A new instance for every call: nothing a call leaves behind is seen
+    /// by the next one.
+    Fresh,
+}
+
+/// The resolved instance policy of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstancePolicy {
+    Fresh,
+    /// An instance serves at most `max_calls` calls, and is dropped at once
+    /// after a call that trapped, timed out or hit the memory cap.
+    Warm {
+        max_calls: u32,
+    },
+}
+
+/// Default `warm_max_calls`: long enough to amortise instantiation, short
+/// enough that a slow leak in a guest is reset regularly.
+pub const DEFAULT_WARM_MAX_CALLS: u32 = 1000;
+/// Upper bound of `warm_max_calls`, so an instance is retired eventually.
+pub const MAX_WARM_MAX_CALLS: u32 = 1_000_000;
 
 /// A duration written in humantime (`5s`, `30m`) inside a list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -310,6 +347,7 @@ pub struct Route {
     pub on_trap: TrapPolicy,
     pub timeout: Duration,
     pub memory_bytes: usize,
+    pub instance: InstancePolicy,
     pub config: BTreeMap<String, String>,
 }
 
@@ -510,6 +548,7 @@ fn resolve_route(
             raw.memory_mib
         ));
     }
+    let instance = resolve_instance(raw, label, problems);
     let dlq = raw
         .dlq
         .clone()
@@ -555,8 +594,30 @@ fn resolve_route(
         on_trap: raw.on_trap,
         timeout: raw.timeout,
         memory_bytes: (raw.memory_mib as usize) << 20,
+        instance,
         config: raw.config.clone(),
     })
+}
+
+fn resolve_instance(raw: &RouteConfig, label: &str, problems: &mut Vec<String>) -> InstancePolicy {
+    match (raw.instance, raw.warm_max_calls) {
+        (InstanceMode::Fresh, None) => InstancePolicy::Fresh,
+        (InstanceMode::Fresh, Some(_)) => {
+            problems.push(format!(
+                "{label}: warm_max_calls is set but instance is \"fresh\"; it only applies to instance = \"warm\""
+            ));
+            InstancePolicy::Fresh
+        }
+        (InstanceMode::Warm, max_calls) => {
+            let max_calls = max_calls.unwrap_or(DEFAULT_WARM_MAX_CALLS);
+            if !(1..=MAX_WARM_MAX_CALLS).contains(&max_calls) {
+                problems.push(format!(
+                    "{label}: warm_max_calls must be between 1 and {MAX_WARM_MAX_CALLS}, not {max_calls}"
+                ));
+            }
+            InstancePolicy::Warm { max_calls }
+        }
+    }
 }
 
 /// Kafka's rule for topic names, which also serves for route and group names.
@@ -723,6 +784,77 @@ mod tests {
             assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
         }
         assert_eq!(problems.len(), 9, "{text}");
+    }
+
+    #[test]
+    fn instance_policy_defaults_and_problems_name_the_route() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let config = Config::parse(
+            r#"
+            [[route]]
+            name = "default"
+            topics = ["a"]
+            handler = "h.wasm"
+
+            [[route]]
+            name = "fresh"
+            topics = ["b"]
+            handler = "h.wasm"
+            instance = "fresh"
+
+            [[route]]
+            name = "warm"
+            topics = ["c"]
+            handler = "h.wasm"
+            instance = "warm"
+            warm_max_calls = 10
+            "#,
+        )
+        .unwrap();
+        let routes = config.resolve(dir.path()).unwrap();
+        let policies: Vec<InstancePolicy> = routes.iter().map(|r| r.instance).collect();
+        assert_eq!(
+            policies,
+            vec![
+                InstancePolicy::Warm {
+                    max_calls: DEFAULT_WARM_MAX_CALLS
+                },
+                InstancePolicy::Fresh,
+                InstancePolicy::Warm { max_calls: 10 },
+            ]
+        );
+
+        let config = Config::parse(
+            r#"
+            [[route]]
+            name = "zero"
+            topics = ["a"]
+            handler = "h.wasm"
+            warm_max_calls = 0
+
+            [[route]]
+            name = "mixed"
+            topics = ["b"]
+            handler = "h.wasm"
+            instance = "fresh"
+            warm_max_calls = 5
+            "#,
+        )
+        .unwrap();
+        let problems = config.resolve(dir.path()).unwrap_err();
+        assert_eq!(
+            problems,
+            vec![
+                "route `zero`: warm_max_calls must be between 1 and 1000000, not 0",
+                "route `mixed`: warm_max_calls is set but instance is \"fresh\"; it only applies to instance = \"warm\"",
+            ]
+        );
+        let err = Config::parse(
+            "[[route]]\nname = \"r\"\ntopics = [\"a\"]\nhandler = \"h.wasm\"\ninstance = \"hot\"\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("unknown variant `hot`"), "{err}");
     }
 
     #[test]

@@ -58,9 +58,9 @@ const DELAYED: (&str, &str, &str) = (
 /// How long the demo waits for every sample to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
-    let (settings, _broker) =
-        prepare(&config, None).with_context(|| format!("loading {}", config.display()))?;
+pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let (settings, _broker) = prepare(&config, None, cache_dir)
+        .with_context(|| format!("loading {}", config.display()))?;
     let route = settings
         .routes
         .first()
@@ -166,6 +166,12 @@ pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
                 Ok(Event::Delivered { id, target, deliver_at }) => {
                     let late = hopper::pipeline::now_ms() - deliver_at;
                     println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
+                }
+                Ok(Event::HandlerReloaded { handler, old_version, new_version, took, .. }) => {
+                    println!("{} handler {handler} reloaded in {took:.0?}: {} → {}", stamp(), &old_version[..12], &new_version[..12]);
+                }
+                Ok(Event::HandlerReloadFailed { error, .. }) => {
+                    println!("{} handler reload failed, the old version keeps serving: {error}", stamp());
                 }
                 Err(_) => {}
             },

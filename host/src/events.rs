@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::broadcast;
 
-/// Something that happened to one message.
+/// Something that happened to one message, or to a route's handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
     /// A handler call finished.
@@ -52,6 +52,28 @@ pub enum Event {
         id: String,
         target: String,
         deliver_at: i64,
+    },
+    /// A new handler version is serving the route. Calls already running
+    /// finish on the old one.
+    HandlerReloaded {
+        route: String,
+        handler: String,
+        /// sha256 of the version that served until now.
+        old_version: String,
+        /// sha256 of the version that serves from now on.
+        new_version: String,
+        /// From the first file event of the change to the swap.
+        took: Duration,
+        /// The compiled artifact came from the cache; nothing was compiled.
+        cached: bool,
+    },
+    /// A changed handler file could not be loaded; the old version keeps
+    /// serving.
+    HandlerReloadFailed {
+        route: String,
+        /// sha256 of the version that keeps serving.
+        version: String,
+        error: String,
     },
 }
 
@@ -158,7 +180,7 @@ impl Telemetry {
                     offset,
                     attempt,
                     verdict,
-                    version = &version[..12.min(version.len())],
+                    version = short(version),
                     "Message handled."
                 );
                 self.count(
@@ -232,8 +254,46 @@ impl Telemetry {
                 }
                 self.count("hopper_delay_delivered_total", &[("target", target)]);
             }
+            Event::HandlerReloaded {
+                route,
+                handler,
+                old_version,
+                new_version,
+                took,
+                cached,
+            } => {
+                tracing::info!(
+                    route,
+                    handler,
+                    old_version = short(old_version),
+                    new_version = short(new_version),
+                    took_ms = took.as_secs_f64() * 1000.0,
+                    cached,
+                    "Handler reloaded."
+                );
+                self.count("hopper_reloads_total", &[("route", route)]);
+            }
+            Event::HandlerReloadFailed {
+                route,
+                version,
+                error,
+            } => {
+                tracing::error!(
+                    route,
+                    serving_version = short(version),
+                    error,
+                    "Handler reload failed; the old version keeps serving."
+                );
+                self.count("hopper_reload_failures_total", &[("route", route)]);
+            }
         }
         // No subscribers is fine.
         let _ = self.events.send(event);
     }
+}
+
+/// The first 12 hex digits of a version, enough to tell versions apart in a
+/// log line.
+fn short(version: &str) -> &str {
+    &version[..12.min(version.len())]
 }

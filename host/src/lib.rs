@@ -17,6 +17,7 @@ pub mod kafka;
 pub mod offsets;
 pub mod pipeline;
 pub mod plugin;
+pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
@@ -32,13 +33,15 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Everything `Hopper::start` needs: where Kafka is and the resolved routes.
+/// Everything `Hopper::start` needs: where Kafka is, the resolved routes,
+/// and where compiled handlers are cached (`None`: compile every time).
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub cluster: Cluster,
     pub routes: Vec<Route>,
     /// The delay relay, when the config has a `[delay]` table.
     pub delay: Option<config::DelayRelay>,
+    pub cache_dir: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -91,6 +94,8 @@ pub struct Hopper {
     shutdown: CancellationToken,
     loops: TaskTracker,
     slots: HashMap<String, Arc<route::HandlerSlot>>,
+    /// Swaps new handler versions into the slots; dropped with hopper.
+    reloader: reload::Reloader,
 }
 
 impl Hopper {
@@ -104,8 +109,11 @@ impl Hopper {
             .map(|r| r.memory_bytes)
             .max()
             .unwrap_or(64 << 20);
-        let runtime =
+        let mut runtime =
             plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+        if let Some(dir) = &settings.cache_dir {
+            runtime = runtime.with_cache(dir.clone());
+        }
 
         let mut handlers = Vec::new();
         let mut failures = Vec::new();
@@ -116,6 +124,7 @@ impl Hopper {
                         route = route.name,
                         handler = handler.name(),
                         version = handler.version(),
+                        cached = handler.load_stats().0,
                         "Handler loaded."
                     );
                     handlers.push(handler);
@@ -137,11 +146,17 @@ impl Hopper {
         let shutdown = CancellationToken::new();
         let loops = TaskTracker::new();
         let mut slots = HashMap::new();
+        let mut reload_targets = Vec::new();
         for (route, handler) in settings.routes.iter().zip(handlers) {
             let route = Arc::new(route.clone());
             let slot = Arc::new(route::HandlerSlot::new(handler));
             slots.insert(route.name.clone(), slot.clone());
-            let processor = route::RouteProcessor::new(route.clone(), slot, telemetry.clone());
+            let processor =
+                route::RouteProcessor::new(route.clone(), slot.clone(), telemetry.clone());
+            reload_targets.push(reload::Target {
+                route: route.clone(),
+                slot: slot.clone(),
+            });
             let mut subscription: Vec<String> = route.topics.clone();
             subscription.extend(processor.tiers.keys().cloned());
             let shared = start_pipeline(
@@ -191,11 +206,21 @@ impl Hopper {
             );
         }
         loops.close();
+        let reloader = reload::Reloader::start(runtime, reload_targets, telemetry.clone());
+        let reloader = match reloader {
+            Ok(reloader) => reloader,
+            Err(e) => {
+                shutdown.cancel();
+                loops.wait().await;
+                return Err(e.into());
+            }
+        };
         Ok(Hopper {
             telemetry,
             shutdown,
             loops,
             slots,
+            reloader,
         })
     }
 
@@ -213,6 +238,12 @@ impl Hopper {
         self.slots
             .get(route)
             .map(|s| s.current().version().to_string())
+    }
+
+    /// Per route: the handler file, the serving version (sha256) and the
+    /// last reload error, if the file as it is now could not be loaded.
+    pub fn status(&self) -> Vec<reload::RouteStatus> {
+        self.reloader.status()
     }
 
     /// Stops every route: in-flight messages finish and their offsets are

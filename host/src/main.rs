@@ -21,6 +21,14 @@ mod demo;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Where compiled handlers are cached, keyed by the sha256 of the
+    /// `.wasm`. Default: `$XDG_CACHE_HOME/hopper/components`, else
+    /// `~/.cache/hopper/components`.
+    #[arg(long, global = true, env = "HOPPER_CACHE_DIR")]
+    cache_dir: Option<PathBuf>,
+    /// Compile every handler at startup and on reload; cache nothing.
+    #[arg(long, global = true, conflicts_with = "cache_dir")]
+    no_cache: bool,
 }
 
 #[derive(Subcommand)]
@@ -102,9 +110,14 @@ async fn main() -> ExitCode {
         )
         .with_writer(std::io::stderr)
         .init();
+    let cache_dir = if cli.no_cache {
+        None
+    } else {
+        cli.cache_dir.or_else(default_cache_dir)
+    };
     let result = match cli.command {
-        Command::Run { config, brokers } => run(config, brokers).await,
-        Command::Demo { config, linger } => demo::run(config, linger).await,
+        Command::Run { config, brokers } => run(config, brokers, cache_dir).await,
+        Command::Demo { config, linger } => demo::run(config, linger, cache_dir).await,
         Command::Plugin {
             command: PluginCommand::Check { file },
         } => plugin_check(file),
@@ -129,11 +142,21 @@ async fn main() -> ExitCode {
     }
 }
 
+/// `$XDG_CACHE_HOME/hopper/components`, else `~/.cache/hopper/components`.
+fn default_cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("hopper/components"))
+}
+
 /// Loads the config and, when no broker is given, starts the embedded one.
 /// The broker must outlive hopper, so it is returned to the caller.
 pub(crate) fn prepare(
     config: &std::path::Path,
     brokers: Option<String>,
+    cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<(Settings, Option<EmbeddedBroker>)> {
     let (mut config, routes) = Config::load(config)?;
     let mut embedded = None;
@@ -162,14 +185,19 @@ pub(crate) fn prepare(
             },
             routes,
             delay,
+            cache_dir,
         },
         embedded,
     ))
 }
 
-async fn run(config: PathBuf, brokers: Option<String>) -> anyhow::Result<()> {
-    let (settings, _embedded) =
-        prepare(&config, brokers).with_context(|| format!("loading {}", config.display()))?;
+async fn run(
+    config: PathBuf,
+    brokers: Option<String>,
+    cache_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let (settings, _embedded) = prepare(&config, brokers, cache_dir)
+        .with_context(|| format!("loading {}", config.display()))?;
     let hopper = Hopper::start(settings).await?;
     hopper.run_until(ctrl_c()).await;
     Ok(())

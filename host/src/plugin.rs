@@ -6,20 +6,26 @@
 //! trap, spin, hoard memory, flood stdout — comes back as a `Verdict`, never as
 //! a host error.
 
+mod cache;
+mod call;
+mod instance;
 mod output;
+mod state;
+
+pub use cache::ArtifactCache;
+pub use call::Handler;
 
 use crate::config::Route;
 use crate::headers::Reason;
-use output::{GuestOutput, LineBudget};
+use call::GuestInfo;
+use output::LineBudget;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use state::GuestState;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use wasmtime::component::{Component, HasSelf, Linker, ResourceTable};
-use wasmtime::{Config, Engine, PoolingAllocationConfig, ResourceLimiter, Store, StoreLimits};
-use wasmtime::{StoreLimitsBuilder, Trap, UpdateDeadline};
-use wasmtime_wasi::{WasiCtx, WasiCtxView, WasiView};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, PoolingAllocationConfig};
 
 mod bindings {
     wasmtime::component::bindgen!({
@@ -28,8 +34,6 @@ mod bindings {
         exports: { default: async },
     });
 }
-
-use bindings::hopper::handler::{config as wit_config, log as wit_log, types};
 
 /// The world every handler must target.
 pub const WORLD: &str = "hopper:handler/handler@0.1.0";
@@ -114,11 +118,13 @@ pub enum LoadError {
     WrongWorld { path: PathBuf, detail: String },
 }
 
-/// The per-process WebAssembly runtime: one engine, one linker.
+/// The per-process WebAssembly runtime: one engine, one linker, and the
+/// optional cache of compiled artifacts.
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
+    cache: Option<Arc<ArtifactCache>>,
 }
 
 impl Runtime {
@@ -162,46 +168,60 @@ impl Runtime {
         Ok(Runtime {
             engine,
             linker: Arc::new(linker),
+            cache: None,
         })
+    }
+
+    /// Keeps compiled artifacts in `dir`, and looks there before compiling.
+    pub fn with_cache(mut self, dir: PathBuf) -> Runtime {
+        self.cache = Some(Arc::new(ArtifactCache::new(dir, &self.engine)));
+        self
+    }
+
+    pub fn cache(&self) -> Option<&ArtifactCache> {
+        self.cache.as_deref()
     }
 
     /// Reads, compiles and validates a handler for `route`.
     pub fn load(&self, path: &Path, route: &Route) -> Result<Handler, LoadError> {
-        let (_, pre, version) = self.prepare(path)?;
+        let bytes = read(path)?;
+        self.load_bytes(path, &bytes, route)
+    }
+
+    /// Compiles (or takes from the cache) and validates the handler whose
+    /// file `path` held `bytes`.
+    pub fn load_bytes(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        route: &Route,
+    ) -> Result<Handler, LoadError> {
+        let started = Instant::now();
+        let prepared = self.prepare(path, bytes)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "handler".into());
-        Ok(Handler {
-            inner: Arc::new(HandlerInner {
-                engine: self.engine.clone(),
-                pre,
-                guest: Arc::new(GuestInfo {
-                    route: route.name.clone(),
-                    handler: name,
-                    short_version: version[..12].to_string(),
-                    version,
-                    config: route.config.clone(),
-                    budget: LineBudget::new(),
-                }),
-                timeout: route.timeout,
-                memory_bytes: route.memory_bytes,
-            }),
-        })
+        Ok(Handler::new(
+            self.engine.clone(),
+            prepared.pre,
+            GuestInfo {
+                route: route.name.clone(),
+                handler: name,
+                short_version: prepared.version[..12].to_string(),
+                version: prepared.version,
+                config: route.config.clone(),
+                budget: LineBudget::new(),
+            },
+            route,
+            (prepared.cached, started.elapsed()),
+        ))
     }
 
-    /// Compiles a file and checks it against the world; returns the
-    /// component, its pre-instance and its sha256.
-    fn prepare(
-        &self,
-        path: &Path,
-    ) -> Result<(Component, bindings::HandlerPre<GuestState>, String), LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let version = hex::encode(Sha256::digest(&bytes));
-        let component = self.compile(path, &bytes)?;
+    /// Compiles a file and checks it against the world.
+    fn prepare(&self, path: &Path, bytes: &[u8]) -> Result<Prepared, LoadError> {
+        let version = version_of(bytes);
+        let (component, cached) = self.compile(path, bytes, &version)?;
         let wrong_world = |e: wasmtime::Error| LoadError::WrongWorld {
             path: path.to_path_buf(),
             detail: format!("{}; {}", root_cause(&e), describe(&self.engine, &component)),
@@ -211,21 +231,34 @@ impl Runtime {
             .instantiate_pre(&component)
             .map_err(wrong_world)?;
         let pre = bindings::HandlerPre::new(pre).map_err(wrong_world)?;
-        Ok((component, pre, version))
+        Ok(Prepared {
+            component,
+            pre,
+            version,
+            cached,
+        })
     }
 
     /// One line on whether `path` fits the handler world, with what it
     /// imports and exports.
     pub fn check(&self, path: &Path) -> Result<String, LoadError> {
-        let (component, _, version) = self.prepare(path)?;
+        let prepared = self.prepare(path, &read(path)?)?;
         Ok(format!(
-            "ok: {} fits {WORLD} (sha256 {version}); {}",
+            "ok: {} fits {WORLD} (sha256 {}); {}",
             path.display(),
-            describe(&self.engine, &component)
+            prepared.version,
+            describe(&self.engine, &prepared.component)
         ))
     }
 
-    fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Component, LoadError> {
+    /// The component of `bytes`, from the cache when it holds a sound entry
+    /// (then `true`), else compiled now and written to the cache.
+    fn compile(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        version: &str,
+    ) -> Result<(Component, bool), LoadError> {
         let path = path.to_path_buf();
         match bytes.get(0..8) {
             Some([0, b'a', b's', b'm', 0x01, 0, 0, 0]) => {
@@ -243,172 +276,41 @@ impl Runtime {
                 });
             }
         }
-        Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
+        if let Some(component) = self
+            .cache
+            .as_ref()
+            .and_then(|c| c.get(&self.engine, version))
+        {
+            return Ok((component, true));
+        }
+        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
             path,
             detail: root_cause(&e),
-        })
-    }
-}
-
-/// A compiled, validated handler version, cheap to clone. Calls made through
-/// a clone keep using this version even after a newer one is loaded.
-#[derive(Clone)]
-pub struct Handler {
-    inner: Arc<HandlerInner>,
-}
-
-struct HandlerInner {
-    engine: Engine,
-    pre: bindings::HandlerPre<GuestState>,
-    guest: Arc<GuestInfo>,
-    timeout: Duration,
-    memory_bytes: usize,
-}
-
-/// What the host functions know about the guest they serve.
-struct GuestInfo {
-    route: String,
-    handler: String,
-    version: String,
-    short_version: String,
-    config: BTreeMap<String, String>,
-    budget: LineBudget,
-}
-
-impl Handler {
-    /// File stem of the handler, for example `order_timeout`.
-    pub fn name(&self) -> &str {
-        &self.inner.guest.handler
-    }
-
-    /// sha256 of the component file, in hex.
-    pub fn version(&self) -> &str {
-        &self.inner.guest.version
-    }
-
-    /// Calls the guest once, in a fresh store and instance.
-    pub async fn call(&self, delivery: Delivery) -> Verdict {
-        let inner = &*self.inner;
-        let stdout = GuestOutput::new(inner.guest.clone(), "stdout");
-        let stderr = GuestOutput::new(inner.guest.clone(), "stderr");
-        let wasi = WasiCtx::builder()
-            .stdout(stdout.clone())
-            .stderr(stderr.clone())
-            .build();
-        let mut store = Store::new(
-            &inner.engine,
-            GuestState {
-                wasi,
-                table: ResourceTable::new(),
-                limits: Limits {
-                    inner: StoreLimitsBuilder::new()
-                        .memory_size(inner.memory_bytes)
-                        .instances(64)
-                        .build(),
-                    cap: inner.memory_bytes,
-                    denied: None,
-                },
-                guest: inner.guest.clone(),
-            },
-        );
-        store.limiter(|s| &mut s.limits);
-        let deadline = Instant::now() + inner.timeout;
-        store.set_epoch_deadline(YIELD_EVERY_TICKS);
-        store.epoch_deadline_callback(move |_| {
-            if Instant::now() >= deadline {
-                Ok(UpdateDeadline::Interrupt)
-            } else {
-                Ok(UpdateDeadline::Yield(YIELD_EVERY_TICKS))
-            }
-        });
-
-        let message = to_wit(delivery);
-        let call = async {
-            let instance = inner.pre.instantiate_async(&mut store).await?;
-            instance.call_handle(&mut store, &message).await
-        };
-        // The epoch deadline stops guest code; this timeout also covers time
-        // spent inside host calls, which epochs do not interrupt.
-        let result = tokio::time::timeout(inner.timeout + EPOCH_TICK * 50, call).await;
-        // Read before the flush empties it: a panicking guest says why here.
-        let stderr_summary = stderr.summary();
-        stdout.flush_to_log();
-        stderr.flush_to_log();
-        match result {
-            Err(_) => Verdict::Failed {
-                class: Reason::HandlerTimeout,
-                error: format!("handler ran past its {:?} limit", inner.timeout),
-            },
-            Ok(Ok(outcome)) => from_wit(outcome),
-            Ok(Err(error)) => classify(&error, &store, stderr_summary, inner.timeout),
+        })?;
+        if let Some(cache) = &self.cache {
+            cache.put(version, &component);
         }
+        Ok((component, false))
     }
 }
 
-fn classify(
-    error: &wasmtime::Error,
-    store: &Store<GuestState>,
-    stderr_summary: Option<String>,
-    timeout: Duration,
-) -> Verdict {
-    if let Some(denied) = store.data().limits.denied {
-        return Verdict::Failed {
-            class: Reason::HandlerMemory,
-            error: format!(
-                "handler tried to grow its memory to {denied} bytes; the route's cap is {} bytes",
-                store.data().limits.cap
-            ),
-        };
-    }
-    let trap = error.downcast_ref::<Trap>();
-    if trap == Some(&Trap::Interrupt) {
-        return Verdict::Failed {
-            class: Reason::HandlerTimeout,
-            error: format!("handler ran past its {timeout:?} limit"),
-        };
-    }
-    let mut text = match trap {
-        Some(trap) => format!("trap: {trap}"),
-        None => root_cause(error),
-    };
-    if let Some(line) = stderr_summary {
-        text.push_str("; guest stderr: ");
-        text.push_str(&line);
-    }
-    Verdict::Failed {
-        class: Reason::HandlerTrap,
-        error: text,
-    }
+struct Prepared {
+    component: Component,
+    pre: bindings::HandlerPre<GuestState>,
+    version: String,
+    cached: bool,
 }
 
-fn to_wit(d: Delivery) -> types::Message {
-    types::Message {
-        id: d.id,
-        topic: d.topic,
-        partition: d.partition,
-        offset: d.offset,
-        key: d.key,
-        payload: d.payload,
-        headers: d
-            .headers
-            .into_iter()
-            .map(|(key, value)| types::Header { key, value })
-            .collect(),
-        timestamp: d.timestamp,
-        attempt: d.attempt,
-        route: d.route,
-    }
+fn read(path: &Path) -> Result<Vec<u8>, LoadError> {
+    std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
-fn from_wit(outcome: types::Outcome) -> Verdict {
-    match outcome {
-        types::Outcome::Ok => Verdict::Ok,
-        types::Outcome::Retryable(f) => Verdict::Retryable {
-            reason: f.reason,
-            retry_after: f.retry_after_ms.map(Duration::from_millis),
-        },
-        types::Outcome::Fatal(f) => Verdict::Fatal { reason: f.reason },
-    }
+/// The version of a handler file: the sha256 of its bytes, in hex.
+pub fn version_of(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// wasmtime's error type is its own; the host's edges speak anyhow.
@@ -439,107 +341,4 @@ pub fn describe(engine: &Engine, component: &Component) -> String {
         exports.join(", "),
         imports.join(", ")
     )
-}
-
-/// Per-store state: the (empty) WASI context, the limits, and the guest info
-/// the host functions tag their output with.
-struct GuestState {
-    wasi: WasiCtx,
-    table: ResourceTable,
-    limits: Limits,
-    guest: Arc<GuestInfo>,
-}
-
-impl WasiView for GuestState {
-    fn ctx(&mut self) -> WasiCtxView<'_> {
-        WasiCtxView {
-            ctx: &mut self.wasi,
-            table: &mut self.table,
-        }
-    }
-}
-
-/// `StoreLimits` plus a record of a refused memory grow, so a failed grow
-/// becomes HANDLER_MEMORY rather than a generic trap.
-struct Limits {
-    inner: StoreLimits,
-    cap: usize,
-    denied: Option<usize>,
-}
-
-impl ResourceLimiter for Limits {
-    fn memory_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        if self.inner.memory_growing(current, desired, maximum)? {
-            return Ok(true);
-        }
-        self.denied = Some(desired);
-        Err(wasmtime::Error::msg(format!(
-            "memory cap of {} bytes reached growing to {desired} bytes",
-            self.cap
-        )))
-    }
-
-    fn table_growing(
-        &mut self,
-        current: usize,
-        desired: usize,
-        maximum: Option<usize>,
-    ) -> wasmtime::Result<bool> {
-        self.inner.table_growing(current, desired, maximum)
-    }
-
-    fn instances(&self) -> usize {
-        self.inner.instances()
-    }
-    fn tables(&self) -> usize {
-        self.inner.tables()
-    }
-    fn memories(&self) -> usize {
-        self.inner.memories()
-    }
-}
-
-impl types::Host for GuestState {}
-
-impl wit_log::Host for GuestState {
-    fn log(&mut self, level: wit_log::Level, message: String) {
-        let g = &self.guest;
-        if !g.budget.take() {
-            return;
-        }
-        let message = crate::headers::shorten(&message, 4096);
-        let (route, handler, version) = (&g.route, &g.handler, &g.short_version);
-        match level {
-            wit_log::Level::Trace => {
-                tracing::trace!(route, handler, version, "{message}")
-            }
-            wit_log::Level::Debug => {
-                tracing::debug!(route, handler, version, "{message}")
-            }
-            wit_log::Level::Info => tracing::info!(route, handler, version, "{message}"),
-            wit_log::Level::Warn => tracing::warn!(route, handler, version, "{message}"),
-            wit_log::Level::Error => {
-                tracing::error!(route, handler, version, "{message}")
-            }
-        }
-    }
-}
-
-impl wit_config::Host for GuestState {
-    fn get(&mut self, key: String) -> Option<String> {
-        self.guest.config.get(&key).cloned()
-    }
-
-    fn entries(&mut self) -> Vec<(String, String)> {
-        self.guest
-            .config
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
-    }
 }

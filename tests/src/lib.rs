@@ -163,12 +163,20 @@ impl TestRoute {
             },
             routes,
             delay,
+            cache_dir: Some(cache_dir()),
         }
     }
 
     pub async fn start(&self) -> Hopper {
         Hopper::start(self.settings()).await.expect("hopper starts")
     }
+}
+
+/// The compiled-handler cache every test shares. Entries are keyed by the
+/// content of the `.wasm`, so sharing is safe, and it spares each test a
+/// compile.
+pub fn cache_dir() -> PathBuf {
+    std::env::temp_dir().join("hopper-test-components")
 }
 
 pub fn client_config() -> ClientConfig {
@@ -325,6 +333,7 @@ impl TestConfig {
             },
             routes,
             delay,
+            cache_dir: Some(cache_dir()),
         }
     }
 
@@ -365,4 +374,62 @@ pub fn hopper_bin() -> PathBuf {
         bin.display()
     );
     bin
+}
+/// `component` with one more top-level custom section (id 0, LEB128 size,
+/// name, bytes) appended. The result is still a valid component with the
+/// same behaviour, but a different sha256: a new handler version.
+pub fn with_custom_section(component: &[u8], name: &str, data: &[u8]) -> Vec<u8> {
+    fn leb128(mut n: usize, out: &mut Vec<u8>) {
+        loop {
+            let byte = (n & 0x7f) as u8;
+            n >>= 7;
+            if n == 0 {
+                out.push(byte);
+                return;
+            }
+            out.push(byte | 0x80);
+        }
+    }
+    let mut body = Vec::new();
+    leb128(name.len(), &mut body);
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(data);
+    let mut out = component.to_vec();
+    out.push(0);
+    leb128(body.len(), &mut out);
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Replaces `path` the way build tools do: write a temp file beside it,
+/// then rename it over, so no reader ever sees half a file.
+pub fn write_atomically(path: &Path, bytes: &[u8]) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// How long [`next_matching`] waits before the test fails.
+pub const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The next event that `pick` accepts, within `PATIENCE`. Every event read
+/// on the way is passed to `seen` as well.
+pub async fn next_matching<T>(
+    events: &mut tokio::sync::broadcast::Receiver<hopper::events::Event>,
+    mut seen: impl FnMut(&hopper::events::Event),
+    mut pick: impl FnMut(&hopper::events::Event) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        match tokio::time::timeout_at(deadline, events.recv()).await {
+            Ok(Ok(event)) => {
+                seen(&event);
+                if let Some(found) = pick(&event) {
+                    return found;
+                }
+            }
+            Ok(Err(e)) => panic!("event stream: {e}"),
+            Err(_) => panic!("timed out waiting for an event"),
+        }
+    }
 }

@@ -1,0 +1,181 @@
+//! Compiled handler artifacts on disk, keyed by the sha256 of the `.wasm`.
+//!
+//! Compiling a large component takes seconds (a Python guest: 8.5 s), while
+//! loading its compiled artifact takes milliseconds, so both startup and hot
+//! reload look here first. The cache is only ever a shortcut: an entry that
+//! is missing, unreadable, corrupt or made by an incompatible wasmtime is a
+//! miss, and the fresh compile overwrites it. A write that fails is logged
+//! and otherwise ignored.
+//!
+//! An entry is `MAGIC`, the sha256 of the artifact, then the artifact as
+//! `Component::serialize` wrote it. The digest is checked before wasmtime
+//! sees the bytes, so a truncated or bit-flipped file is never loaded as
+//! machine code. The cache directory must be writable by hopper's user only:
+//! whoever can write an entry with a matching digest chooses the code hopper
+//! runs.
+
+use sha2::{Digest, Sha256};
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use wasmtime::Engine;
+use wasmtime::component::Component;
+
+const MAGIC: &[u8; 8] = b"hopperc1";
+const HEADER: usize = MAGIC.len() + 32;
+
+/// A directory of compiled artifacts for one engine configuration.
+#[derive(Debug, Clone)]
+pub struct ArtifactCache {
+    dir: PathBuf,
+    /// Names the engine's compatibility (wasmtime version and every setting
+    /// that changes compiled code), so hopper builds that share a directory
+    /// do not keep overwriting each other's entries.
+    engine_tag: String,
+}
+
+impl ArtifactCache {
+    pub fn new(dir: PathBuf, engine: &Engine) -> ArtifactCache {
+        // DefaultHasher::new() has fixed keys: the same engine gives the same
+        // tag in every process built by the same toolchain. A toolchain
+        // change only costs one miss.
+        let mut hasher = std::hash::DefaultHasher::new();
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        ArtifactCache {
+            dir,
+            engine_tag: format!("{:016x}", hasher.finish()),
+        }
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Where the artifact of the `.wasm` whose sha256 is `version` lives.
+    pub fn entry_path(&self, version: &str) -> PathBuf {
+        self.dir
+            .join(format!("{version}-{}.cwasm", self.engine_tag))
+    }
+
+    /// The compiled component of `version`, if a sound entry exists.
+    pub fn get(&self, engine: &Engine, version: &str) -> Option<Component> {
+        let path = self.entry_path(version);
+        let bytes = std::fs::read(&path).ok()?;
+        let path = path.display();
+        let Some(artifact) = verified(&bytes) else {
+            tracing::warn!(entry = %path, "Cached artifact is corrupt; compiling again.");
+            return None;
+        };
+        // SAFETY: wasmtime trusts a serialized artifact to hold code it
+        // produced. This one was written by `put` below (its digest matches),
+        // in a directory only hopper's user may write, and wasmtime itself
+        // rejects artifacts from an incompatible engine.
+        match unsafe { Component::deserialize(engine, artifact) } {
+            Ok(component) => Some(component),
+            Err(e) => {
+                tracing::info!(entry = %path, error = %e, "Cached artifact does not fit this engine; compiling again.");
+                None
+            }
+        }
+    }
+
+    /// Stores the artifact of `component`, replacing any entry, atomically:
+    /// a reader sees the old entry or the new one, never half of one.
+    pub fn put(&self, version: &str, component: &Component) {
+        let path = self.entry_path(version);
+        if let Err(e) = self.write(&path, component) {
+            tracing::warn!(entry = %path.display(), error = %e, "Cannot write the compiled artifact to the cache.");
+        }
+    }
+
+    fn write(&self, path: &Path, component: &Component) -> anyhow::Result<()> {
+        let artifact = component
+            .serialize()
+            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+        let mut bytes = Vec::with_capacity(HEADER + artifact.len());
+        bytes.extend_from_slice(MAGIC);
+        bytes.extend_from_slice(&Sha256::digest(&artifact));
+        bytes.extend_from_slice(&artifact);
+        std::fs::create_dir_all(&self.dir)?;
+        let tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
+        std::fs::write(tmp.path(), &bytes)?;
+        tmp.persist(path)?;
+        Ok(())
+    }
+}
+
+/// The artifact inside an entry, if its magic and digest are right.
+fn verified(entry: &[u8]) -> Option<&[u8]> {
+    if entry.len() < HEADER || &entry[..MAGIC.len()] != MAGIC {
+        return None;
+    }
+    let (digest, artifact) = entry[MAGIC.len()..].split_at(32);
+    (Sha256::digest(artifact).as_slice() == digest).then_some(artifact)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The smallest component: the preamble of an empty one.
+    const EMPTY_COMPONENT: &[u8] = b"\0asm\x0d\0\x01\0";
+
+    fn engine(epochs: bool) -> Engine {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(epochs);
+        Engine::new(&config).unwrap()
+    }
+
+    #[test]
+    fn an_entry_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(true);
+        let cache = ArtifactCache::new(dir.path().join("c"), &engine);
+        assert!(cache.get(&engine, "v1").is_none(), "empty cache");
+        let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+        cache.put("v1", &component);
+        assert!(cache.get(&engine, "v1").is_some());
+        assert!(cache.get(&engine, "v2").is_none());
+    }
+
+    #[test]
+    fn a_corrupt_entry_is_a_miss_and_is_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(true);
+        let cache = ArtifactCache::new(dir.path().to_path_buf(), &engine);
+        let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+        cache.put("v1", &component);
+        let path = cache.entry_path("v1");
+        let good = std::fs::read(&path).unwrap();
+
+        // One flipped bit in the code, then a truncated file, then garbage.
+        let mut flipped = good.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        for bad in [
+            flipped,
+            good[..good.len() / 2].to_vec(),
+            b"garbage".to_vec(),
+        ] {
+            std::fs::write(&path, &bad).unwrap();
+            assert!(cache.get(&engine, "v1").is_none());
+        }
+        cache.put("v1", &component);
+        assert_eq!(std::fs::read(&path).unwrap(), good);
+        assert!(cache.get(&engine, "v1").is_some());
+    }
+
+    #[test]
+    fn an_entry_from_an_incompatible_engine_is_a_miss() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ours, theirs) = (engine(true), engine(false));
+        let cache = ArtifactCache::new(dir.path().to_path_buf(), &ours);
+        let other = ArtifactCache::new(dir.path().to_path_buf(), &theirs);
+        assert_ne!(cache.entry_path("v1"), other.entry_path("v1"));
+
+        // Another build's sound entry, under our name (as after an upgrade
+        // that kept the tag): wasmtime refuses it, and it is a miss.
+        other.put("v1", &Component::new(&theirs, EMPTY_COMPONENT).unwrap());
+        std::fs::rename(other.entry_path("v1"), cache.entry_path("v1")).unwrap();
+        assert!(cache.get(&ours, "v1").is_none());
+    }
+}

@@ -1,0 +1,192 @@
+//! One handler version and its calls: which instance a call runs in, and
+//! how whatever the guest did becomes a [`Verdict`].
+
+use super::bindings::{self, hopper::handler::types};
+use super::instance::{Guest, Pool};
+use super::output::LineBudget;
+use super::state::GuestState;
+use super::{Delivery, EPOCH_TICK, Verdict, root_cause};
+use crate::config::{InstancePolicy, Route};
+use crate::headers::Reason;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use wasmtime::{Engine, Store, Trap};
+
+/// A compiled, validated handler version, cheap to clone. Calls made through
+/// a clone keep using this version even after a newer one is loaded.
+#[derive(Clone)]
+pub struct Handler {
+    inner: Arc<HandlerInner>,
+}
+
+struct HandlerInner {
+    engine: Engine,
+    pre: bindings::HandlerPre<GuestState>,
+    guest: Arc<GuestInfo>,
+    timeout: Duration,
+    memory_bytes: usize,
+    policy: InstancePolicy,
+    /// Idle warm instances; always empty under the fresh policy.
+    pool: Pool,
+    cached: bool,
+    load_time: Duration,
+}
+
+/// What the host functions know about the guest they serve.
+pub(super) struct GuestInfo {
+    pub(super) route: String,
+    pub(super) handler: String,
+    pub(super) version: String,
+    pub(super) short_version: String,
+    pub(super) config: BTreeMap<String, String>,
+    pub(super) budget: LineBudget,
+}
+
+impl Handler {
+    pub(super) fn new(
+        engine: Engine,
+        pre: bindings::HandlerPre<GuestState>,
+        guest: GuestInfo,
+        route: &Route,
+        (cached, load_time): (bool, Duration),
+    ) -> Handler {
+        Handler {
+            inner: Arc::new(HandlerInner {
+                engine,
+                pre,
+                guest: Arc::new(guest),
+                timeout: route.timeout,
+                memory_bytes: route.memory_bytes,
+                policy: route.instance,
+                pool: Pool::default(),
+                cached,
+                load_time,
+            }),
+        }
+    }
+
+    /// File stem of the handler, for example `order_timeout`.
+    pub fn name(&self) -> &str {
+        &self.inner.guest.handler
+    }
+
+    /// sha256 of the component file, in hex.
+    pub fn version(&self) -> &str {
+        &self.inner.guest.version
+    }
+
+    /// Whether loading took the compiled artifact from the cache, and how
+    /// long loading took.
+    pub fn load_stats(&self) -> (bool, Duration) {
+        (self.inner.cached, self.inner.load_time)
+    }
+
+    /// Calls the guest once: in a fresh instance, or in a warm one when the
+    /// route's policy allows and one is idle.
+    pub async fn call(&self, delivery: Delivery) -> Verdict {
+        let inner = &*self.inner;
+        let mut guest = match inner.policy {
+            InstancePolicy::Warm { .. } => inner.pool.take(),
+            InstancePolicy::Fresh => None,
+        }
+        .unwrap_or_else(|| Guest::new(&inner.engine, &inner.guest, inner.memory_bytes));
+        guest.begin(inner.timeout);
+
+        let message = to_wit(delivery);
+        // The epoch deadline stops guest code; this timeout also covers time
+        // spent inside host calls, which epochs do not interrupt.
+        let result = tokio::time::timeout(
+            inner.timeout + EPOCH_TICK * 50,
+            guest.call(&inner.pre, &message),
+        )
+        .await;
+        let state = guest.store.data();
+        // Read before the flush empties it: a panicking guest says why here.
+        let stderr_summary = state.stderr.summary();
+        state.stdout.flush_to_log();
+        state.stderr.flush_to_log();
+        let verdict = match result {
+            Err(_) => Verdict::Failed {
+                class: Reason::HandlerTimeout,
+                error: format!("handler ran past its {:?} limit", inner.timeout),
+            },
+            Ok(Ok(outcome)) => from_wit(outcome),
+            Ok(Err(error)) => classify(&error, &guest.store, stderr_summary, inner.timeout),
+        };
+        // Only a guest whose call returned may be entered again.
+        if let InstancePolicy::Warm { max_calls } = inner.policy
+            && !matches!(verdict, Verdict::Failed { .. })
+            && guest.calls < max_calls
+        {
+            inner.pool.put(guest);
+        }
+        verdict
+    }
+}
+
+fn classify(
+    error: &wasmtime::Error,
+    store: &Store<GuestState>,
+    stderr_summary: Option<String>,
+    timeout: Duration,
+) -> Verdict {
+    if let Some(denied) = store.data().limits.denied {
+        return Verdict::Failed {
+            class: Reason::HandlerMemory,
+            error: format!(
+                "handler tried to grow its memory to {denied} bytes; the route's cap is {} bytes",
+                store.data().limits.cap
+            ),
+        };
+    }
+    let trap = error.downcast_ref::<Trap>();
+    if trap == Some(&Trap::Interrupt) {
+        return Verdict::Failed {
+            class: Reason::HandlerTimeout,
+            error: format!("handler ran past its {timeout:?} limit"),
+        };
+    }
+    let mut text = match trap {
+        Some(trap) => format!("trap: {trap}"),
+        None => root_cause(error),
+    };
+    if let Some(line) = stderr_summary {
+        text.push_str("; guest stderr: ");
+        text.push_str(&line);
+    }
+    Verdict::Failed {
+        class: Reason::HandlerTrap,
+        error: text,
+    }
+}
+
+fn to_wit(d: Delivery) -> types::Message {
+    types::Message {
+        id: d.id,
+        topic: d.topic,
+        partition: d.partition,
+        offset: d.offset,
+        key: d.key,
+        payload: d.payload,
+        headers: d
+            .headers
+            .into_iter()
+            .map(|(key, value)| types::Header { key, value })
+            .collect(),
+        timestamp: d.timestamp,
+        attempt: d.attempt,
+        route: d.route,
+    }
+}
+
+fn from_wit(outcome: types::Outcome) -> Verdict {
+    match outcome {
+        types::Outcome::Ok => Verdict::Ok,
+        types::Outcome::Retryable(f) => Verdict::Retryable {
+            reason: f.reason,
+            retry_after: f.retry_after_ms.map(Duration::from_millis),
+        },
+        types::Outcome::Fatal(f) => Verdict::Fatal { reason: f.reason },
+    }
+}

@@ -1,0 +1,103 @@
+//! Instances and the two instance policies.
+//!
+//! A [`Guest`] is one store with (once the first call instantiates it) one
+//! instance of the handler. Under the fresh policy a guest serves one call
+//! and is dropped. Under the warm policy it goes back to its handler's
+//! [`Pool`] after a call that returned, and serves up to `max_calls` calls;
+//! after a trap, a timeout or a refused memory grow it is dropped, because an
+//! instance that did not return cleanly can never be entered again.
+//!
+//! A store is not `Sync`, so a guest is used by one call at a time: a call
+//! takes it out of the pool, owns it while it runs, and puts it back. Two
+//! partitions calling at once each get their own.
+
+use super::bindings::{HandlerPre, hopper::handler::types};
+use super::state::GuestState;
+use super::{GuestInfo, YIELD_EVERY_TICKS};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use wasmtime::{Engine, Store, UpdateDeadline};
+
+/// Idle warm guests a handler keeps. More than a route has partitions
+/// working at once are never needed; the cap only guards the pooling
+/// allocator's slots, shared by every route, if a burst of partitions leaves
+/// many behind.
+const MAX_IDLE: usize = 64;
+
+/// A store and the handler instance in it.
+pub(super) struct Guest {
+    pub(super) store: Store<GuestState>,
+    /// `None` until the first call instantiates the component.
+    instance: Option<super::bindings::Handler>,
+    /// Calls this guest has served, the current one included.
+    pub(super) calls: u32,
+}
+
+impl Guest {
+    pub(super) fn new(engine: &Engine, guest: &Arc<GuestInfo>, memory_bytes: usize) -> Guest {
+        let mut store = Store::new(engine, GuestState::new(guest, memory_bytes));
+        store.limiter(|s| &mut s.limits);
+        store.epoch_deadline_callback(|state| {
+            if Instant::now() >= state.data().deadline {
+                Ok(UpdateDeadline::Interrupt)
+            } else {
+                Ok(UpdateDeadline::Yield(YIELD_EVERY_TICKS))
+            }
+        });
+        Guest {
+            store,
+            instance: None,
+            calls: 0,
+        }
+    }
+
+    /// Resets the per-call state a previous call may have left behind, and
+    /// arms the deadline. Guest output was already taken by the previous
+    /// call's flush.
+    pub(super) fn begin(&mut self, timeout: Duration) {
+        self.calls += 1;
+        let state = self.store.data_mut();
+        state.deadline = Instant::now() + timeout;
+        state.limits.denied = None;
+        self.store.set_epoch_deadline(YIELD_EVERY_TICKS);
+    }
+
+    /// Instantiates on first use, then calls the export.
+    pub(super) async fn call(
+        &mut self,
+        pre: &HandlerPre<GuestState>,
+        message: &types::Message,
+    ) -> wasmtime::Result<types::Outcome> {
+        if self.instance.is_none() {
+            self.instance = Some(pre.instantiate_async(&mut self.store).await?);
+        }
+        let instance = self.instance.as_ref().expect("instantiated above");
+        instance.call_handle(&mut self.store, message).await
+    }
+}
+
+/// Idle warm guests of one handler version. Dropped with the version, so
+/// after a reload the old version's instances go once its last call ends.
+#[derive(Default)]
+pub(super) struct Pool {
+    // std Mutex: held only to push or pop, never across an .await.
+    idle: Mutex<Vec<Guest>>,
+}
+
+impl Pool {
+    pub(super) fn take(&self) -> Option<Guest> {
+        self.idle.lock().unwrap().pop()
+    }
+
+    /// Keeps `guest` for a later call, unless the pool is full.
+    pub(super) fn put(&self, guest: Guest) {
+        let mut idle = self.idle.lock().unwrap();
+        if idle.len() < MAX_IDLE {
+            idle.push(guest);
+            return;
+        }
+        drop(idle);
+        // Dropped outside the lock: freeing an instance resets its memory.
+        drop(guest);
+    }
+}

@@ -1,0 +1,304 @@
+//! Hot reload and the compiled-handler cache, against a real broker and
+//! real handler files.
+
+use hopper::events::Event;
+use hopper_tests::*;
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// A handler file in its own directory, two versions of it, and a route.
+struct Reloadable {
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    v1: Vec<u8>,
+    v2: Vec<u8>,
+    route: TestRoute,
+}
+
+impl Reloadable {
+    fn new(extra: &str) -> Reloadable {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("handler.wasm");
+        let v1 = std::fs::read(plugin("scripted")).unwrap();
+        let v2 = with_custom_section(&v1, "hopper-test", b"v2");
+        std::fs::write(&path, &v1).unwrap();
+        let route = TestRoute::new(&path, extra);
+        Reloadable {
+            _dir: dir,
+            path,
+            v1,
+            v2,
+            route,
+        }
+    }
+}
+
+fn handled_version(id: &str) -> impl FnMut(&Event) -> Option<(String, &'static str)> + '_ {
+    move |e| match e {
+        Event::Handled {
+            id: got,
+            version,
+            verdict,
+            ..
+        } if got == id => Some((version.clone(), *verdict)),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
+    init_tracing();
+    const SWAPS: usize = 100;
+    const MESSAGES: usize = 10_000;
+    let r = Reloadable::new("");
+    let versions = [sha256_hex(&r.v1), sha256_hex(&r.v2)];
+    assert_ne!(versions[0], versions[1]);
+    let hopper = r.route.start().await;
+    let mut events = hopper.events();
+    let producer = producer();
+    let started = Instant::now();
+
+    let mut handled: Vec<(String, String)> = Vec::new(); // (id, version)
+    let mut reloads: Vec<(String, String)> = Vec::new(); // (old, new)
+    let mut acks = Vec::new();
+    let mut sent = 0;
+    let record = |e: &Event, handled: &mut Vec<(String, String)>, reloads: &mut Vec<_>| match e {
+        Event::Handled {
+            id,
+            version,
+            verdict,
+            ..
+        } => {
+            assert_eq!(*verdict, "ok", "{id}");
+            handled.push((id.clone(), version.clone()));
+        }
+        Event::HandlerReloaded {
+            old_version,
+            new_version,
+            ..
+        } => reloads.push((old_version.clone(), new_version.clone())),
+        Event::HandlerReloadFailed { error, .. } => panic!("reload failed: {error}"),
+        _ => {}
+    };
+
+    for swap in 0..SWAPS {
+        // Swap 0 writes v2, swap 1 writes v1 again, and so on.
+        let (bytes, new) = if swap % 2 == 0 {
+            (&r.v2, &versions[1])
+        } else {
+            (&r.v1, &versions[0])
+        };
+        write_atomically(&r.path, bytes);
+        let reloaded_at = handled.len();
+        next_matching(
+            &mut events,
+            |_| {},
+            |e| {
+                record(e, &mut handled, &mut reloads);
+                matches!(e, Event::HandlerReloaded { new_version, .. } if new_version == new)
+                    .then_some(())
+            },
+        )
+        .await;
+        // The next slice of the stream, produced while the new version serves.
+        for _ in 0..MESSAGES / SWAPS {
+            let id = format!("m{sent}");
+            let key = format!("k{}", sent % 7);
+            let headers = OwnedHeaders::new().insert(Header {
+                key: "hopper-id",
+                value: Some(&id),
+            });
+            let record = FutureRecord::to(&r.route.input)
+                .key(&key)
+                .payload("ok")
+                .headers(headers);
+            acks.push(
+                producer
+                    .send_result(record)
+                    .map_err(|(e, _)| e)
+                    .expect("enqueue"),
+            );
+            sent += 1;
+        }
+        // The new version handles messages before the next swap.
+        if !handled[reloaded_at..].iter().any(|(_, v)| v == new) {
+            next_matching(
+                &mut events,
+                |_| {},
+                |e| {
+                    record(e, &mut handled, &mut reloads);
+                    matches!(e, Event::Handled { version, .. } if version == new).then_some(())
+                },
+            )
+            .await;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "too slow: swap {swap}"
+        );
+    }
+    for ack in acks {
+        ack.await.expect("delivered").expect("acknowledged");
+    }
+    while handled.len() < MESSAGES {
+        next_matching(
+            &mut events,
+            |_| {},
+            |e| {
+                record(e, &mut handled, &mut reloads);
+                matches!(e, Event::Handled { .. }).then_some(())
+            },
+        )
+        .await;
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "too slow: {} handled",
+            handled.len()
+        );
+    }
+
+    let mut ids = HashSet::new();
+    for (id, version) in &handled {
+        assert!(ids.insert(id.as_str()), "{id} was handled twice");
+        assert!(
+            versions.contains(version),
+            "{id} ran unknown version {version}"
+        );
+    }
+    let missing: Vec<String> = (0..MESSAGES)
+        .map(|i| format!("m{i}"))
+        .filter(|id| !ids.contains(id.as_str()))
+        .collect();
+    assert!(missing.is_empty(), "lost: {missing:?}");
+    assert_eq!(handled.len(), MESSAGES);
+    assert_eq!(reloads.len(), SWAPS);
+    for (i, (old, new)) in reloads.iter().enumerate() {
+        assert_eq!(
+            (old, new),
+            (&versions[i % 2], &versions[(i + 1) % 2]),
+            "swap {i}"
+        );
+    }
+    let status = hopper.status();
+    assert_eq!(status[0].version, versions[SWAPS % 2]);
+    assert_eq!(status[0].last_reload_error, None);
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrives() {
+    init_tracing();
+    let r = Reloadable::new("");
+    let (v1, v2) = (sha256_hex(&r.v1), sha256_hex(&r.v2));
+    let hopper = r.route.start().await;
+    let mut events = hopper.events();
+    let producer = producer();
+    let counter = format!("hopper_reload_failures_total{{route={}}}", r.route.name);
+    let failures = |hopper: &hopper::Hopper| hopper.telemetry().counters().get(&counter).copied();
+    // Failure events seen: one per distinct broken content. A write in place
+    // that stalls for longer than the debounce between its open (which
+    // empties the file) and its write is seen at both stages.
+    let mut failed = 0;
+    let mut count_failures =
+        |e: &Event| failed += matches!(e, Event::HandlerReloadFailed { .. }) as u64;
+
+    // A build that dies half-way through writing the file in place.
+    std::fs::write(&r.path, &r.v2[..r.v2.len() / 2]).unwrap();
+    let error = next_matching(&mut events, &mut count_failures, |e| match e {
+        Event::HandlerReloadFailed { version, error, .. } if error.contains("does not compile") => {
+            assert_eq!(*version, v1, "the serving version is reported");
+            Some(error.clone())
+        }
+        Event::HandlerReloaded { .. } => panic!("a truncated file was loaded"),
+        _ => None,
+    })
+    .await;
+    assert!(error.contains(&r.path.display().to_string()), "{error}");
+    let status = hopper.status();
+    assert_eq!(status[0].version, v1);
+    assert_eq!(status[0].last_reload_error.as_deref(), Some(error.as_str()));
+
+    produce(
+        &producer,
+        &r.route.input,
+        None,
+        "ok",
+        &[("hopper-id", "during")],
+    )
+    .await;
+    let during = next_matching(&mut events, &mut count_failures, handled_version("during")).await;
+    assert_eq!(during, (v1.clone(), "ok"), "v1 keeps serving");
+
+    // The next build writes the whole file.
+    std::fs::write(&r.path, &r.v2).unwrap();
+    let (old, new) = next_matching(&mut events, &mut count_failures, |e| match e {
+        Event::HandlerReloaded {
+            old_version,
+            new_version,
+            ..
+        } => Some((old_version.clone(), new_version.clone())),
+        _ => None,
+    })
+    .await;
+    assert_eq!((old, new), (v1.clone(), v2.clone()));
+    let status = hopper.status();
+    assert_eq!(
+        (
+            status[0].version.as_str(),
+            status[0].last_reload_error.as_deref()
+        ),
+        (v2.as_str(), None)
+    );
+    produce(
+        &producer,
+        &r.route.input,
+        None,
+        "ok",
+        &[("hopper-id", "after")],
+    )
+    .await;
+    let after = next_matching(&mut events, &mut count_failures, handled_version("after")).await;
+    assert_eq!(after, (v2, "ok"));
+    assert!(failed >= 1);
+    assert_eq!(
+        failures(&hopper),
+        Some(failed),
+        "the counter counts every reported failure"
+    );
+    hopper.stop().await;
+}
+
+#[test]
+fn a_corrupt_cache_entry_is_a_miss_and_is_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let route = TestRoute::new(&plugin("scripted"), "");
+    let settings = route.settings();
+    let route = &settings.routes[0];
+    let bytes = std::fs::read(&route.handler).unwrap();
+    let runtime = hopper::plugin::Runtime::new(64 << 20)
+        .unwrap()
+        .with_cache(dir.path().to_path_buf());
+    let entry = runtime.cache().unwrap().entry_path(&sha256_hex(&bytes));
+    std::fs::write(&entry, b"hopperc1 but nothing a compiler wrote").unwrap();
+
+    let handler = runtime
+        .load(&route.handler, route)
+        .expect("a corrupt entry is not an error");
+    assert!(
+        !handler.load_stats().0,
+        "compiled, not taken from the corrupt entry"
+    );
+    assert!(sound_entry(&entry), "the entry was replaced");
+    let handler = runtime.load(&route.handler, route).unwrap();
+    assert!(handler.load_stats().0, "the replaced entry is used");
+    assert_eq!(handler.version(), sha256_hex(&bytes));
+}
+
+fn sound_entry(path: &Path) -> bool {
+    let bytes = std::fs::read(path).unwrap();
+    bytes.starts_with(b"hopperc1") && bytes.len() > 1024
+}
