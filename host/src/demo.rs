@@ -55,17 +55,47 @@ const DELAYED: (&str, &str, &str) = (
     "payment window of 4s, then closed by its delayed timeout",
 );
 
+/// An order sent after the hot reload: v1 dead-letters `refunded` as an
+/// unknown status, v2 handles it.
+const REFUNDED: (&str, &str, &str) = (
+    "o-1008",
+    r#"{"order_id":"o-1008","status":"refunded"}"#,
+    "refunded, after the reload: v2 handles what v1 dead-lettered (o-1004)",
+);
+
+/// Where the demo's hot reload is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Reload {
+    /// Not built: `cargo xtask build-plugins` builds order_timeout_v2.wasm.
+    Unavailable,
+    /// To do once the first orders settle.
+    Pending,
+    /// v2 written; waiting for hopper to swap it in.
+    Waiting,
+    Done,
+}
+
 /// How long the demo waits for every sample to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
-    let (settings, _broker) = prepare(&config, None, cache_dir)
+    let (mut settings, _broker) = prepare(&config, None, cache_dir)
         .with_context(|| format!("loading {}", config.display()))?;
-    let route = settings
+    // Serve a copy of the handler, so the hot reload below can replace it
+    // without touching the built file.
+    let live_dir = tempfile::tempdir()?;
+    let first = settings
         .routes
-        .first()
-        .context("the demo config has no route")?
-        .clone();
+        .first_mut()
+        .context("the demo config has no route")?;
+    let built = first.handler.clone();
+    let v2 = built.with_file_name("order_timeout_v2.wasm");
+    first.handler = live_dir
+        .path()
+        .join(built.file_name().context("handler has no file name")?);
+    std::fs::copy(&built, &first.handler)
+        .with_context(|| format!("copying {}", built.display()))?;
+    let route = first.clone();
     let cluster = settings.cluster.clone();
     let delay = settings.delay.clone();
     let hopper = Hopper::start(settings).await?;
@@ -138,10 +168,32 @@ pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> a
     tokio::pin!(deadline);
     // After the last order settles, keep printing DLQ records a moment longer.
     let mut tail: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
+    let mut expected = ORDERS.len() + usize::from(delay.is_some());
+    let mut reload = if v2.is_file() {
+        Reload::Pending
+    } else {
+        Reload::Unavailable
+    };
     loop {
-        let expected = ORDERS.len() + usize::from(delay.is_some());
         if settled.len() == expected && tail.is_none() {
-            tail = Some(Box::pin(tokio::time::sleep(Duration::from_millis(1500))));
+            match reload {
+                Reload::Pending => {
+                    println!(
+                        "{} deploying order-timeout v2, which knows refunded orders: writing {}",
+                        stamp(),
+                        route.handler.display()
+                    );
+                    let tmp = route.handler.with_extension("wasm.tmp");
+                    std::fs::copy(&v2, &tmp)
+                        .with_context(|| format!("copying {}", v2.display()))?;
+                    std::fs::rename(&tmp, &route.handler)?;
+                    reload = Reload::Waiting;
+                }
+                Reload::Waiting => {}
+                Reload::Done | Reload::Unavailable => {
+                    tail = Some(Box::pin(tokio::time::sleep(Duration::from_millis(1500))));
+                }
+            }
         }
         tokio::select! {
             _ = &mut deadline => {
@@ -169,6 +221,19 @@ pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> a
                 }
                 Ok(Event::HandlerReloaded { handler, old_version, new_version, took, .. }) => {
                     println!("{} handler {handler} reloaded in {took:.0?}: {} → {}", stamp(), &old_version[..12], &new_version[..12]);
+                    if reload == Reload::Waiting {
+                        reload = Reload::Done;
+                        expected += 1;
+                        let (id, payload, expect) = REFUNDED;
+                        let record = FutureRecord::to(input).key(id).payload(payload).headers(
+                            rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+                                key: headers::ID,
+                                value: Some(id),
+                            }),
+                        );
+                        producer.send(record, Duration::from_secs(10)).await.map_err(|(e, _)| e)?;
+                        println!("{} sent {id} to {input}: {expect}", stamp());
+                    }
                 }
                 Ok(Event::HandlerReloadFailed { error, .. }) => {
                     println!("{} handler reload failed, the old version keeps serving: {error}", stamp());
@@ -194,7 +259,8 @@ pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> a
 
     println!("\nSummary:");
     let delayed = delay.as_ref().map(|_| DELAYED);
-    for (id, _, expect) in ORDERS.into_iter().chain(delayed) {
+    let refunded = (reload == Reload::Done).then_some(REFUNDED);
+    for (id, _, expect) in ORDERS.into_iter().chain(delayed).chain(refunded) {
         let got = settled.get(id).map(String::as_str).unwrap_or("not settled");
         println!("  {id}: {got:<32} expected: {expect}");
     }

@@ -88,11 +88,37 @@ fn build_plugins() -> Result<()> {
         ])
         .arg(&plugin_target);
     run(build, "building the handler components")?;
+    // Version 2 of the order-timeout handler, for the demo's hot reload. Its
+    // own target dir, so the two builds do not invalidate each other.
+    let v2_target = target_dir().join("plugins-v2");
+    let mut v2 = cargo();
+    v2.current_dir(root().join("plugins"))
+        .args([
+            "build",
+            "--release",
+            "--target",
+            "wasm32-wasip2",
+            "-p",
+            "order-timeout",
+        ])
+        .args(["--features", "refunds", "--target-dir"])
+        .arg(&v2_target);
+    run(v2, "building order-timeout v2")?;
     let dist = root().join("plugins/dist");
     std::fs::create_dir_all(&dist)?;
-    for name in PLUGINS {
-        let file = format!("{}.wasm", name.replace('-', "_"));
-        let built = plugin_target.join("wasm32-wasip2/release").join(&file);
+    let v2 = (
+        "order_timeout_v2.wasm".to_string(),
+        v2_target.join("wasm32-wasip2/release/order_timeout.wasm"),
+    );
+    let builds = PLUGINS
+        .iter()
+        .map(|name| {
+            let file = format!("{}.wasm", name.replace('-', "_"));
+            let built = plugin_target.join("wasm32-wasip2/release").join(&file);
+            (file, built)
+        })
+        .chain([v2]);
+    for (file, built) in builds {
         let dest = dist.join(&file);
         // Write a temp file and rename, so a running hopper never sees half a file.
         let tmp = dist.join(format!(".{file}.tmp"));

@@ -75,6 +75,14 @@ impl Guest for OrderTimeout {
                 );
                 Outcome::Ok
             }
+            #[cfg(feature = "refunds")]
+            "refunded" => {
+                log(
+                    Level::Info,
+                    &format!("Order {} was refunded, nothing to close.", order.order_id),
+                );
+                Outcome::Ok
+            }
             other => fatal(format!("order {} has unknown status `{other}`", order.order_id)),
         }
     }
