@@ -54,7 +54,7 @@ impl Cluster {
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
-            .set("queue.buffering.max.messages", "20000");
+            .set("queue.buffering.max.messages", "200000");
         Ok(config.create()?)
     }
 
@@ -71,11 +71,6 @@ impl Cluster {
             // A resumed tier partition is fetched in the broker's next fetch
             // request; a long-polling fetch would hold it up to this long.
             .set("fetch.wait.max.ms", "20")
-            // Bound the prefetch queue (librdkafka's defaults allow 100,000
-            // messages per partition and 64 MiB), so memory does not grow
-            // with the backlog.
-            .set("queued.min.messages", "2000")
-            .set("queued.max.messages.kbytes", "4096")
             .set("session.timeout.ms", "10000")
             .set("heartbeat.interval.ms", "1000");
         config
