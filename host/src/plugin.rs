@@ -6,7 +6,10 @@
 //! trap, spin, hoard memory, flood stdout — comes back as a `Verdict`, never as
 //! a host error.
 
+mod fit;
 mod output;
+
+pub use fit::Fit;
 
 use crate::config::Route;
 use crate::headers::Reason;
