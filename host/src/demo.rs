@@ -58,9 +58,12 @@ const DELAYED: (&str, &str, &str) = (
 /// How long the demo waits for every sample to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub async fn run(config: PathBuf, linger: bool) -> anyhow::Result<()> {
-    let (settings, _broker) =
+pub async fn run(config: PathBuf, linger: bool, handler: Option<PathBuf>) -> anyhow::Result<()> {
+    let (mut settings, _broker) =
         prepare(&config, None).with_context(|| format!("loading {}", config.display()))?;
+    if let (Some(handler), Some(route)) = (handler, settings.routes.first_mut()) {
+        route.handler = handler;
+    }
     let route = settings
         .routes
         .first()
