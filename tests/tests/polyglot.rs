@@ -212,3 +212,148 @@ async fn futures_join_all(runs: [impl Future<Output = Run> + Send + 'static; 4])
     }
     out
 }
+
+/// Payloads at the edges of "an order", through each handler directly
+/// (no broker): every build must give the Rust handler's verdict, and its
+/// exact reason unless the payload is not an order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn edge_case_payloads_get_the_rust_verdict_in_every_language() {
+    use hopper::config::{Route, TrapPolicy};
+    use hopper::plugin::{Delivery, Runtime, Verdict};
+
+    // (payload, attempt, config order-service).
+    let cases: &[(Option<&str>, u32, Option<&str>)] = &[
+        (Some(r#"{"order_id":"o-1","status":"closed"}"#), 1, None),
+        (Some(r#"{"order_id":"o-1","status":"cancelled"}"#), 1, None),
+        (
+            Some(r#" { "status" : "unpaid" , "order_id" : "o-1" } "#),
+            1,
+            None,
+        ),
+        (Some(r#"{"order_id":"o-1","status":"p\u0061id"}"#), 1, None),
+        (
+            Some(r#"{"order_id":"o-\u00e9\ud83d\ude00","status":"Paid"}"#),
+            1,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"pending","downstream":null}"#),
+            1,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"pending","downstream":"flaky"}"#),
+            2,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"pending","downstream":"flaky"}"#),
+            3,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"pending","downstream":"down"}"#),
+            9,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"unpaid","downstream":"down"}"#),
+            1,
+            Some("billing"),
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"pending","downstream":"elsewhere"}"#),
+            1,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"refunded","downstream":"down"}"#),
+            1,
+            None,
+        ),
+        (Some(r#"{"order_id":"o-1","status":""}"#), 1, None),
+        (
+            Some(
+                r#"{"order_id":"o-1","status":"paid","x":{"y":[1,2.5e3,-0,true,false,null,"z"]}}"#,
+            ),
+            1,
+            None,
+        ),
+        (Some(r#"{"order_id":"o-1"}"#), 1, None),
+        (Some(r#"{"status":"paid"}"#), 1, None),
+        (Some(r#"{"order_id":1,"status":"paid"}"#), 1, None),
+        (
+            Some(r#"{"order_id":"o-1","status":"paid","downstream":5}"#),
+            1,
+            None,
+        ),
+        (
+            Some(r#"{"order_id":"o-1","status":"paid"} trailing"#),
+            1,
+            None,
+        ),
+        (Some(r#"{"order_id":"o-1","status":"paid",}"#), 1, None),
+        (Some(r#"{"order_id":"o-1","status":"paid""#), 1, None),
+        (Some("[]"), 1, None),
+        (Some("\"paid\""), 1, None),
+        (Some("null"), 1, None),
+        (Some(""), 1, None),
+        (None, 1, None),
+    ];
+
+    let runtime = Runtime::new(256 << 20).unwrap();
+    let route = |service: Option<&str>| Route {
+        name: "edge".into(),
+        topics: vec!["edge.in".into()],
+        handler: "unused".into(),
+        retry_ladder: vec![Duration::from_secs(1)],
+        max_attempts: 3,
+        dlq: "edge.dlq".into(),
+        group: "edge".into(),
+        retry_topic_prefix: "edge.retry".into(),
+        on_trap: TrapPolicy::DeadLetter,
+        timeout: Duration::from_secs(5),
+        memory_bytes: 256 << 20,
+        config: service
+            .map(|s| BTreeMap::from([("order-service".to_string(), s.to_string())]))
+            .unwrap_or_default(),
+    };
+    let mut verdicts: Vec<Vec<Verdict>> = Vec::new();
+    for stem in HANDLERS {
+        // Compiled once per config: Python and JavaScript take seconds.
+        let plain = runtime.load(&plugin(stem), &route(None)).unwrap();
+        let billing = runtime
+            .load(&plugin(stem), &route(Some("billing")))
+            .unwrap();
+        let mut got = Vec::new();
+        for (payload, attempt, service) in cases {
+            let handler = if service.is_some() { &billing } else { &plain };
+            let verdict = handler
+                .call(Delivery {
+                    id: "edge-1".into(),
+                    topic: "edge.in".into(),
+                    partition: 0,
+                    offset: 0,
+                    key: None,
+                    payload: payload.map(|p| p.as_bytes().to_vec()),
+                    headers: Vec::new(),
+                    timestamp: None,
+                    attempt: *attempt,
+                    route: "edge".into(),
+                })
+                .await;
+            got.push(match verdict {
+                Verdict::Fatal { reason } if reason.starts_with(NOT_AN_ORDER) => Verdict::Fatal {
+                    reason: NOT_AN_ORDER.into(),
+                },
+                other => other,
+            });
+        }
+        verdicts.push(got);
+    }
+    for (stem, got) in HANDLERS.iter().zip(&verdicts).skip(1) {
+        for ((case, rust), other) in cases.iter().zip(&verdicts[0]).zip(got) {
+            assert_eq!(other, rust, "{stem} on {case:?}");
+        }
+    }
+}
