@@ -230,7 +230,7 @@ pub fn componentize_py() -> Result<PathBuf> {
         return Ok(tool);
     }
     step(&format!(
-        "installing componentize-py {COMPONENTIZE_PY} into {} (~30 s, done once)",
+        "installing componentize-py {COMPONENTIZE_PY} into {} (~15 s, done once)",
         venv.display()
     ));
     if !venv.join("bin/pip").is_file() {
@@ -294,7 +294,7 @@ pub fn c_tools() -> Result<CTools> {
     let wit_bindgen = root_dir.join("bin/wit-bindgen");
     if !version_of(&wit_bindgen, &["--version"]).is_some_and(|v| v.contains(WIT_BINDGEN)) {
         step(&format!(
-            "installing wit-bindgen-cli {WIT_BINDGEN} into {} (~3-5 min on 2 cores, done once)",
+            "installing wit-bindgen-cli {WIT_BINDGEN} into {} (10-17 min on 2 cores, done once)",
             root_dir.display()
         ));
         let mut install = crate::cargo();
