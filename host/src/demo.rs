@@ -78,9 +78,20 @@ enum Reload {
 /// How long the demo waits for every sample to settle.
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
-pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
+pub async fn run(
+    config: PathBuf,
+    linger: bool,
+    handler: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let (mut settings, _broker) = prepare(&config, None, cache_dir)
         .with_context(|| format!("loading {}", config.display()))?;
+    // The hot reload step swaps in order-timeout v2, so it only runs with
+    // the demo's own handler.
+    let custom_handler = handler.is_some();
+    if let (Some(handler), Some(route)) = (handler, settings.routes.first_mut()) {
+        route.handler = handler;
+    }
     // Serve a copy of the handler, so the hot reload below can replace it
     // without touching the built file.
     let live_dir = tempfile::tempdir()?;
@@ -169,7 +180,7 @@ pub async fn run(config: PathBuf, linger: bool, cache_dir: Option<PathBuf>) -> a
     // After the last order settles, keep printing DLQ records a moment longer.
     let mut tail: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
     let mut expected = ORDERS.len() + usize::from(delay.is_some());
-    let mut reload = if v2.is_file() {
+    let mut reload = if v2.is_file() && !custom_handler {
         Reload::Pending
     } else {
         Reload::Unavailable

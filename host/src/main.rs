@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 mod demo;
+mod scaffold;
 
 #[derive(Parser)]
 #[command(
@@ -51,6 +52,9 @@ enum Command {
         /// Keep running after the sample orders settle, until Ctrl-C.
         #[arg(long)]
         linger: bool,
+        /// Use this handler component instead of the config's `handler`.
+        #[arg(long)]
+        handler: Option<PathBuf>,
     },
     /// Sends a message to be delivered to a topic later, through the delay
     /// relay's inbox. The payload is read from stdin unless --payload is given.
@@ -90,8 +94,21 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
-    /// Says whether a file is a component that fits the handler world.
+    /// Says whether a file is a component that fits the handler world, and
+    /// lists what it imports and exports, and what is missing or extra.
     Check { file: PathBuf },
+    /// Creates a handler project with a copy of the WIT and a one-command
+    /// build (`./build.sh`).
+    New {
+        /// The language of the handler.
+        #[arg(long, value_enum)]
+        lang: scaffold::Lang,
+        /// The handler's name; the component is built as NAME.wasm.
+        name: String,
+        /// Where to create the project. Default: ./NAME.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+    },
 }
 
 #[tokio::main]
@@ -117,10 +134,17 @@ async fn main() -> ExitCode {
     };
     let result = match cli.command {
         Command::Run { config, brokers } => run(config, brokers, cache_dir).await,
-        Command::Demo { config, linger } => demo::run(config, linger, cache_dir).await,
+        Command::Demo {
+            config,
+            linger,
+            handler,
+        } => demo::run(config, linger, handler, cache_dir).await,
         Command::Plugin {
             command: PluginCommand::Check { file },
         } => plugin_check(file),
+        Command::Plugin {
+            command: PluginCommand::New { lang, name, dir },
+        } => plugin_new(lang, name, dir),
         Command::Send {
             topic,
             delay,
@@ -211,7 +235,25 @@ pub(crate) async fn ctrl_c() {
 
 fn plugin_check(file: PathBuf) -> anyhow::Result<()> {
     let runtime = hopper::plugin::Runtime::new(64 << 20)?;
-    println!("{}", runtime.check(&file)?);
+    let fit = runtime.fit(&file)?;
+    print!("{fit}");
+    if !fit.fits() {
+        anyhow::bail!("{} does not fit the handler world", file.display());
+    }
+    Ok(())
+}
+
+fn plugin_new(lang: scaffold::Lang, name: String, dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let dir = dir.unwrap_or_else(|| PathBuf::from(&name));
+    let written = scaffold::new(lang, &name, &dir)?;
+    for file in &written {
+        println!("  created {}", file.display());
+    }
+    println!(
+        "Build it with `{}/build.sh`, then `hopper plugin check {}/{name}.wasm`.",
+        dir.display(),
+        dir.display()
+    );
     Ok(())
 }
 

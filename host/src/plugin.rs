@@ -8,12 +8,15 @@
 
 mod cache;
 mod call;
+mod fit;
 mod instance;
 mod output;
 mod state;
 
 pub use cache::ArtifactCache;
 pub use call::Handler;
+
+pub use fit::Fit;
 
 use crate::config::Route;
 use crate::headers::Reason;

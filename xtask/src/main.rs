@@ -3,7 +3,9 @@
 //! - `demo`: builds the handlers and runs the demo on the embedded broker.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
-//! - `build-plugins`: builds every handler component into `plugins/dist/`.
+//! - `build-plugins`: builds every handler component into `plugins/dist/`:
+//!   the Rust ones with cargo, the Python, JavaScript and C ones with pinned
+//!   toolchains it installs on first use (see `polyglot.rs`).
 //! - `broker`: starts the test broker and prints its address, until Ctrl-C.
 
 use anyhow::{Context, Result, bail};
@@ -11,6 +13,8 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
 const PLUGINS: [&str; 3] = ["order-timeout", "scripted", "wrong-world"];
@@ -130,7 +134,7 @@ fn build_plugins() -> Result<()> {
             std::fs::metadata(&dest)?.len() / 1024
         );
     }
-    Ok(())
+    polyglot::build(&dist)
 }
 
 fn demo(rest: &[String]) -> Result<()> {
@@ -188,7 +192,25 @@ fn test(rest: &[String]) -> Result<()> {
 fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
-        .context("usage: cargo xtask bench delay lateness|memory [ARGS]")?;
+        .context("usage: cargo xtask bench delay lateness|memory [ARGS] | handlers [CALLS]")?;
+    if name == "handlers" {
+        // Calls the handlers in-process: no broker.
+        build_plugins()?;
+        let mut bench = cargo();
+        bench
+            .current_dir(root())
+            .args([
+                "run",
+                "--quiet",
+                "-p",
+                "hopper-tests",
+                "--bin",
+                "bench-handlers",
+                "--",
+            ])
+            .args(args);
+        return run(bench, "the handler benchmark");
+    }
     let nisshi = ensure_nisshi()?;
     build_plugins()?;
     let mut build = cargo();

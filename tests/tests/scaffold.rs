@@ -1,0 +1,119 @@
+//! `hopper plugin new` in every language: the project builds with its one
+//! command, and `hopper plugin check` accepts the result.
+//!
+//! The build scripts reuse the toolchains `cargo xtask build-plugins`
+//! installed (`HOPPER_TOOLS` points at them), and the Rust project builds in
+//! a target dir of its own that is kept between runs.
+
+use hopper_tests::hopper_bin;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest any one build or check may take. Componentizing JavaScript takes
+/// up to ~90 s on 2 busy cores; checking compiles 12-18 MB of Wasm.
+const LIMIT: Duration = Duration::from_secs(600);
+
+/// The cargo target dir this test binary was built in.
+fn target_dir() -> PathBuf {
+    hopper_bin()
+        .parent()
+        .and_then(Path::parent)
+        .expect("hopper lives in <target>/<profile>/")
+        .to_path_buf()
+}
+
+/// Runs `command` to the end, killing it after `LIMIT`.
+fn run_bounded(mut command: Command, what: &str) -> Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {what}: {e}"));
+    let started = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > LIMIT {
+            let _ = child.kill();
+            panic!("{what} ran past {LIMIT:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn scaffold_build_check(lang: &'static str, root: PathBuf) -> Result<String, String> {
+    let name = format!("hello-{lang}");
+    let dir = root.join(lang);
+    let mut new = Command::new(hopper_bin());
+    new.args(["plugin", "new", "--lang", lang, &name, "--dir"])
+        .arg(&dir);
+    let out = run_bounded(new, "hopper plugin new");
+    if !out.status.success() {
+        return Err(format!(
+            "{lang}: plugin new failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    for file in ["build.sh", "wit/handler.wit"] {
+        if !dir.join(file).is_file() {
+            return Err(format!("{lang}: the project has no {file}"));
+        }
+    }
+
+    let mut build = Command::new(dir.join("build.sh"));
+    build
+        .env("HOPPER_TOOLS", target_dir().join("tools"))
+        .env("CARGO_TARGET_DIR", target_dir().join("scaffold-rust"));
+    let out = run_bounded(build, &format!("{lang} build.sh"));
+    let wasm = dir.join(format!("{name}.wasm"));
+    if !out.status.success() || !wasm.is_file() {
+        return Err(format!(
+            "{lang}: build.sh failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+
+    let mut check = Command::new(hopper_bin());
+    check.args(["plugin", "check"]).arg(&wasm);
+    let out = run_bounded(check, "hopper plugin check");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() || !text.starts_with("ok: ") || text.contains("missing:") {
+        return Err(format!(
+            "{lang}: plugin check refused it:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    Ok(text)
+}
+
+#[test]
+fn plugin_new_builds_and_checks_in_rust_python_javascript_and_c() {
+    let root = tempfile::tempdir().unwrap();
+    // Side by side: each spends most of its time in one single-threaded tool.
+    let builds: Vec<_> = ["rust", "python", "js", "c"]
+        .into_iter()
+        .map(|lang| {
+            let root = root.path().to_path_buf();
+            std::thread::spawn(move || scaffold_build_check(lang, root))
+        })
+        .collect();
+    let results: Vec<_> = builds.into_iter().map(|b| b.join().unwrap()).collect();
+    let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn plugin_check_lists_what_is_missing_and_extra() {
+    let wrong = hopper_tests::plugin("wrong_world");
+    let out = Command::new(hopper_bin())
+        .args(["plugin", "check"])
+        .arg(&wrong)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!out.status.success(), "{text}");
+    assert!(text.starts_with("error: "), "{text}");
+    assert!(text.contains("missing: export `handle`"), "{text}");
+}
