@@ -109,7 +109,7 @@ fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
         stdout.contains("fits hopper:handler/handler@0.1.0"),
         "{stdout}"
     );
-    assert!(stdout.contains("exports [handle]"), "{stdout}");
+    assert!(stdout.contains("exports: handle"), "{stdout}");
 
     let wrong = plugin("wrong_world");
     let bad = hopper()
@@ -118,7 +118,12 @@ fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
         .output()
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&bad.stderr);
-    assert!(stderr.contains(&wrong.display().to_string()), "{stderr}");
-    assert!(stderr.contains("exports [greet]"), "{stderr}");
+    let both = format!(
+        "{}{}",
+        String::from_utf8_lossy(&bad.stdout),
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    assert!(both.contains(&wrong.display().to_string()), "{both}");
+    assert!(both.contains("exports: greet"), "{both}");
+    assert!(both.contains("missing: export `handle`"), "{both}");
 }

@@ -179,7 +179,7 @@ fn test(rest: &[String]) -> Result<()> {
     tests
         .current_dir(root())
         .env("HOPPER_TEST_BROKERS", &broker.address)
-        .args(["test", "--workspace"])
+        .args(["test", "--workspace", "--no-fail-fast"])
         .args(rest)
         .stdout(Stdio::piped());
     let result = run_counting(tests);
