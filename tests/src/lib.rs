@@ -154,17 +154,7 @@ impl TestRoute {
     }
 
     pub fn settings(&self) -> Settings {
-        let (config, routes) = Config::load(&self.config_path).unwrap();
-        let delay = config.delay_relay();
-        Settings {
-            cluster: Cluster {
-                brokers: brokers(),
-                kafka: config.kafka,
-            },
-            routes,
-            delay,
-            cache_dir: Some(cache_dir()),
-        }
+        load_settings(&self.config_path)
     }
 
     pub async fn start(&self) -> Hopper {
@@ -324,21 +314,27 @@ impl TestConfig {
     }
 
     pub fn settings(&self) -> Settings {
-        let (config, routes) = Config::load(&self.path).unwrap();
-        let delay = config.delay_relay();
-        Settings {
-            cluster: Cluster {
-                brokers: brokers(),
-                kafka: config.kafka,
-            },
-            routes,
-            delay,
-            cache_dir: Some(cache_dir()),
-        }
+        load_settings(&self.path)
     }
 
     pub async fn start(&self) -> Hopper {
         Hopper::start(self.settings()).await.expect("hopper starts")
+    }
+}
+
+/// Loads a test config the way `hopper run` does, against the test broker
+/// and the shared compiled-handler cache.
+fn load_settings(path: &Path) -> Settings {
+    let (config, routes) = Config::load(path).unwrap();
+    let delay = config.delay_relay();
+    Settings {
+        cluster: Cluster {
+            brokers: brokers(),
+            kafka: config.kafka,
+        },
+        routes,
+        delay,
+        cache_dir: Some(cache_dir()),
     }
 }
 
