@@ -233,16 +233,18 @@ pub fn componentize_py() -> Result<PathBuf> {
         "installing componentize-py {COMPONENTIZE_PY} into {} (~15 s, done once)",
         venv.display()
     ));
-    if !venv.join("bin/pip").is_file() {
-        let mut create = Command::new("python3");
-        create.args(["-m", "venv"]).arg(&venv);
-        run(
-            create,
-            "python3 -m venv (on Debian: apt-get install python3-venv)",
-        )?;
-    }
-    let mut pip = Command::new(venv.join("bin/pip"));
+    // Made anew each time: a venv moved or copied from elsewhere keeps
+    // scripts that point at its old path.
+    let mut create = Command::new("python3");
+    create.args(["-m", "venv", "--clear"]).arg(&venv);
+    run(
+        create,
+        "python3 -m venv (on Debian: apt-get install python3-venv)",
+    )?;
+    let mut pip = Command::new(venv.join("bin/python3"));
     pip.args([
+        "-m",
+        "pip",
         "install",
         "--quiet",
         "--disable-pip-version-check",
