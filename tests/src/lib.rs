@@ -212,9 +212,9 @@ pub async fn produce(
     (delivery.partition, delivery.offset)
 }
 
-/// Reads `count` records from `topic` from the beginning, failing after
-/// `timeout`.
-pub async fn consume(topic: &str, count: usize, timeout: Duration) -> Vec<OwnedMessage> {
+/// A consumer of `topic` from the beginning, in a group of its own, that
+/// commits nothing.
+pub fn reader(topic: &str) -> StreamConsumer {
     let consumer: StreamConsumer = client_config()
         .set("group.id", rand_name("reader"))
         .set("auto.offset.reset", "earliest")
@@ -222,6 +222,13 @@ pub async fn consume(topic: &str, count: usize, timeout: Duration) -> Vec<OwnedM
         .create()
         .unwrap();
     consumer.subscribe(&[topic]).unwrap();
+    consumer
+}
+
+/// Reads `count` records from `topic` from the beginning, failing after
+/// `timeout`.
+pub async fn consume(topic: &str, count: usize, timeout: Duration) -> Vec<OwnedMessage> {
+    let consumer = reader(topic);
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
     while out.len() < count {
@@ -244,13 +251,7 @@ pub async fn consume_until(
     timeout: Duration,
     mut found: impl FnMut(&OwnedMessage) -> bool,
 ) -> OwnedMessage {
-    let consumer: StreamConsumer = client_config()
-        .set("group.id", rand_name("reader"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.commit", "false")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[topic]).unwrap();
+    let consumer = reader(topic);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match tokio::time::timeout_at(deadline, consumer.recv()).await {
