@@ -49,13 +49,18 @@ impl Cluster {
 
     /// An idempotent, acks=all producer.
     pub fn producer(&self) -> anyhow::Result<FutureProducer> {
+        Ok(self.producer_config().create()?)
+    }
+
+    /// Settings of an idempotent, acks=all producer.
+    pub fn producer_config(&self) -> ClientConfig {
         let mut config = self.base();
         config
             .set("enable.idempotence", "true")
             .set("acks", "all")
             .set("linger.ms", "2")
             .set("queue.buffering.max.messages", "200000");
-        Ok(config.create()?)
+        config
     }
 
     /// Consumer settings for a group whose offsets hopper stores by hand.

@@ -16,6 +16,8 @@ pub struct OffsetTracker {
     next: Option<i64>,
     /// The position last reported by [`OffsetTracker::complete`].
     stored: Option<i64>,
+    /// That position, until [`OffsetTracker::take_unstored`] takes it.
+    unstored: Option<i64>,
 }
 
 impl OffsetTracker {
@@ -40,7 +42,13 @@ impl OffsetTracker {
             return None;
         }
         self.stored = Some(position);
+        self.unstored = Some(position);
         Some(position)
+    }
+
+    /// The committable position, if it moved since the last call.
+    pub fn take_unstored(&mut self) -> Option<i64> {
+        self.unstored.take()
     }
 
     /// Messages dispatched and not yet done.
@@ -64,6 +72,8 @@ mod tests {
         assert_eq!(t.complete(13), None, "11 is still pending");
         assert_eq!(t.complete(11), Some(14));
         assert_eq!(t.in_flight(), 0);
+        assert_eq!(t.take_unstored(), Some(14), "only the latest position");
+        assert_eq!(t.take_unstored(), None);
     }
 
     #[test]

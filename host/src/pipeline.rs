@@ -16,11 +16,12 @@ use crate::events::{Event, Telemetry};
 use crate::headers;
 use crate::hold::{Gate, Hold, TopicPartition};
 use crate::offsets::OffsetTracker;
+pub use crate::produce::Completion;
+use crate::produce::HopProducer;
 use crate::scheduler::{Scheduled, Scheduler};
 use rdkafka::consumer::{Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
@@ -34,6 +35,10 @@ use tokio_util::task::TaskTracker;
 
 /// Messages queued per partition worker before the poll loop waits.
 const WORKER_QUEUE: usize = 1024;
+/// How often done offsets are stored for the next commit. Commits run every
+/// second, so this adds nothing to commit latency, and it saves a call into
+/// librdkafka per message.
+const STORE_EVERY: Duration = Duration::from_millis(100);
 /// How long shutdown waits for in-flight hops to be acknowledged.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -75,7 +80,7 @@ pub struct PlannedHop {
     pub event: Option<Event>,
 }
 
-/// A record to produce, owned so it can be produced again after a failure.
+/// A record to produce.
 pub struct OutRecord {
     pub topic: String,
     pub key: Option<Vec<u8>>,
@@ -148,18 +153,19 @@ fn tpl_of(tp: &TopicPartition) -> TopicPartitionList {
 
 pub type PipelineConsumer = StreamConsumer<PipelineContext>;
 
-/// What the loop, the workers and the ack tasks of one pipeline share.
+/// What the loop, the workers and the producer of one pipeline share.
 pub struct Shared<P> {
     pub processor: P,
-    pub producer: FutureProducer,
+    pub producer: Arc<HopProducer>,
     pub consumer: Arc<PipelineConsumer>,
     pub telemetry: Telemetry,
-    /// Ack tasks still waiting for their produce; shutdown waits on it.
+    /// Hops not yet acknowledged; shutdown waits on it.
     pub acks: TaskTracker,
 }
 
 /// A partition's worker, as the loop sees it.
 struct Worker {
+    tp: TopicPartition,
     /// Dropping it ends the worker after its current message.
     tx: mpsc::Sender<OwnedMessage>,
     tracker: Arc<Mutex<OffsetTracker>>,
@@ -169,12 +175,64 @@ struct Worker {
     join: tokio::task::JoinHandle<()>,
 }
 
-/// Where a message's offset is reported done.
-#[derive(Clone)]
-pub struct Completion {
-    tp: TopicPartition,
-    offset: i64,
-    tracker: Arc<Mutex<OffsetTracker>>,
+/// The loop's partition workers, found by topic and partition without
+/// allocating a key per message.
+#[derive(Default)]
+struct Workers {
+    by_topic: HashMap<String, HashMap<i32, Worker>>,
+}
+
+impl Workers {
+    fn get(&self, topic: &str, partition: i32) -> Option<&Worker> {
+        self.by_topic.get(topic)?.get(&partition)
+    }
+
+    fn insert(&mut self, worker: Worker) -> &Worker {
+        let (topic, partition) = worker.tp.clone();
+        self.by_topic
+            .entry(topic)
+            .or_default()
+            .entry(partition)
+            .insert_entry(worker)
+            .into_mut()
+    }
+
+    fn remove(&mut self, tp: &TopicPartition) -> Option<Worker> {
+        self.by_topic.get_mut(&tp.0)?.remove(&tp.1)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&TopicPartition, &Arc<Mutex<OffsetTracker>>)> {
+        self.by_topic
+            .values()
+            .flat_map(|p| p.values())
+            .map(|w| (&w.tp, &w.tracker))
+    }
+
+    fn drain(&mut self) -> impl Iterator<Item = Worker> + '_ {
+        self.by_topic.drain().flat_map(|(_, p)| p.into_values())
+    }
+}
+
+/// Stores, in one call, the committable position of every partition whose
+/// position moved since the last store.
+fn store_positions<'a>(
+    consumer: &PipelineConsumer,
+    partitions: impl Iterator<Item = (&'a TopicPartition, &'a Arc<Mutex<OffsetTracker>>)>,
+    pipeline: &str,
+) {
+    let mut tpl = TopicPartitionList::new();
+    for (tp, tracker) in partitions {
+        if let Some(position) = tracker.lock().unwrap().take_unstored() {
+            let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(position));
+        }
+    }
+    if tpl.count() == 0 {
+        return;
+    }
+    if let Err(e) = consumer.store_offsets(&tpl) {
+        // Expected after a revoke: the partition's next owner redelivers.
+        tracing::debug!(pipeline, error = %e, "Offsets not stored.");
+    }
 }
 
 /// Runs the loop until `shutdown`, then drains: the current message of each
@@ -189,8 +247,10 @@ pub async fn run<P: Processor>(
     let name = shared.processor.name().to_string();
     let consumer = shared.consumer.clone();
     let mut hold = Hold::default();
-    let mut workers: HashMap<TopicPartition, Worker> = HashMap::new();
+    let mut workers = Workers::default();
     let scheduler = Scheduler::spawn(shared.clone(), shutdown.clone());
+    let mut store_tick = tokio::time::interval(STORE_EVERY);
+    store_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     loop {
         let wake = hold.next_due().map(|due| {
@@ -218,6 +278,7 @@ pub async fn run<P: Processor>(
                     }
                 }
             },
+            _ = store_tick.tick() => store_positions(&consumer, workers.iter(), &name),
             _ = async { match wake { Some(sleep) => sleep.await, None => std::future::pending().await } } => {
                 for tp in hold.take_due(now_ms()) {
                     if let Err(e) = consumer.resume(&tpl_of(&tp)) {
@@ -233,9 +294,9 @@ pub async fn run<P: Processor>(
                         continue;
                     }
                 };
-                let tp = (message.topic().to_string(), message.partition());
                 let offset = message.offset();
                 if let Some(due) = shared.processor.due_at(&message) {
+                    let tp = (message.topic().to_string(), message.partition());
                     match hold.gate(&tp, offset, due, now_ms()) {
                         Gate::Pass => {}
                         Gate::Discard => continue,
@@ -249,12 +310,17 @@ pub async fn run<P: Processor>(
                         }
                     }
                 }
-                let owned = message.detach();
-                let worker = workers
-                    .entry(tp.clone())
-                    .or_insert_with(|| spawn_worker(shared.clone(), tp.clone(), scheduler.clone()));
+                let (topic, partition) = (message.topic(), message.partition());
+                let worker = match workers.get(topic, partition) {
+                    Some(worker) => worker,
+                    None => {
+                        let tp = (topic.to_string(), partition);
+                        workers.insert(spawn_worker(shared.clone(), tp, scheduler.clone()))
+                    }
+                };
                 worker.tracker.lock().unwrap().begin(offset);
-                if worker.tx.send(owned).await.is_err() {
+                if worker.tx.send(message.detach()).await.is_err() {
+                    let tp = worker.tp.clone();
                     tracing::error!(pipeline = name, topic = tp.0, partition = tp.1, "Partition worker ended unexpectedly.");
                     workers.remove(&tp);
                 }
@@ -265,13 +331,20 @@ pub async fn run<P: Processor>(
     // Drain: stop taking new messages, let each worker finish its current
     // one, wait for in-flight hops, then commit what was stored.
     tracing::info!(pipeline = name, "Stopping.");
-    let mut joins = Vec::new();
-    for (_, worker) in workers.drain() {
+    let mut stopping = Vec::new();
+    for worker in workers.drain() {
         worker.cancelled.store(true, Ordering::SeqCst);
-        drop(worker.tx);
-        joins.push(worker.join);
+        let Worker {
+            tp,
+            tx,
+            tracker,
+            join,
+            ..
+        } = worker;
+        drop(tx);
+        stopping.push((tp, tracker, join));
     }
-    for join in joins {
+    for (_, _, join) in &mut stopping {
         let _ = join.await;
     }
     shared.acks.close();
@@ -284,6 +357,11 @@ pub async fn run<P: Processor>(
             "Some hops were not acknowledged before shutdown; they will be redelivered."
         );
     }
+    store_positions(
+        &consumer,
+        stopping.iter().map(|(tp, tracker, _)| (tp, tracker)),
+        &name,
+    );
     match consumer.commit_consumer_state(rdkafka::consumer::CommitMode::Sync) {
         Ok(()) | Err(KafkaError::ConsumerCommit(RDKafkaErrorCode::NoOffset)) => {}
         Err(e) => tracing::warn!(pipeline = name, error = %e, "Final commit failed."),
@@ -334,13 +412,13 @@ fn spawn_worker<P: Processor>(
     let cancelled = Arc::new(AtomicBool::new(false));
     let join = tokio::spawn(work(
         shared,
-        tp,
         rx,
         tracker.clone(),
         cancelled.clone(),
         scheduler,
     ));
     Worker {
+        tp,
         tx,
         tracker,
         cancelled,
@@ -351,7 +429,6 @@ fn spawn_worker<P: Processor>(
 /// One partition's worker: processes its messages one at a time, in order.
 async fn work<P: Processor>(
     shared: Arc<Shared<P>>,
-    tp: TopicPartition,
     mut rx: mpsc::Receiver<OwnedMessage>,
     tracker: Arc<Mutex<OffsetTracker>>,
     cancelled: Arc<AtomicBool>,
@@ -362,105 +439,17 @@ async fn work<P: Processor>(
             return;
         }
         let done = Completion {
-            tp: tp.clone(),
             offset: message.offset(),
             tracker: tracker.clone(),
         };
         match shared.processor.process(&message).await {
-            Action::Done => mark_done(&shared, &done),
-            Action::Hop(hop) => send_hop(&shared, hop, done).await,
+            Action::Done => done.complete(),
+            Action::Hop(hop) => shared.producer.send(hop.record, done, hop.event).await,
             Action::HopAt { at_ms, hop } => {
                 // The scheduler lives until shutdown; if it is gone, the
                 // offset simply stays uncommitted.
                 let _ = scheduler.send(Scheduled { at_ms, hop, done });
             }
         }
-    }
-}
-
-/// Enqueues a hop and spawns the task that waits for its acknowledgement.
-pub(crate) async fn send_hop<P: Processor>(
-    shared: &Arc<Shared<P>>,
-    hop: PlannedHop,
-    done: Completion,
-) {
-    let delivery = enqueue(&shared.producer, &hop.record).await;
-    let shared = shared.clone();
-    shared.acks.clone().spawn(async move {
-        acknowledge(&shared, delivery, &hop.record).await;
-        if let Some(event) = hop.event {
-            shared.telemetry.emit(event);
-        }
-        mark_done(&shared, &done);
-    });
-}
-
-fn mark_done<P: Processor>(shared: &Shared<P>, done: &Completion) {
-    let position = done.tracker.lock().unwrap().complete(done.offset);
-    if let Some(position) = position {
-        let mut tpl = TopicPartitionList::new();
-        if tpl
-            .add_partition_offset(&done.tp.0, done.tp.1, Offset::Offset(position))
-            .is_ok()
-            && let Err(e) = shared.consumer.store_offsets(&tpl)
-        {
-            // Expected after a revoke: the partition's next owner redelivers.
-            tracing::debug!(pipeline = shared.processor.name(), topic = done.tp.0, partition = done.tp.1, error = %e, "Offset not stored.");
-        }
-    }
-}
-
-type DeliveryFuture = rdkafka::producer::DeliveryFuture;
-
-/// Puts a record on the producer's queue, waiting while the queue is full.
-async fn enqueue(producer: &FutureProducer, record: &OutRecord) -> DeliveryFuture {
-    loop {
-        let mut r = FutureRecord::<[u8], [u8]>::to(&record.topic)
-            .headers(record.headers.clone())
-            .timestamp(record.timestamp);
-        if let Some(key) = &record.key {
-            r = r.key(key.as_slice());
-        }
-        if let Some(payload) = &record.payload {
-            r = r.payload(payload.as_slice());
-        }
-        match producer.send_result(r) {
-            Ok(delivery) => return delivery,
-            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err((e, _)) => {
-                tracing::warn!(topic = record.topic, error = %e, "Cannot enqueue hop; retrying.");
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
-        }
-    }
-}
-
-/// Waits until the record is acknowledged, producing it again after each
-/// failure: the source offset must not be stored before the hop is durable.
-async fn acknowledge<P: Processor>(
-    shared: &Shared<P>,
-    mut delivery: DeliveryFuture,
-    record: &OutRecord,
-) {
-    let mut backoff = Duration::from_millis(100);
-    loop {
-        match delivery.await {
-            Ok(Ok(_)) => return,
-            Ok(Err((e, _))) => {
-                tracing::warn!(pipeline = shared.processor.name(), topic = record.topic, error = %e, "Hop was not acknowledged; producing again.");
-            }
-            Err(_) => {
-                tracing::warn!(
-                    pipeline = shared.processor.name(),
-                    topic = record.topic,
-                    "Producer dropped a hop; producing again."
-                );
-            }
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(10));
-        delivery = enqueue(&shared.producer, record).await;
     }
 }

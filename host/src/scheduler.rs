@@ -7,7 +7,7 @@
 //! offset stays uncommitted until the forward is acknowledged, so a crash
 //! loses nothing held here: the message is read again from its tier.
 
-use crate::pipeline::{Completion, PlannedHop, Processor, Shared, now_ms, send_hop};
+use crate::pipeline::{Completion, PlannedHop, Processor, Shared, now_ms};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,7 +94,7 @@ async fn run<P: Processor>(
             _ = async { match wake { Some(s) => s.await, None => std::future::pending().await } } => {
                 for mut due in timeline.take_due(now_ms()) {
                     due.hop.record.timestamp = now_ms();
-                    send_hop(&shared, due.hop, due.done).await;
+                    shared.producer.send(due.hop.record, due.done, due.hop.event).await;
                 }
             }
             item = rx.recv() => match item {
