@@ -128,14 +128,29 @@ impl Telemetry {
 
     /// The counter `name{labels}`, registered on first use.
     pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Counter {
-        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        let key = format!("{name}{{{}}}", labels.join(","));
-        self.counters
-            .lock()
-            .unwrap()
-            .entry(key)
-            .or_default()
-            .clone()
+        thread_local! {
+            // The key is built here, and allocated only for a new counter.
+            static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
+        }
+        KEY.with_borrow_mut(|key| {
+            key.clear();
+            key.push_str(name);
+            key.push('{');
+            for (i, (k, v)) in labels.iter().enumerate() {
+                if i > 0 {
+                    key.push(',');
+                }
+                key.push_str(k);
+                key.push('=');
+                key.push_str(v);
+            }
+            key.push('}');
+            let mut counters = self.counters.lock().unwrap();
+            if let Some(counter) = counters.get(key.as_str()) {
+                return counter.clone();
+            }
+            counters.entry(key.clone()).or_default().clone()
+        })
     }
 
     /// True when someone listens to [`Telemetry::subscribe`]; hot paths

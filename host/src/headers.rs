@@ -336,57 +336,93 @@ pub fn next_hop_headers<H: Headers>(
     envelope: &Envelope,
     hop: &Hop<'_>,
 ) -> OwnedHeaders {
-    let mut out = OwnedHeaders::new();
+    let kept = original.map_or(0, |h| h.count());
+    let mut out = HeaderWriter::new(kept + 16);
     if let Some(original) = original {
         for header in original.iter() {
             if !header.key.starts_with(PREFIX) {
-                out = out.insert(Header {
-                    key: header.key,
-                    value: header.value,
-                });
+                out.raw(header.key, header.value);
             }
         }
     }
-    let mut ours: Vec<(&str, String)> = vec![
-        (ID, envelope.id.clone()),
-        (ATTEMPT, hop.attempts_made.to_string()),
-        (ROUTE, hop.route.to_string()),
-        (ORIGIN_TOPIC, envelope.origin.topic.clone()),
-        (ORIGIN_PARTITION, envelope.origin.partition.to_string()),
-        (ORIGIN_OFFSET, envelope.origin.offset.to_string()),
-    ];
+    out.text(ID, &envelope.id);
+    out.number(ATTEMPT, hop.attempts_made);
+    out.text(ROUTE, hop.route);
+    out.text(ORIGIN_TOPIC, &envelope.origin.topic);
+    out.number(ORIGIN_PARTITION, envelope.origin.partition);
+    out.number(ORIGIN_OFFSET, envelope.origin.offset);
     if let Some(ts) = envelope.origin.timestamp {
-        ours.push((ORIGIN_TIMESTAMP, ts.to_string()));
+        out.number(ORIGIN_TIMESTAMP, ts);
     }
     if let Some(failed_at) = hop.failed_at {
-        let first = envelope.first_failure_at.unwrap_or(failed_at);
-        ours.push((FIRST_FAILURE_AT, first.to_string()));
-        ours.push((LAST_FAILURE_AT, failed_at.to_string()));
+        out.number(
+            FIRST_FAILURE_AT,
+            envelope.first_failure_at.unwrap_or(failed_at),
+        );
+        out.number(LAST_FAILURE_AT, failed_at);
     }
     if let Some(error) = hop.error {
-        ours.push((LAST_ERROR, shorten(error, MAX_ERROR_BYTES)));
+        out.text(LAST_ERROR, &shorten(error, MAX_ERROR_BYTES));
     }
     if let Some(reason) = hop.reason {
-        ours.push((REASON, reason.as_str().to_string()));
+        out.text(REASON, reason.as_str());
     }
     if let Some((name, version)) = hop.handler {
-        ours.push((HANDLER, name.to_string()));
-        ours.push((HANDLER_VERSION, version.to_string()));
+        out.text(HANDLER, name);
+        out.text(HANDLER_VERSION, version);
     }
-    ours.push((
+    out.text(
         TRAIL,
-        push_trail(&envelope.trail, hop.trail_entry).join(","),
-    ));
+        &push_trail(&envelope.trail, hop.trail_entry).join(","),
+    );
     if let Some(due) = hop.due_at {
-        ours.push((DUE_AT, due.to_string()));
+        out.number(DUE_AT, due);
     }
-    for (key, value) in &ours {
-        out = out.insert(Header {
-            key,
-            value: Some(value.as_bytes()),
-        });
+    out.finish()
+}
+
+/// Builds a record's headers, formatting numbers without an allocation
+/// each.
+struct HeaderWriter {
+    // `OwnedHeaders::insert` takes and returns the headers; `None` only
+    // while an insert runs.
+    headers: Option<OwnedHeaders>,
+    scratch: String,
+}
+
+impl HeaderWriter {
+    fn new(capacity: usize) -> Self {
+        Self {
+            headers: Some(OwnedHeaders::new_with_capacity(capacity)),
+            scratch: String::with_capacity(24),
+        }
     }
-    out
+
+    fn raw(&mut self, key: &str, value: Option<&[u8]>) {
+        let headers = self
+            .headers
+            .take()
+            .expect("headers are put back after each insert");
+        self.headers = Some(headers.insert(Header { key, value }));
+    }
+
+    fn text(&mut self, key: &str, value: &str) {
+        self.raw(key, Some(value.as_bytes()));
+    }
+
+    fn number(&mut self, key: &str, value: impl std::fmt::Display) {
+        use std::fmt::Write as _;
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let _ = write!(scratch, "{value}");
+        self.text(key, &scratch);
+        self.scratch = scratch;
+    }
+
+    fn finish(self) -> OwnedHeaders {
+        self.headers
+            .expect("headers are put back after each insert")
+    }
 }
 
 /// `original`'s headers without those named in `drop`, in order, followed by
