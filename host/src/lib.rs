@@ -17,10 +17,17 @@ pub mod kafka;
 pub mod offsets;
 pub mod pipeline;
 pub mod plugin;
+pub mod produce;
 pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
+
+/// The memory allocator of hopper's binaries and benchmarks. A hop makes
+/// many small allocations on several threads (the partition workers, the
+/// producer's callback thread); glibc's malloc spends a third of the hop
+/// path growing and trimming its per-thread heaps (BENCHMARKS.md).
+pub use mimalloc::MiMalloc as Allocator;
 
 use anyhow::Context as _;
 use config::Route;
@@ -76,12 +83,21 @@ fn start_pipeline<P: pipeline::Processor>(
         .context("creating the consumer")?;
     let subscription: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&subscription).context("subscribing")?;
+    let consumer = Arc::new(consumer);
+    let acks = TaskTracker::new();
+    let producer = produce::HopProducer::new(
+        &cluster.producer_config(),
+        processor.name(),
+        telemetry.clone(),
+        acks.clone(),
+    )
+    .context("creating the producer")?;
     let shared = Arc::new(pipeline::Shared {
         processor,
-        producer: cluster.producer()?,
-        consumer: Arc::new(consumer),
+        producer,
+        consumer,
         telemetry: telemetry.clone(),
-        acks: TaskTracker::new(),
+        acks,
     });
     loops.spawn(pipeline::run(shared.clone(), rx, shutdown.clone()));
     Ok(shared)

@@ -13,6 +13,9 @@ use std::process::ExitCode;
 mod demo;
 mod scaffold;
 
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
+
 #[derive(Parser)]
 #[command(
     name = "hopper",
