@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 3] = ["order-timeout", "scripted", "wrong-world"];
+const PLUGINS: [&str; 4] = ["order-timeout", "noop", "scripted", "wrong-world"];
 const NISSHI_VERSION: &str = "0.8.1";
 
 fn main() -> Result<()> {
@@ -33,7 +33,7 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  bench NAME     run a benchmark: throughput, delay, handler, handlers (BENCHMARKS.md)"
             );
             if command == "help" {
                 Ok(())
@@ -192,8 +192,8 @@ fn test(rest: &[String]) -> Result<()> {
 fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
-        .context("usage: cargo xtask bench delay lateness|memory [ARGS] | handlers [CALLS]")?;
-    if name == "handlers" {
+        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS]")?;
+    if name == "handlers" || name == "handler" {
         // Calls the handlers in-process: no broker.
         build_plugins()?;
         let mut bench = cargo();
@@ -205,7 +205,7 @@ fn bench(rest: &[String]) -> Result<()> {
                 "-p",
                 "hopper-tests",
                 "--bin",
-                "bench-handlers",
+                &format!("bench-{name}"),
                 "--",
             ])
             .args(args);
@@ -223,6 +223,7 @@ fn bench(rest: &[String]) -> Result<()> {
     bench
         .current_dir(root())
         .env("HOPPER_TEST_BROKERS", &broker.address)
+        .env("HOPPER_BENCH_BROKER_PID", broker.child.id().to_string())
         .args([
             "run",
             "--quiet",

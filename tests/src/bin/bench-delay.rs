@@ -20,6 +20,10 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The allocator of the `hopper` binary, so both sides are measured alike.
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();

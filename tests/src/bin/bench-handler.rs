@@ -2,11 +2,11 @@
 //! latency. Needs no broker.
 //!
 //! ```sh
-//! cargo xtask build-plugins
-//! cargo run -p hopper-tests --bin bench-handler -- [ROUNDS] [CALLS] [SWAPS]
+//! cargo xtask bench handler [ROUNDS] [CALLS] [SWAPS]
 //! ```
 //!
-//! Call overhead: `Handler::call` of a no-op (scripted.wasm, payload `ok`),
+//! Call overhead: `Handler::call` of a no-op (noop.wasm, which returns `ok`
+//! and calls no import),
 //! ROUNDS rounds of CALLS calls per policy, the two policies alternating
 //! within each round so both see the same machine. Reload: SWAPS writes of
 //! a new version (compiled: content never seen) and SWAPS writes of a
@@ -22,6 +22,10 @@ use hopper_tests::{plugin, sha256_hex, with_custom_section, write_atomically};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The allocator of the `hopper` binary, so both sides are measured alike.
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
 
 fn main() {
     let args: Vec<usize> = std::env::args()
@@ -80,7 +84,7 @@ async fn timed_calls(handler: &Handler, calls: usize, out: &mut Vec<Duration>) {
 
 async fn call_overhead(rounds: usize, calls: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let routes = routes(dir.path(), &plugin("scripted"));
+    let routes = routes(dir.path(), &plugin("noop"));
     let runtime = Runtime::new(64 << 20).unwrap();
     let fresh = runtime.load(&routes[0].handler, &routes[0]).unwrap();
     let warm = runtime.load(&routes[1].handler, &routes[1]).unwrap();

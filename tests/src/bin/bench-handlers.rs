@@ -16,6 +16,10 @@ use hopper_tests::plugin;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
+/// The allocator of the `hopper` binary, so both sides are measured alike.
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
+
 const HANDLERS: [(&str, &str); 4] = [
     ("Rust", "order_timeout"),
     ("Python", "order_timeout_py"),

@@ -1,238 +1,602 @@
-//! Throughput: hopper against a bare Kafka relay, side by side in one run,
-//! on the broker in `HOPPER_TEST_BROKERS` (see `cargo xtask bench`).
+//! Throughput: hopper against a bare Kafka relay, side by side in one run.
 //!
 //! ```text
-//! bench-throughput relay [MESSAGES]   # bare relay vs hopper routes
-//! bench-throughput storm [MESSAGES]   # route A with and without route B failing
+//! bench-throughput [--mock] [--only NAME[,NAME...]] [--rounds ROUNDS] [MESSAGES]
 //! ```
 //!
-//! Every contender reads the same preloaded topic with its own consumer
-//! group, from the beginning, and is timed from its first message to its
-//! last one done (handled and offset stored, or relayed and acknowledged).
-//! `extra` route settings (such as the instance policy) come from the
-//! `HOPPER_BENCH_ROUTE` environment variable, one `key = value` per line.
+//! On the broker in `HOPPER_TEST_BROKERS` (see `cargo xtask bench`), or with
+//! `--mock` on librdkafka's in-process mock cluster, so that a broker in
+//! another process is out of the picture. `--only` runs some contenders:
+//! `bare`, `noop`, `fresh`, `json`, `sized`, `hop`, `storm`.
+//!
+//! Every contender reads a preloaded 2-partition topic with a consumer group
+//! of its own, from the beginning, and is timed from its first message read
+//! to its last one done: handled `ok`, or its produce acknowledged. The bare
+//! relay's producer has its producer id and the output topic's metadata
+//! before it reads (a new producer's first acknowledgement waits for both,
+//! up to a second on this broker); hopper's producer gets them while its
+//! consumer joins the group. The contenders run in ROUNDS rounds (default 3)
+//! in the same order; the summary gives each one's median, and ratios of
+//! medians.
+//!
+//! Besides the rate, each row gives the CPU time per message of this process
+//! (the relay or hopper, with librdkafka's threads) and, when
+//! `HOPPER_BENCH_BROKER_PID` names the broker's process, of the broker.
 
 use hopper::Hopper;
+use hopper::embedded::EmbeddedBroker;
 use hopper_tests::*;
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+
+/// The allocator of the `hopper` binary, so both sides are measured alike.
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
+
+/// Partitions of every topic in the benchmark.
+const PARTITIONS: i32 = 2;
+/// No contender may take longer than this.
+const TIME_LIMIT: Duration = Duration::from_secs(600);
+
+const CONTENDERS: [&str; 7] = ["bare", "noop", "fresh", "json", "sized", "hop", "storm"];
 
 #[tokio::main]
 async fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let messages: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(100_000);
-    match args.first().map(String::as_str) {
-        Some("relay") => relay_vs_hopper(messages).await,
-        Some("storm") => storm(messages).await,
-        _ => eprintln!("usage: bench-throughput relay|storm [MESSAGES]"),
+    let usage = || -> ! {
+        eprintln!(
+            "usage: bench-throughput [--mock] [--only {}] [--rounds N] [MESSAGES >= 1000]",
+            CONTENDERS.join(",")
+        );
+        std::process::exit(2)
+    };
+    let mut args = std::env::args().skip(1);
+    let (mut mock, mut only, mut messages, mut rounds) =
+        (false, None::<Vec<String>>, 200_000u64, 3usize);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--mock" => mock = true,
+            "--rounds" => match args.next().map(|r| r.parse()) {
+                Some(Ok(r)) if r >= 1 => rounds = r,
+                _ => usage(),
+            },
+            "--only" => {
+                let names: Vec<String> = args
+                    .next()
+                    .unwrap_or_else(|| usage())
+                    .split(',')
+                    .map(str::to_string)
+                    .collect();
+                if names.iter().any(|n| !CONTENDERS.contains(&n.as_str())) {
+                    usage();
+                }
+                only = Some(names);
+            }
+            n => match n.parse() {
+                Ok(n) if n >= 1_000 => messages = n,
+                _ => usage(),
+            },
+        }
+    }
+    let bench = Bench::new(mock, only);
+    println!(
+        "throughput on {}: {messages} messages per contender, {PARTITIONS} partitions, {rounds} rounds",
+        bench.label()
+    );
+    bench.relay_vs_hopper(messages, rounds).await;
+    if bench.runs("storm") {
+        bench.storm(messages, rounds).await;
     }
 }
 
-/// Fills a new 4-partition topic with `n` copies of `payload`.
-async fn preload(n: u64, payload: &str) -> String {
-    let topic = rand_name("bench-in");
-    create_topics(&[&topic]).await;
-    let producer: FutureProducer = client_config()
-        .set("linger.ms", "10")
-        .set("queue.buffering.max.messages", "500000")
-        .create()
-        .unwrap();
-    let mut acks = Vec::new();
-    for i in 0..n {
-        let key = (i % 1024).to_string();
-        loop {
-            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(payload)) {
-                Ok(ack) => {
-                    acks.push(ack);
-                    break;
+/// Where the benchmark runs, and how to read CPU time.
+struct Bench {
+    /// The in-process mock cluster, with `--mock`.
+    mock: Option<EmbeddedBroker>,
+    broker_pid: Option<String>,
+    only: Option<Vec<String>>,
+}
+
+/// One contender's figures.
+struct Figures {
+    rate: f64,
+    /// CPU µs per message in this process.
+    own_us: f64,
+    /// CPU µs per message in the broker's process.
+    broker_us: Option<f64>,
+}
+
+impl Figures {
+    fn row(&self, what: &str, base: Option<&Figures>) {
+        let ratio = base
+            .map(|b| format!(" = {:.2}x", self.rate / b.rate))
+            .unwrap_or_default();
+        let broker = self
+            .broker_us
+            .map(|b| format!(", broker {b:.1} µs/msg"))
+            .unwrap_or_default();
+        println!(
+            "{what}: {:.0} msg/s{ratio} (cpu: this process {:.1} µs/msg{broker})",
+            self.rate, self.own_us
+        );
+    }
+}
+
+/// CPU seconds used so far by process `pid` (user + system).
+fn cpu_seconds(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which is in parentheses and may
+    // hold spaces, start with the state (field 3); utime and stime are
+    // fields 14 and 15, in clock ticks of 1/100 s.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+/// Rate and CPU over a timed window.
+struct Meter {
+    started: Instant,
+    own: f64,
+    broker: Option<f64>,
+    broker_pid: Option<String>,
+}
+
+impl Meter {
+    fn start(bench: &Bench) -> Meter {
+        Meter {
+            started: Instant::now(),
+            own: cpu_seconds("self").unwrap_or(0.0),
+            broker: bench.broker_pid.as_deref().and_then(cpu_seconds),
+            broker_pid: bench.broker_pid.clone(),
+        }
+    }
+
+    fn finish(self, messages: u64) -> Figures {
+        let n = messages as f64;
+        let own = cpu_seconds("self").unwrap_or(0.0) - self.own;
+        let broker = match (
+            self.broker,
+            self.broker_pid.as_deref().and_then(cpu_seconds),
+        ) {
+            (Some(before), Some(after)) => Some((after - before) * 1e6 / n),
+            _ => None,
+        };
+        Figures {
+            rate: n / self.started.elapsed().as_secs_f64(),
+            own_us: own * 1e6 / n,
+            broker_us: broker,
+        }
+    }
+}
+
+impl Bench {
+    fn new(mock: bool, only: Option<Vec<String>>) -> Bench {
+        if !mock {
+            return Bench {
+                mock: None,
+                broker_pid: std::env::var("HOPPER_BENCH_BROKER_PID").ok(),
+                only,
+            };
+        }
+        let broker = EmbeddedBroker::start().expect("the mock cluster starts");
+        // SAFETY: set before any other thread reads the environment; the
+        // harness reads it once, on first use.
+        unsafe { std::env::set_var("HOPPER_TEST_BROKERS", broker.bootstrap_servers()) };
+        Bench {
+            mock: Some(broker),
+            broker_pid: None,
+            only,
+        }
+    }
+
+    fn runs(&self, contender: &str) -> bool {
+        self.only
+            .as_ref()
+            .is_none_or(|only| only.iter().any(|o| o == contender))
+    }
+
+    fn label(&self) -> String {
+        match &self.mock {
+            Some(m) => format!(
+                "librdkafka's mock cluster, in this process, at {}",
+                m.bootstrap_servers()
+            ),
+            None => format!("the broker at {}", brokers()),
+        }
+    }
+
+    async fn create(&self, topics: &[&str]) {
+        match &self.mock {
+            Some(mock) => {
+                let owned: Vec<String> = topics.iter().map(|t| t.to_string()).collect();
+                mock.create_topics(&owned, PARTITIONS).unwrap();
+            }
+            None => create_topics(topics).await,
+        }
+    }
+
+    /// Fills a new topic with `n` copies of `payload`, keys spread over 1024.
+    async fn preload(&self, n: u64, payload: &str) -> String {
+        let topic = rand_name("bench-in");
+        self.create(&[&topic]).await;
+        let producer: FutureProducer = client_config()
+            .set("linger.ms", "10")
+            .set("queue.buffering.max.messages", "500000")
+            .create()
+            .unwrap();
+        let mut acks = Vec::new();
+        for i in 0..n {
+            let key = (i % 1024).to_string();
+            loop {
+                match producer.send_result(FutureRecord::to(&topic).key(&key).payload(payload)) {
+                    Ok(ack) => {
+                        acks.push(ack);
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
                 }
-                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
             }
         }
-    }
-    for ack in acks {
-        ack.await.unwrap().map_err(|(e, _)| e).unwrap();
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
-    topic
-}
-
-/// The physical limit: consume, produce with hopper's guarantees
-/// (idempotent, acks=all), store the offset when the produce is
-/// acknowledged.
-async fn bare_relay(input: &str, n: u64) -> f64 {
-    let output = rand_name("bench-out");
-    create_topics(&[&output]).await;
-    let consumer: StreamConsumer = client_config()
-        .set("group.id", rand_name("bare"))
-        .set("auto.offset.reset", "earliest")
-        .set("enable.auto.offset.store", "false")
-        .set("fetch.wait.max.ms", "20")
-        .create()
-        .unwrap();
-    consumer.subscribe(&[input]).unwrap();
-    let producer: FutureProducer = client_config()
-        .set("enable.idempotence", "true")
-        .set("acks", "all")
-        .set("linger.ms", "2")
-        .create()
-        .unwrap();
-    let consumer = std::sync::Arc::new(consumer);
-    let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel::<()>();
-    let mut started = None;
-    let mut read = 0u64;
-    while read < n {
-        let m = consumer.recv().await.unwrap();
-        started.get_or_insert_with(Instant::now);
-        read += 1;
-        let mut record = FutureRecord::to(&output).payload(m.payload().unwrap_or_default());
-        if let Some(k) = m.key() {
-            record = record.key(k);
+        for ack in acks {
+            ack.await.unwrap().map_err(|(e, _)| e).unwrap();
         }
-        let ack = loop {
-            match producer.send_result(record) {
-                Ok(ack) => break ack,
-                Err((_, r)) => {
-                    record = r;
-                    tokio::time::sleep(Duration::from_millis(1)).await;
+        producer.flush(Duration::from_secs(30)).unwrap();
+        topic
+    }
+
+    /// The physical limit: consume, produce with hopper's guarantees
+    /// (idempotent, acks=all), store the offset when the produce is
+    /// acknowledged. `headers` go on every produced record.
+    async fn bare_relay(&self, input: &str, n: u64, headers: Option<&OwnedHeaders>) -> Figures {
+        let output = rand_name("bench-out");
+        self.create(&[&output]).await;
+        let consumer: StreamConsumer = client_config()
+            .set("group.id", rand_name("bare"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.offset.store", "false")
+            .set("fetch.wait.max.ms", "20")
+            .create()
+            .unwrap();
+        consumer.subscribe(&[input]).unwrap();
+        let producer: FutureProducer = client_config()
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("linger.ms", "2")
+            .create()
+            .unwrap();
+        // The producer id and the topic's metadata, before the clock runs.
+        producer
+            .send(
+                FutureRecord::<str, str>::to(&output).payload("warm-up"),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .expect("the bare relay's producer warms up");
+        let consumer = Arc::new(consumer);
+        let (read, done) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let relay = {
+            let (consumer, read, done, headers) = (
+                consumer.clone(),
+                read.clone(),
+                done.clone(),
+                headers.cloned(),
+            );
+            // The task ends when every message is read; acknowledgements
+            // come later, and the producer outside it keeps them coming.
+            let producer = producer.clone();
+            tokio::spawn(async move {
+                for _ in 0..n {
+                    let m = consumer.recv().await.unwrap();
+                    read.fetch_add(1, Ordering::Relaxed);
+                    let mut record =
+                        FutureRecord::to(&output).payload(m.payload().unwrap_or_default());
+                    if let Some(k) = m.key() {
+                        record = record.key(k);
+                    }
+                    if let Some(h) = &headers {
+                        record = record.headers(h.clone());
+                    }
+                    let ack = loop {
+                        match producer.send_result(record) {
+                            Ok(ack) => break ack,
+                            Err((_, r)) => {
+                                record = r;
+                                tokio::time::sleep(Duration::from_millis(1)).await;
+                            }
+                        }
+                    };
+                    let (topic, partition, offset) =
+                        (m.topic().to_string(), m.partition(), m.offset());
+                    let (consumer, done) = (consumer.clone(), done.clone());
+                    tokio::spawn(async move {
+                        ack.await.unwrap().map_err(|(e, _)| e).unwrap();
+                        let mut tpl = TopicPartitionList::new();
+                        tpl.add_partition_offset(&topic, partition, Offset::Offset(offset + 1))
+                            .unwrap();
+                        let _ = consumer.store_offsets(&tpl);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    });
                 }
+            })
+        };
+        let figures = self
+            .time(
+                n,
+                "the bare relay",
+                || read.load(Ordering::Relaxed),
+                || done.load(Ordering::Relaxed),
+            )
+            .await;
+        relay.await.unwrap();
+        drop(producer);
+        figures
+    }
+
+    /// Times from the first message `begun()` counts to the `n`th that
+    /// `done()` counts.
+    async fn time(
+        &self,
+        n: u64,
+        who: &str,
+        begun: impl Fn() -> u64,
+        done: impl Fn() -> u64,
+    ) -> Figures {
+        let deadline = Instant::now() + TIME_LIMIT;
+        let wait_for = |target: u64, count: &dyn Fn() -> u64| {
+            let now = count();
+            assert!(
+                Instant::now() < deadline,
+                "{who} is stuck at {now} of {target} messages"
+            );
+            now >= target
+        };
+        while !wait_for(1, &begun) {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
+        let meter = Meter::start(self);
+        while !wait_for(n, &done) {
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        meter.finish(n)
+    }
+
+    /// Starts hopper with `routes` (TOML route tables), creating its topics
+    /// first on the mock cluster.
+    async fn start(&self, routes: &str) -> Hopper {
+        let config = TestConfig::new(routes);
+        let settings = config.settings();
+        if self.mock.is_some() {
+            let topics = settings.all_topics();
+            let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+            self.create(&topics).await;
+        }
+        Hopper::start(settings).await.expect("hopper starts")
+    }
+
+    /// Hopper with one route over `input`.
+    async fn hopper_route(&self, input: &str, handler: &str, extra: &str, n: u64) -> Figures {
+        let name = rand_name("bench");
+        let hopper = self
+            .start(&format!(
+                "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\n{extra}\n",
+                plugin(handler).display()
+            ))
+            .await;
+        let figures = self
+            .time(
+                n,
+                &format!("route {name}"),
+                || handled(&hopper, &name),
+                || done(&hopper, &name),
+            )
+            .await;
+        hopper.stop().await;
+        figures
+    }
+
+    async fn relay_vs_hopper(&self, n: u64, rounds: usize) {
+        let ok = self.preload(n, "ok").await;
+        let json = if self.runs("json") {
+            self.preload(n, r#"{"order_id":"o-1","status":"paid"}"#)
+                .await
+        } else {
+            String::new()
+        };
+        let fatal = if self.runs("hop") || self.runs("sized") {
+            self.preload(n, "fatal").await
+        } else {
+            String::new()
+        };
+        let mut results: Vec<(&str, Vec<Figures>)> = Vec::new();
+        let mut record = |name: &'static str, figures: Figures| {
+            figures.row(name, None);
+            match results.iter_mut().find(|(n, _)| *n == name) {
+                Some((_, all)) => all.push(figures),
+                None => results.push((name, vec![figures])),
             }
         };
-        let (topic, partition, offset) = (m.topic().to_string(), m.partition(), m.offset());
-        let (consumer, done_tx) = (consumer.clone(), done_tx.clone());
-        tokio::spawn(async move {
-            ack.await.unwrap().map_err(|(e, _)| e).unwrap();
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(&topic, partition, Offset::Offset(offset + 1))
-                .unwrap();
-            let _ = consumer.store_offsets(&tpl);
-            let _ = done_tx.send(());
-        });
-    }
-    for _ in 0..n {
-        done_rx.recv().await.unwrap();
-    }
-    n as f64 / started.unwrap().elapsed().as_secs_f64()
-}
+        const BARE: &str = "bare relay (consume -> produce, acks=all)";
+        const NOOP: &str = "hopper, no-op handler, warm (ok: consume -> handler -> commit)";
+        const FRESH: &str = "hopper, no-op handler, fresh instance per message";
+        const JSON: &str = "hopper, order-timeout handler (parses JSON, decides ok), warm";
+        const SIZED: &str = "bare relay producing hopper's dead-letter headers (15 headers)";
+        const HOP: &str = "hopper, handler says fatal (consume -> handler -> produce to the DLQ)";
+        let mut dlq_headers = None;
+        for round in 1..=rounds {
+            println!("-- round {round}");
+            record(BARE, self.bare_relay(&ok, n, None).await);
+            if self.runs("noop") {
+                record(NOOP, self.hopper_route(&ok, "noop", "", n).await);
+            }
+            if self.runs("fresh") {
+                let fresh = self
+                    .hopper_route(&ok, "noop", "instance = \"fresh\"", n)
+                    .await;
+                record(FRESH, fresh);
+            }
+            if self.runs("json") {
+                record(JSON, self.hopper_route(&json, "order_timeout", "", n).await);
+            }
+            if self.runs("hop") || self.runs("sized") {
+                let (hop, headers) = self.hopper_hop(&fatal, n).await;
+                let headers = dlq_headers.get_or_insert(headers);
+                record(SIZED, self.bare_relay(&ok, n, Some(headers)).await);
+                record(HOP, hop);
+            }
+        }
 
-/// Hopper with one route over `input`; returns messages per second.
-async fn hopper_route(input: &str, handler: &str, extra: &str, n: u64) -> f64 {
-    let name = rand_name("bench");
-    let config = TestConfig::new(&format!(
-        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\n{extra}\n",
-        plugin(handler).display()
-    ));
-    let hopper = config.start().await;
-    let rate = measure(&hopper, &name, n).await;
-    hopper.stop().await;
-    rate
-}
-
-/// Waits for `n` handled messages of `route`, timing first to last.
-async fn measure(hopper: &Hopper, route: &str, n: u64) -> f64 {
-    let handled = |h: &Hopper| -> u64 {
-        h.telemetry()
-            .counters()
-            .iter()
-            .filter(|(k, _)| {
-                k.starts_with("hopper_handled_total{") && k.contains(&format!("route={route},"))
-            })
-            .map(|(_, v)| *v)
-            .sum()
-    };
-    let deadline = Instant::now() + Duration::from_secs(600);
-    while handled(hopper) == 0 {
-        assert!(Instant::now() < deadline, "route {route} handled nothing");
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        let median = |name: &str| -> Option<f64> {
+            let (_, all) = results.iter().find(|(n, _)| *n == name)?;
+            let mut rates: Vec<f64> = all.iter().map(|f| f.rate).collect();
+            rates.sort_by(f64::total_cmp);
+            Some(rates[rates.len() / 2])
+        };
+        let cpu = |name: &str| -> String {
+            let Some((_, all)) = results.iter().find(|(n, _)| *n == name) else {
+                return String::new();
+            };
+            let mut own: Vec<f64> = all.iter().map(|f| f.own_us).collect();
+            own.sort_by(f64::total_cmp);
+            let mut broker: Vec<f64> = all.iter().filter_map(|f| f.broker_us).collect();
+            broker.sort_by(f64::total_cmp);
+            match broker.get(broker.len() / 2) {
+                Some(b) => format!(
+                    " (cpu µs/msg: {:.1} here, {b:.1} broker)",
+                    own[own.len() / 2]
+                ),
+                None => format!(" (cpu µs/msg: {:.1})", own[own.len() / 2]),
+            }
+        };
+        println!("-- medians of {rounds} rounds");
+        let bare = median(BARE).expect("the bare relay ran");
+        println!("{BARE}: {bare:.0} msg/s{}", cpu(BARE));
+        for name in [NOOP, FRESH, JSON, SIZED, HOP] {
+            if let Some(rate) = median(name) {
+                println!("{name}: {rate:.0} msg/s = {:.2}x{}", rate / bare, cpu(name));
+            }
+        }
+        if let (Some(hop), Some(sized)) = (median(HOP), median(SIZED)) {
+            println!(
+                "hopper's dead-lettering against the bare relay producing the same headers: {:.2}x",
+                hop / sized
+            );
+        }
     }
-    let started = Instant::now();
-    let first = handled(hopper);
-    while handled(hopper) < n {
-        assert!(
-            Instant::now() < deadline,
-            "route {route} is stuck at {}",
-            handled(hopper)
+
+    /// Hopper with every message dead-lettered: the hop path, like for like
+    /// with the bare relay. Returns the figures and the headers of one
+    /// dead-letter record, for a bare relay that produces records of the
+    /// same size.
+    async fn hopper_hop(&self, input: &str, n: u64) -> (Figures, OwnedHeaders) {
+        let name = rand_name("bench");
+        let hopper = self
+            .start(&format!(
+                "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\n",
+                plugin("scripted").display()
+            ))
+            .await;
+        let figures = self
+            .time(
+                n,
+                &format!("route {name}"),
+                || handled(&hopper, &name),
+                || done(&hopper, &name),
+            )
+            .await;
+        hopper.stop().await;
+        let record = consume(&format!("{name}.dlq"), 1, Duration::from_secs(30))
+            .await
+            .remove(0);
+        let headers = record.headers().expect("a DLQ record has headers").clone();
+        (figures, headers)
+    }
+
+    async fn storm(&self, n: u64, rounds: usize) {
+        println!(
+            "retry storm: route A handles {n} ok messages, alone and beside route B failing 100% retryable"
         );
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let a_input = self.preload(n, "ok").await;
+        let b_input = self.preload(n, "retry").await;
+        let scripted = plugin("scripted");
+        let noop = plugin("noop");
+        let mut ratios = Vec::new();
+        for round in 1..=rounds {
+            println!("-- round {round}");
+            let a = rand_name("bench-a");
+            let alone = self.hopper_route(&a_input, "noop", "", n).await;
+            alone.row("route A alone", None);
+
+            let b = rand_name("bench-b");
+            let hopper = self
+                .start(&format!(
+                    "[[route]]\nname = \"{a}\"\ntopics = [\"{a_input}\"]\nhandler = \"{}\"\n\n[[route]]\nname = \"{b}\"\ntopics = [\"{b_input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 1000\n",
+                    noop.display(),
+                    scripted.display()
+                ))
+                .await;
+            let beside = self
+                .time(
+                    n,
+                    &format!("route {a}"),
+                    || handled(&hopper, &a),
+                    || done(&hopper, &a),
+                )
+                .await;
+            let storm = handled(&hopper, &b);
+            hopper.stop().await;
+            beside.row(
+                &format!("route A beside route B's storm (B failed {storm} deliveries so far)"),
+                Some(&alone),
+            );
+            ratios.push(beside.rate / alone.rate);
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "-- route A beside the storm against route A alone, median of {rounds} rounds: {:.2}x",
+            ratios[ratios.len() / 2]
+        );
     }
-    (n - first) as f64 / started.elapsed().as_secs_f64()
 }
 
-fn route_extra() -> String {
-    std::env::var("HOPPER_BENCH_ROUTE").unwrap_or_default()
-}
-
-async fn relay_vs_hopper(n: u64) {
-    println!("throughput: {n} messages per contender, 4 partitions");
-    let ok = preload(n, "ok").await;
-    let json = preload(n, r#"{"order_id":"o-1","status":"paid"}"#).await;
-    // The bare relay runs before and after hopper, so neither side gets the
-    // broker's warm-up alone; the ratio uses the better of its two runs.
-    let before = bare_relay(&ok, n).await;
-    println!("bare relay (consume -> produce, acks=all), first run: {before:.0} msg/s");
-    let extra = route_extra();
-    let noop = hopper_route(&ok, "scripted", &extra, n).await;
-    let after = bare_relay(&ok, n).await;
-    println!("bare relay, second run: {after:.0} msg/s");
-    let bare = before.max(after);
-    println!(
-        "hopper, no-op handler ({}): {noop:.0} msg/s = {:.2}x",
-        if extra.is_empty() {
-            "default policy".into()
-        } else {
-            extra.replace('\n', "; ")
-        },
-        noop / bare
-    );
-    // Like for like with the bare relay: every message is produced onward
-    // (to the route's dead-letter topic, acks=all) before its offset is stored.
-    let fatal = preload(n, "fatal").await;
-    let hop = hopper_route(&fatal, "scripted", &extra, n).await;
-    println!(
-        "hopper, handler says fatal (consume -> handler -> produce to DLQ): {hop:.0} msg/s = {:.2}x",
-        hop / bare
-    );
-    let realistic = hopper_route(&json, "order_timeout", &extra, n).await;
-    println!(
-        "hopper, order-timeout handler (parses JSON): {realistic:.0} msg/s = {:.2}x",
-        realistic / bare
-    );
-}
-
-async fn storm(n: u64) {
-    println!(
-        "retry storm: route A handles {n} messages, alone and beside route B failing 100% retryable"
-    );
-    let a_input = preload(n, "ok").await;
-    let b_input = preload(n, "retry").await;
-    let alone = hopper_route(&a_input, "scripted", &route_extra(), n).await;
-    println!("route A alone: {alone:.0} msg/s");
-
-    let (a, b) = (rand_name("bench-a"), rand_name("bench-b"));
-    let scripted = plugin("scripted");
-    let config = TestConfig::new(&format!(
-        "[[route]]\nname = \"{a}\"\ntopics = [\"{a_input}\"]\nhandler = \"{}\"\n{}\n\n[[route]]\nname = \"{b}\"\ntopics = [\"{b_input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 1000\n",
-        scripted.display(),
-        route_extra(),
-        scripted.display()
-    ));
-    let hopper = config.start().await;
-    let beside = measure(&hopper, &a, n).await;
-    let storm_handled: u64 = hopper
+/// Sum of the counters of `route` whose name starts with one of `names`.
+fn route_counters(hopper: &Hopper, route: &str, names: &[&str]) -> u64 {
+    let label = format!("route={route}");
+    hopper
         .telemetry()
         .counters()
         .iter()
         .filter(|(k, _)| {
-            k.contains(&format!("route={b},")) && k.starts_with("hopper_handled_total{")
+            names.iter().any(|n| k.starts_with(n))
+                && k.split(['{', ',', '}']).any(|part| part == label)
         })
         .map(|(_, v)| *v)
-        .sum();
-    hopper.stop().await;
-    println!(
-        "route A beside the storm: {beside:.0} msg/s = {:.2}x (route B failed {storm_handled} deliveries meanwhile)",
-        beside / alone
-    );
+        .sum()
+}
+
+/// Messages `route` has handled so far, any verdict.
+fn handled(hopper: &Hopper, route: &str) -> u64 {
+    route_counters(hopper, route, &["hopper_handled_total{"])
+}
+
+/// Messages of `route` that are done: handled `ok`, or hopped and
+/// acknowledged.
+fn done(hopper: &Hopper, route: &str) -> u64 {
+    let ok = hopper
+        .telemetry()
+        .counters()
+        .get(&format!("hopper_handled_total{{route={route},verdict=ok}}"))
+        .copied()
+        .unwrap_or(0);
+    ok + route_counters(
+        hopper,
+        route,
+        &["hopper_dead_lettered_total{", "hopper_retries_total{"],
+    )
 }
