@@ -116,6 +116,7 @@ enum PluginCommand {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    hopper::tune_allocator();
     let cli = Cli::parse();
     // The demo prints its own live view; by default it shows only what the
     // handler logs, and problems.

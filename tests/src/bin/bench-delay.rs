@@ -26,6 +26,7 @@ static ALLOCATOR: hopper::Allocator = hopper::Allocator;
 
 #[tokio::main]
 async fn main() {
+    hopper::tune_allocator();
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("lateness") => {

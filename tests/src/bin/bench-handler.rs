@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 static ALLOCATOR: hopper::Allocator = hopper::Allocator;
 
 fn main() {
+    hopper::tune_allocator();
     let args: Vec<usize> = std::env::args()
         .skip(1)
         .map(|a| a.parse().expect("arguments are numbers"))

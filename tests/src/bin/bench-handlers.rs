@@ -33,6 +33,7 @@ const WARM_UP: usize = 20;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    hopper::tune_allocator();
     let calls: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())

@@ -48,6 +48,7 @@ const CONTENDERS: [&str; 7] = ["bare", "noop", "fresh", "json", "sized", "hop", 
 
 #[tokio::main]
 async fn main() {
+    hopper::tune_allocator();
     let usage = || -> ! {
         eprintln!(
             "usage: bench-throughput [--mock] [--only {}] [--rounds N] [MESSAGES >= 1000]",
