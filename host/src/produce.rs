@@ -3,9 +3,9 @@
 //!
 //! A pipeline's producer reports each delivery through librdkafka's delivery
 //! callback, on the producer's own polling thread: the callback marks the
-//! source offset done and reports the hop's event there and then. No task, future
-//! or channel is made per hop; the record is handed to librdkafka once, with
-//! its headers moved, not copied.
+//! source offset done and reports the hop's event there and then. No task,
+//! future or channel is made per hop; the record is handed to librdkafka
+//! once, with its headers moved, not copied.
 //!
 //! A hop that fails to be acknowledged is produced again, with backoff, from
 //! the copy librdkafka hands back in the failed delivery report, so hopper

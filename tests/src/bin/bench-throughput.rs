@@ -15,7 +15,7 @@
 //! relay's producer has its producer id and the output topic's metadata
 //! before it reads (a new producer's first acknowledgement waits for both,
 //! up to a second on this broker); hopper's producer gets them while its
-//! consumer joins the group. The contenders run in ROUNDS rounds (default 3)
+//! consumer joins the group. The contenders run in ROUNDS rounds (default 5)
 //! in the same order; the summary gives each one's median, and ratios of
 //! medians.
 //!
@@ -58,7 +58,7 @@ async fn main() {
     };
     let mut args = std::env::args().skip(1);
     let (mut mock, mut only, mut messages, mut rounds) =
-        (false, None::<Vec<String>>, 200_000u64, 3usize);
+        (false, None::<Vec<String>>, 200_000u64, 5usize);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--mock" => mock = true,
