@@ -18,7 +18,7 @@ use crate::pipeline::OutRecord;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
-use rdkafka::producer::{BaseRecord, ProducerContext, ThreadedProducer};
+use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -130,6 +130,22 @@ impl HopProducer {
         });
         tokio::spawn(produce_again(Arc::downgrade(&producer), redos));
         Ok(producer)
+    }
+
+    /// Fetches the metadata of `topics`, the topics this producer will
+    /// produce to, so the first hop to each does not wait for it. Blocks up
+    /// to 5 s per topic; a topic that does not answer is looked up again on
+    /// its first hop.
+    pub fn warm_up(&self, topics: &[String]) {
+        for topic in topics {
+            if let Err(e) = self
+                .producer
+                .client()
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+            {
+                tracing::debug!(topic, error = %e, "Metadata not fetched ahead of the first hop.");
+            }
+        }
     }
 
     /// Enqueues `record`; once it is acknowledged, `event` is emitted and

@@ -389,6 +389,17 @@ impl Bench {
 
     /// Hopper with one route over `input`.
     async fn hopper_route(&self, input: &str, handler: &str, extra: &str, n: u64) -> Figures {
+        self.hopper_named_route(input, handler, extra, n).await.0
+    }
+
+    /// The same, also returning the route's name.
+    async fn hopper_named_route(
+        &self,
+        input: &str,
+        handler: &str,
+        extra: &str,
+        n: u64,
+    ) -> (Figures, String) {
         let name = rand_name("bench");
         let hopper = self
             .start(&format!(
@@ -405,7 +416,7 @@ impl Bench {
             )
             .await;
         hopper.stop().await;
-        figures
+        (figures, name)
     }
 
     async fn relay_vs_hopper(&self, n: u64, rounds: usize) {
@@ -502,22 +513,7 @@ impl Bench {
     /// dead-letter record, for a bare relay that produces records of the
     /// same size.
     async fn hopper_hop(&self, input: &str, n: u64) -> (Figures, OwnedHeaders) {
-        let name = rand_name("bench");
-        let hopper = self
-            .start(&format!(
-                "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\n",
-                plugin("scripted").display()
-            ))
-            .await;
-        let figures = self
-            .time(
-                n,
-                &format!("route {name}"),
-                || handled(&hopper, &name),
-                || done(&hopper, &name),
-            )
-            .await;
-        hopper.stop().await;
+        let (figures, name) = self.hopper_named_route(input, "scripted", "", n).await;
         let record = consume(&format!("{name}.dlq"), 1, Duration::from_secs(30))
             .await
             .remove(0);
