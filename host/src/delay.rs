@@ -281,6 +281,12 @@ impl Processor for DelayProcessor {
         "delay"
     }
 
+    fn hop_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = self.topic_of.values().cloned().collect();
+        topics.push(self.relay.dlq.clone());
+        topics
+    }
+
     fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64> {
         let wait = self.tier_of.get(message.topic())?;
         Some(crate::pipeline::due_at(message, *wait))

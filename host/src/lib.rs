@@ -80,7 +80,6 @@ fn start_pipeline<P: pipeline::Processor>(
     cluster: &Cluster,
     group: &str,
     topics: &[String],
-    hop_topics: &[String],
     processor: P,
     telemetry: &Telemetry,
     shutdown: &CancellationToken,
@@ -105,7 +104,7 @@ fn start_pipeline<P: pipeline::Processor>(
         acks.clone(),
     )
     .context("creating the producer")?;
-    producer.warm_up(hop_topics);
+    producer.warm_up(&processor.hop_topics());
     let shared = Arc::new(pipeline::Shared {
         processor,
         producer,
@@ -189,13 +188,10 @@ impl Hopper {
             });
             let mut subscription: Vec<String> = route.topics.clone();
             subscription.extend(processor.tiers.keys().cloned());
-            let mut hop_topics: Vec<String> = processor.tiers.keys().cloned().collect();
-            hop_topics.push(route.dlq.clone());
             let shared = start_pipeline(
                 &settings.cluster,
                 &route.group,
                 &subscription,
-                &hop_topics,
                 processor,
                 &telemetry,
                 &shutdown,
@@ -221,13 +217,10 @@ impl Hopper {
                 delay::DelayProcessor::new(Arc::new(relay.clone()), metadata, telemetry.clone());
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
-            let mut hop_topics: Vec<String> = relay.tiers.iter().map(|(_, t)| t.clone()).collect();
-            hop_topics.push(relay.dlq.clone());
             start_pipeline(
                 &settings.cluster,
                 &relay.group,
                 &subscription,
-                &hop_topics,
                 processor,
                 &telemetry,
                 &shutdown,

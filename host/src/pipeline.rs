@@ -55,6 +55,10 @@ pub trait Processor: Send + Sync + 'static {
     /// A short name for logs: the route name, or `delay`.
     fn name(&self) -> &str;
 
+    /// The topics its hops go to, known in advance (a delayed message's
+    /// target is not).
+    fn hop_topics(&self) -> Vec<String>;
+
     /// When a message read from a tier topic is due, or `None` when its
     /// topic is not a tier (it is processed at once).
     fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64>;

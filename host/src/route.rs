@@ -70,6 +70,12 @@ impl Processor for RouteProcessor {
         &self.route.name
     }
 
+    fn hop_topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = self.tiers.keys().cloned().collect();
+        topics.push(self.route.dlq.clone());
+        topics
+    }
+
     fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64> {
         let wait = self.tiers.get(message.topic())?;
         Some(crate::pipeline::due_at(message, *wait))
