@@ -193,47 +193,36 @@ fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
         .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS]")?;
-    if name == "handlers" || name == "handler" {
-        // Calls the handlers in-process: no broker.
-        build_plugins()?;
-        let mut bench = cargo();
-        bench
-            .current_dir(root())
-            .args([
-                "run",
-                "--quiet",
-                "-p",
-                "hopper-tests",
-                "--bin",
-                &format!("bench-{name}"),
-                "--",
-            ])
-            .args(args);
-        return run(bench, "the handler benchmark");
-    }
-    let nisshi = ensure_nisshi()?;
+    // The handler benchmarks call handlers in-process: no broker.
+    let in_process = name == "handlers" || name == "handler";
+    let nisshi = if in_process {
+        None
+    } else {
+        Some(ensure_nisshi()?)
+    };
     build_plugins()?;
     let mut build = cargo();
     build
         .current_dir(root())
         .args(["build", "-p", "hopper", "-p", "hopper-tests", "--bins"]);
     run(build, "building the benchmarks")?;
-    let broker = Broker::start(&nisshi)?;
+    let broker = nisshi.as_deref().map(Broker::start).transpose()?;
     let mut bench = cargo();
-    bench
-        .current_dir(root())
-        .env("HOPPER_TEST_BROKERS", &broker.address)
-        .env("HOPPER_BENCH_BROKER_PID", broker.child.id().to_string())
-        .args([
-            "run",
-            "--quiet",
-            "-p",
-            "hopper-tests",
-            "--bin",
-            &format!("bench-{name}"),
-            "--",
-        ])
-        .args(args);
+    bench.current_dir(root()).args([
+        "run",
+        "--quiet",
+        "-p",
+        "hopper-tests",
+        "--bin",
+        &format!("bench-{name}"),
+        "--",
+    ]);
+    if let Some(broker) = &broker {
+        bench
+            .env("HOPPER_TEST_BROKERS", &broker.address)
+            .env("HOPPER_BENCH_BROKER_PID", broker.child.id().to_string());
+    }
+    bench.args(args);
     let result = run(bench, "the benchmark");
     drop(broker);
     result
