@@ -18,16 +18,22 @@ fn relay(extra: &str) -> (TestConfig, String) {
     (config, name)
 }
 
+/// A relay config with its inbox, and a new target topic.
+async fn relay_with_target() -> (TestConfig, String, String) {
+    init_tracing();
+    let (config, inbox) = relay("");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    (config, inbox, target)
+}
+
 fn timestamp(m: &rdkafka::message::OwnedMessage) -> i64 {
     m.timestamp().to_millis().expect("record has a timestamp")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plain_client_schedules_with_headers_alone() {
-    init_tracing();
-    let (config, inbox) = relay("");
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_with_target().await;
     let hopper = config.start().await;
 
     // Not hopper's API: a plain librdkafka producer and three headers.
@@ -74,10 +80,7 @@ async fn a_plain_client_schedules_with_headers_alone() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn delays_across_several_tiers_arrive_at_their_own_time() {
-    init_tracing();
-    let (config, inbox) = relay("");
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_with_target().await;
     let hopper = config.start().await;
     let producer = producer();
 
@@ -169,10 +172,7 @@ async fn a_delayed_message_to_a_route_is_handled_after_its_time() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_goes_to_the_delay_dlq_and_the_relay_keeps_going() {
-    init_tracing();
-    let (config, inbox) = relay("");
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_with_target().await;
     let hopper = config.start().await;
     let producer = producer();
     let cases: [(&str, Vec<(&str, String)>); 5] = [
@@ -260,10 +260,7 @@ async fn bad_input_goes_to_the_delay_dlq_and_the_relay_keeps_going() {
 /// every message arrives, none early.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_relay_loses_nothing_and_delivers_nothing_early() {
-    init_tracing();
-    let (config, inbox) = relay("");
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_with_target().await;
     let spawn = || {
         std::process::Command::new(hopper_bin())
             .args(["run", "--config"])
@@ -323,10 +320,7 @@ async fn a_killed_relay_loses_nothing_and_delivers_nothing_early() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hopper_send_schedules_from_the_command_line() {
-    init_tracing();
-    let (config, inbox) = relay("");
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_with_target().await;
     let hopper = config.start().await;
     let before = now_ms();
     let out = std::process::Command::new(hopper_bin())
