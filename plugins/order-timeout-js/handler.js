@@ -5,8 +5,8 @@
 // Only the text after `payload is not an order: ` differs, because it comes
 // from a different JSON parser.
 
-import { log } from "hopper:handler/log@0.1.0";
-import { get } from "hopper:handler/config@0.1.0";
+import { log } from "hopper:handler/log@0.1.1";
+import { get } from "hopper:handler/config@0.1.1";
 
 class NotAnOrder extends Error {}
 

@@ -1,8 +1,11 @@
 //! What a store holds for one guest, and the host functions the guest may
-//! call: logging and its route's config values. Nothing else is granted.
+//! call: logging and its route's config values. Emitting records and
+//! reading secrets are refused until a route grants them.
 
 use super::GuestInfo;
-use super::bindings::hopper::handler::{config as wit_config, log as wit_log, types};
+use super::bindings::hopper::handler::{
+    config as wit_config, emit as wit_emit, log as wit_log, secrets as wit_secrets, types,
+};
 use super::output::GuestOutput;
 use std::sync::Arc;
 use std::time::Instant;
@@ -145,5 +148,19 @@ impl wit_config::Host for GuestState {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect()
+    }
+}
+
+impl wit_emit::Host for GuestState {
+    /// No route grants a topic yet: every record is refused.
+    fn publish(&mut self, emitted: wit_emit::Outgoing) -> Result<String, wit_emit::EmitError> {
+        Err(wit_emit::EmitError::TopicNotGranted(emitted.topic))
+    }
+}
+
+impl wit_secrets::Host for GuestState {
+    /// No route grants a secret yet.
+    fn get(&mut self, _name: String) -> Option<String> {
+        None
     }
 }

@@ -1,8 +1,8 @@
 // {{name}}: a hopper handler. Hopper calls `handle` once per delivery of a
 // Kafka message and routes the message on by the outcome.
 
-import { log } from "hopper:handler/log@0.1.0";
-import { get } from "hopper:handler/config@0.1.0";
+import { log } from "hopper:handler/log@0.1.1";
+import { get } from "hopper:handler/config@0.1.1";
 
 export function handle(message) {
   if (message.payload === undefined) {
