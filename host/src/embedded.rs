@@ -4,6 +4,7 @@
 //!
 //! Not for production: it keeps everything in memory and loses it on exit.
 
+use crate::config::Config;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
@@ -16,6 +17,16 @@ impl EmbeddedBroker {
         let cluster = MockCluster::new(1)
             .map_err(|e| anyhow::anyhow!("cannot start the embedded broker: {e}"))?;
         Ok(EmbeddedBroker { cluster })
+    }
+
+    /// Starts a broker for `config`: creates every topic the config reads or
+    /// writes and points `config.kafka.brokers` at it. The broker must
+    /// outlive the hopper that uses it.
+    pub fn serve(config: &mut Config) -> anyhow::Result<EmbeddedBroker> {
+        let broker = EmbeddedBroker::start()?;
+        broker.create_topics(&config.all_topics(), config.kafka.partitions)?;
+        config.kafka.brokers = Some(broker.bootstrap_servers());
+        Ok(broker)
     }
 
     /// `127.0.0.1:PORT`.

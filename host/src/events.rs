@@ -1,5 +1,5 @@
 //! Named events: each one writes its log line, bumps its counter and is
-//! broadcast to observers (the demo's live view, tests, the admin API).
+//! broadcast to observers (the demo's live view and tests).
 //!
 //! Counter labels stay low-cardinality: route, tier, reason, outcome — never a
 //! key or an id. Ids appear only in log lines and broadcast events.
@@ -176,33 +176,9 @@ impl Telemetry {
 
     pub fn emit(&self, event: Event) {
         match &event {
-            Event::Handled {
-                route,
-                id,
-                topic,
-                partition,
-                offset,
-                attempt,
-                verdict,
-                version,
-                ..
-            } => {
-                tracing::debug!(
-                    route,
-                    id,
-                    topic,
-                    partition,
-                    offset,
-                    attempt,
-                    verdict,
-                    version = short(version),
-                    "Message handled."
-                );
-                self.count(
-                    "hopper_handled_total",
-                    &[("route", route), ("verdict", verdict)],
-                );
-            }
+            // Logged and counted where the call is made (route.rs), which
+            // holds its counters; only broadcast here.
+            Event::Handled { .. } => {}
             Event::RetryScheduled {
                 route,
                 id,
@@ -249,7 +225,7 @@ impl Telemetry {
                 target,
                 deliver_at,
             } => {
-                let late_ms = crate::pipeline::now_ms() - deliver_at;
+                let late_ms = crate::clock::now_ms() - deliver_at;
                 tracing::debug!(
                     id,
                     target,

@@ -327,10 +327,13 @@ pub struct Hop<'a> {
     /// Trail entry for this hop, such as `retry.5s` or `dlq`.
     pub trail_entry: &'a str,
     pub due_at: Option<i64>,
+    /// `hopper-` headers of the record to carry over unchanged.
+    pub keep: &'a [&'a str],
 }
 
-/// The headers of the next hop: the record's own non-hopper headers, in
-/// order, followed by one fresh set of hopper headers.
+/// The headers of the next hop: the record's own non-hopper headers (and
+/// those of its hopper headers that `hop.keep` names), in order, followed by
+/// one fresh set of hopper headers.
 pub fn next_hop_headers<H: Headers>(
     original: Option<&H>,
     envelope: &Envelope,
@@ -340,7 +343,7 @@ pub fn next_hop_headers<H: Headers>(
     let mut out = HeaderWriter::new(kept + 16);
     if let Some(original) = original {
         for header in original.iter() {
-            if !header.key.starts_with(PREFIX) {
+            if !header.key.starts_with(PREFIX) || hop.keep.contains(&header.key) {
                 out.raw(header.key, header.value);
             }
         }

@@ -11,10 +11,28 @@
 //! the consumer loop that owns the consumer does the pause, seek and resume.
 //! Retry tiers and delay tiers both use it.
 
+use crate::clock::now_ms;
+use crate::headers;
+use rdkafka::message::Message;
 use std::collections::{BTreeSet, HashMap};
+use std::time::Duration;
 
 /// A partition of a topic.
 pub type TopicPartition = (String, i32);
+
+/// When a tier message is due: its `hopper-due-at`, else its timestamp plus
+/// the tier's wait, else now.
+pub fn due_at<M: Message>(message: &M, wait: Duration) -> i64 {
+    if let Ok(Some(due)) = headers::text(message.headers(), headers::DUE_AT)
+        && let Ok(due) = due.parse::<i64>()
+    {
+        return due;
+    }
+    match message.timestamp().to_millis() {
+        Some(ts) => ts.saturating_add(wait.as_millis() as i64),
+        None => now_ms(),
+    }
+}
 
 #[derive(Debug, Default)]
 pub struct Hold {

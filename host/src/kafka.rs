@@ -15,18 +15,6 @@ use rdkafka::producer::FutureProducer;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-/// Properties hopper sets itself; a config that sets them is rejected,
-/// because changing them would break the delivery guarantees.
-pub const PROTECTED_PROPERTIES: [&str; 7] = [
-    "bootstrap.servers",
-    "group.id",
-    "enable.auto.commit",
-    "enable.auto.offset.store",
-    "enable.idempotence",
-    "acks",
-    "isolation.level",
-];
-
 /// How long metadata and admin calls may take before startup gives up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -38,6 +26,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
+    /// The cluster `kafka.brokers` names. Fails when it names none: the
+    /// embedded broker is started only when asked for
+    /// ([`crate::embedded::EmbeddedBroker::serve`]).
+    pub fn of(kafka: &KafkaConfig) -> anyhow::Result<Cluster> {
+        let brokers = kafka
+            .brokers
+            .clone()
+            .filter(|b| !b.trim().is_empty())
+            .ok_or_else(|| {
+                anyhow::anyhow!("no brokers: set kafka.brokers in the config or pass --brokers")
+            })?;
+        Ok(Cluster {
+            brokers,
+            kafka: kafka.clone(),
+        })
+    }
+
     fn base(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", &self.brokers);

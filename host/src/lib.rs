@@ -1,18 +1,24 @@
 //! hopper: delay, retry and dead-letter plumbing for Kafka, around sandboxed
 //! WebAssembly handlers.
 //!
-//! A message's path through the code:
-//! [`route`] (consumer loop, partition workers) → [`plugin`] (the handler
-//! call) → [`retry`] (the next hop) → [`headers`] (the next hop's record) →
-//! back to [`route`] (produce, acknowledge, store the offset). Retry tiers wait
-//! through [`hold`].
+//! A message's path through the code, always down the layers
+//! (docs/architecture.md): [`pipeline`] (the consumer loop: tier messages
+//! wait in [`hold`], due ones go to their partition's worker) → a
+//! [`hop::Processor`]: [`route`] (reads the [`headers`] envelope, calls the
+//! [`plugin`] handler, and asks [`retry`] for the next hop, or [`dlq`]) or
+//! [`delay`] (the next tier, or the [`scheduler`] for the last stretch) → the
+//! planned [`hop`] goes to [`produce`] → on its acknowledgement the source
+//! offset is marked done in [`offsets`], and the loop stores it for commit.
 
+pub mod clock;
 pub mod config;
 pub mod delay;
+pub mod dlq;
 pub mod embedded;
 pub mod events;
 pub mod headers;
 pub mod hold;
+pub mod hop;
 pub mod kafka;
 pub mod offsets;
 pub mod pipeline;
@@ -34,49 +40,67 @@ pub use mimalloc::MiMalloc as Allocator;
 /// frees and refills its fetch buffers many times a second, and returning
 /// them at once made a fifth of the no-op path page faults (BENCHMARKS.md).
 pub fn tune_allocator() {
-    // `mi_option_purge_delay` in mimalloc 3's `mi_option_e`; the sys crate
-    // names no constant for it.
-    const PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
-    // SAFETY: sets a process-wide option; any thread may, at any time.
-    unsafe { libmimalloc_sys::mi_option_set(PURGE_DELAY, 1000) };
+    // SAFETY: sets a process-wide option, which mimalloc allows from any
+    // thread at any time; `MI_OPTION_PURGE_DELAY` is checked to be the
+    // purge delay by the test below.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
+}
+
+/// `mi_option_purge_delay` in mimalloc's `mi_option_e`, for which the sys
+/// crate names no constant. `purge_delay_is_the_option_mimalloc_reads_from_its_env`
+/// proves the number against the name mimalloc itself gives it.
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+#[cfg(test)]
+mod allocator_tests {
+    /// mimalloc reads each option from `MIMALLOC_<NAME>` in the environment
+    /// when it first reads the option. So a process started with
+    /// `MIMALLOC_PURGE_DELAY` set reads that value back from option 15 only
+    /// if option 15 is the purge delay.
+    #[test]
+    fn purge_delay_is_the_option_mimalloc_reads_from_its_env() {
+        const PROBE: &str = "HOPPER_PURGE_DELAY_PROBE";
+        if std::env::var_os(PROBE).is_some() {
+            // SAFETY: reads a process-wide option.
+            let value = unsafe { libmimalloc_sys::mi_option_get(super::MI_OPTION_PURGE_DELAY) };
+            assert_eq!(value, 4321, "option 15 is not MIMALLOC_PURGE_DELAY");
+            return;
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "allocator_tests::purge_delay_is_the_option_mimalloc_reads_from_its_env",
+            ])
+            .env(PROBE, "1")
+            .env("MIMALLOC_PURGE_DELAY", "4321")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the probe process failed: {status}");
+    }
 }
 
 use anyhow::Context as _;
-use config::Route;
+use config::Config;
 use events::Telemetry;
 use kafka::Cluster;
 use rdkafka::consumer::Consumer;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Everything `Hopper::start` needs: where Kafka is, the resolved routes,
-/// and where compiled handlers are cached (`None`: compile every time).
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub cluster: Cluster,
-    pub routes: Vec<Route>,
-    /// The delay relay, when the config has a `[delay]` table.
-    pub delay: Option<config::DelayRelay>,
-    pub cache_dir: Option<std::path::PathBuf>,
-}
-
-impl Settings {
-    /// Every topic hopper reads or writes.
-    pub fn all_topics(&self) -> BTreeSet<String> {
-        let mut topics: BTreeSet<String> =
-            self.routes.iter().flat_map(|r| r.all_topics()).collect();
-        if let Some(relay) = &self.delay {
-            topics.extend(relay.all_topics());
-        }
-        topics
-    }
+/// Runtime knobs of a hopper process that are not part of the pipeline
+/// (command-line flags, not config keys).
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Where compiled handlers are cached (`None`: compile every time).
+    pub cache_dir: Option<PathBuf>,
 }
 
 /// Creates the consumer and producer of a pipeline and spawns its loop.
-fn start_pipeline<P: pipeline::Processor>(
+fn start_pipeline<P: hop::Processor>(
     cluster: &Cluster,
     group: &str,
     topics: &[String],
@@ -122,7 +146,7 @@ pub struct Hopper {
     /// Cancelled by [`Hopper::stop`]; every route loop watches it.
     shutdown: CancellationToken,
     loops: TaskTracker,
-    slots: HashMap<String, Arc<route::HandlerSlot>>,
+    slots: HashMap<String, Arc<plugin::HandlerSlot>>,
     /// Swaps new handler versions into the slots; dropped with hopper.
     reloader: reload::Reloader,
 }
@@ -131,8 +155,9 @@ impl Hopper {
     /// Loads every handler, makes sure every topic exists, and starts every
     /// route. Nothing starts unless all of that succeeds; a failure names
     /// every handler that could not be loaded.
-    pub async fn start(settings: Settings) -> anyhow::Result<Hopper> {
-        let max_memory = settings
+    pub async fn start(config: Config, options: Options) -> anyhow::Result<Hopper> {
+        let cluster = Cluster::of(&config.kafka)?;
+        let max_memory = config
             .routes
             .iter()
             .map(|r| r.memory_bytes)
@@ -140,13 +165,13 @@ impl Hopper {
             .unwrap_or(64 << 20);
         let mut runtime =
             plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
-        if let Some(dir) = &settings.cache_dir {
-            runtime = runtime.with_cache(dir.clone());
+        if let Some(dir) = &options.cache_dir {
+            runtime = runtime.with_cache(dir.clone())?;
         }
 
         let mut handlers = Vec::new();
         let mut failures = Vec::new();
-        for route in &settings.routes {
+        for route in &config.routes {
             match runtime.load(&route.handler, route) {
                 Ok(handler) => {
                     tracing::info!(
@@ -165,8 +190,7 @@ impl Hopper {
             anyhow::bail!("{}", failures.join("\n"));
         }
 
-        let wanted = settings.all_topics();
-        let created = settings.cluster.ensure_topics(&wanted).await?;
+        let created = cluster.ensure_topics(&config.all_topics()).await?;
         if !created.is_empty() {
             tracing::info!(topics = created.join(","), "Topics created.");
         }
@@ -176,9 +200,9 @@ impl Hopper {
         let loops = TaskTracker::new();
         let mut slots = HashMap::new();
         let mut reload_targets = Vec::new();
-        for (route, handler) in settings.routes.iter().zip(handlers) {
+        for (route, handler) in config.routes.iter().zip(handlers) {
             let route = Arc::new(route.clone());
-            let slot = Arc::new(route::HandlerSlot::new(handler));
+            let slot = Arc::new(plugin::HandlerSlot::new(handler));
             slots.insert(route.name.clone(), slot.clone());
             let processor =
                 route::RouteProcessor::new(route.clone(), slot.clone(), telemetry.clone());
@@ -189,7 +213,7 @@ impl Hopper {
             let mut subscription: Vec<String> = route.topics.clone();
             subscription.extend(processor.tiers.keys().cloned());
             let shared = start_pipeline(
-                &settings.cluster,
+                &cluster,
                 &route.group,
                 &subscription,
                 processor,
@@ -207,9 +231,8 @@ impl Hopper {
             );
             drop(shared);
         }
-        if let Some(relay) = &settings.delay {
-            let metadata = settings
-                .cluster
+        if let Some(relay) = &config.delay {
+            let metadata = cluster
                 .consumer_config(&relay.group)
                 .create()
                 .context("creating the delay relay's metadata client")?;
@@ -218,7 +241,7 @@ impl Hopper {
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
             start_pipeline(
-                &settings.cluster,
+                &cluster,
                 &relay.group,
                 &subscription,
                 processor,

@@ -12,23 +12,22 @@
 //! its handler, the delay relay moves the message one tier closer to its
 //! time.
 
-use crate::events::{Event, Telemetry};
-use crate::headers;
+use crate::clock::now_ms;
+use crate::events::Telemetry;
 use crate::hold::{Gate, Hold, TopicPartition};
+use crate::hop::{Action, Completion, Processor};
 use crate::offsets::OffsetTracker;
-pub use crate::produce::Completion;
 use crate::produce::HopProducer;
 use crate::scheduler::{Scheduled, Scheduler};
 use rdkafka::consumer::{Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
 use std::collections::HashMap;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -41,70 +40,6 @@ const WORKER_QUEUE: usize = 1024;
 const STORE_EVERY: Duration = Duration::from_millis(100);
 /// How long shutdown waits for in-flight hops to be acknowledged.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// Milliseconds since the Unix epoch, the unit of every time header.
-pub fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
-/// Decides what happens to each message of a pipeline.
-pub trait Processor: Send + Sync + 'static {
-    /// A short name for logs: the route name, or `delay`.
-    fn name(&self) -> &str;
-
-    /// The topics its hops go to, known in advance (a delayed message's
-    /// target is not).
-    fn hop_topics(&self) -> Vec<String>;
-
-    /// When a message read from a tier topic is due, or `None` when its
-    /// topic is not a tier (it is processed at once).
-    fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64>;
-
-    /// Processes one due message.
-    fn process(&self, message: &OwnedMessage) -> impl Future<Output = Action> + Send;
-}
-
-/// What to do with a processed message.
-pub enum Action {
-    /// Done: the offset may be committed.
-    Done,
-    /// Produce this record; the offset is done once it is acknowledged.
-    Hop(PlannedHop),
-    /// Keep this record in memory and produce it at `at_ms` (epoch ms). Used
-    /// only for the last stretch of a delay, shorter than the smallest tier.
-    HopAt { at_ms: i64, hop: PlannedHop },
-}
-
-/// A record to produce, and the event that reports it once acknowledged.
-pub struct PlannedHop {
-    pub record: OutRecord,
-    pub event: Option<Event>,
-}
-
-/// A record to produce.
-pub struct OutRecord {
-    pub topic: String,
-    pub key: Option<Vec<u8>>,
-    pub payload: Option<Vec<u8>>,
-    pub headers: OwnedHeaders,
-    pub timestamp: i64,
-}
-
-impl OutRecord {
-    /// A record with the key and payload of `message`.
-    pub fn like(message: &OwnedMessage, topic: String, headers: OwnedHeaders) -> OutRecord {
-        OutRecord {
-            topic,
-            key: message.key().map(<[u8]>::to_vec),
-            payload: message.payload().map(<[u8]>::to_vec),
-            headers,
-            timestamp: now_ms(),
-        }
-    }
-}
 
 /// Partitions gained or lost in a rebalance, sent from the consumer's
 /// rebalance callback to the loop.
@@ -252,7 +187,7 @@ pub async fn run<P: Processor>(
     let consumer = shared.consumer.clone();
     let mut hold = Hold::default();
     let mut workers = Workers::default();
-    let scheduler = Scheduler::spawn(shared.clone(), shutdown.clone());
+    let scheduler = Scheduler::spawn(shared.producer.clone(), shutdown.clone());
     let mut store_tick = tokio::time::interval(STORE_EVERY);
     store_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -374,20 +309,6 @@ pub async fn run<P: Processor>(
     tracing::info!(pipeline = name, "Stopped.");
 }
 
-/// When a tier message is due: its `hopper-due-at`, else its timestamp plus
-/// the tier's wait, else now.
-pub fn due_at<M: Message>(message: &M, wait: Duration) -> i64 {
-    if let Ok(Some(due)) = headers::text(message.headers(), headers::DUE_AT)
-        && let Ok(due) = due.parse::<i64>()
-    {
-        return due;
-    }
-    match message.timestamp().to_millis() {
-        Some(ts) => ts + wait.as_millis() as i64,
-        None => now_ms(),
-    }
-}
-
 /// Pauses `tp` and rewinds it to `offset`, so that offset is fetched again
 /// after the resume.
 ///
@@ -442,13 +363,17 @@ async fn work<P: Processor>(
         if cancelled.load(Ordering::SeqCst) {
             return;
         }
-        let done = Completion {
-            offset: message.offset(),
-            tracker: tracker.clone(),
-        };
+        let done = Completion::new(message.offset(), tracker.clone());
         match shared.processor.process(&message).await {
             Action::Done => done.complete(),
             Action::Hop(hop) => shared.producer.send(hop.record, done, hop.event).await,
+            Action::Hops(hops) if hops.is_empty() => done.complete(),
+            Action::Hops(hops) => {
+                let dones = done.split(hops.len());
+                for (hop, done) in hops.into_iter().zip(dones) {
+                    shared.producer.send(hop.record, done, hop.event).await;
+                }
+            }
             Action::HopAt { at_ms, hop } => {
                 // The scheduler lives until shutdown; if it is gone, the
                 // offset simply stays uncommitted.

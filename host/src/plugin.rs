@@ -13,8 +13,8 @@ mod instance;
 mod output;
 mod state;
 
-pub use cache::ArtifactCache;
-pub use call::Handler;
+pub use cache::{ArtifactCache, CacheError};
+pub use call::{Handler, HandlerSlot};
 
 pub use fit::Fit;
 
@@ -39,7 +39,7 @@ mod bindings {
 }
 
 /// The world every handler must target.
-pub const WORLD: &str = "hopper:handler/handler@0.1.0";
+pub const WORLD: &str = "hopper:handler/handler@0.1.1";
 
 /// How often the engine's epoch advances. Deadlines are counted in ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(1);
@@ -176,9 +176,11 @@ impl Runtime {
     }
 
     /// Keeps compiled artifacts in `dir`, and looks there before compiling.
-    pub fn with_cache(mut self, dir: PathBuf) -> Runtime {
-        self.cache = Some(Arc::new(ArtifactCache::new(dir, &self.engine)));
-        self
+    /// Fails when the directory cannot be created, or is not safe to run
+    /// code from ([`CacheError`]).
+    pub fn with_cache(mut self, dir: PathBuf) -> Result<Runtime, CacheError> {
+        self.cache = Some(Arc::new(ArtifactCache::open(dir, &self.engine)?));
+        Ok(self)
     }
 
     pub fn cache(&self) -> Option<&ArtifactCache> {
@@ -235,23 +237,10 @@ impl Runtime {
             .map_err(wrong_world)?;
         let pre = bindings::HandlerPre::new(pre).map_err(wrong_world)?;
         Ok(Prepared {
-            component,
             pre,
             version,
             cached,
         })
-    }
-
-    /// One line on whether `path` fits the handler world, with what it
-    /// imports and exports.
-    pub fn check(&self, path: &Path) -> Result<String, LoadError> {
-        let prepared = self.prepare(path, &read(path)?)?;
-        Ok(format!(
-            "ok: {} fits {WORLD} (sha256 {}); {}",
-            path.display(),
-            prepared.version,
-            describe(&self.engine, &prepared.component)
-        ))
     }
 
     /// The component of `bytes`, from the cache when it holds a sound entry
@@ -298,7 +287,6 @@ impl Runtime {
 }
 
 struct Prepared {
-    component: Component,
     pre: bindings::HandlerPre<GuestState>,
     version: String,
     cached: bool,

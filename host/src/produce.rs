@@ -13,33 +13,17 @@
 //! until some attempt succeeds.
 
 use crate::events::{Event, Telemetry};
-use crate::offsets::OffsetTracker;
-use crate::pipeline::OutRecord;
+use crate::hop::{Completion, OutRecord};
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Message};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
-
-/// Where a message's offset is reported done.
-#[derive(Clone)]
-pub struct Completion {
-    pub offset: i64,
-    pub tracker: Arc<Mutex<OffsetTracker>>,
-}
-
-impl Completion {
-    /// Marks the offset done. The pipeline loop stores the partition's new
-    /// committable position for the next commit.
-    pub fn complete(&self) {
-        self.tracker.lock().unwrap().complete(self.offset);
-    }
-}
 
 /// A hop on its way to the broker: what its acknowledgement completes.
 pub struct InFlight {
@@ -74,8 +58,16 @@ impl ProducerContext for HopContext {
     fn delivery(&self, result: &DeliveryResult<'_>, mut hop: Box<InFlight>) {
         match result {
             Ok(_) => {
-                hop.done.complete();
-                if let Some(event) = hop.event.take() {
+                // The token in `_pending` is dropped last: shutdown's drain
+                // waits until the offset is marked done.
+                let InFlight {
+                    done,
+                    event,
+                    _pending,
+                    ..
+                } = *hop;
+                done.complete();
+                if let Some(event) = event {
                     self.telemetry.emit(event);
                 }
             }

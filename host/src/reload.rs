@@ -21,8 +21,7 @@
 
 use crate::config::Route;
 use crate::events::{Event, Telemetry};
-use crate::plugin::{Handler, LoadError, Runtime};
-use crate::route::HandlerSlot;
+use crate::plugin::{Handler, HandlerSlot, LoadError, Runtime};
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use std::collections::{BTreeSet, HashMap};

@@ -24,13 +24,9 @@ pub enum Decision {
 }
 
 impl Decision {
-    /// The entry this hop adds to `hopper-trail`.
-    pub fn trail_entry(&self) -> String {
-        match self {
-            Decision::Commit => "ok".into(),
-            Decision::Retry { delay, .. } => format!("retry.{}", compact_duration(*delay)),
-            Decision::DeadLetter { .. } => "dlq".into(),
-        }
+    /// The `hopper-trail` entry of a retry hop after `delay`: `retry.5s`.
+    pub fn retry_trail_entry(delay: Duration) -> String {
+        format!("retry.{}", compact_duration(delay))
     }
 }
 
@@ -104,16 +100,16 @@ pub fn tier_delay(route: &Route, attempt: u32, hint: Option<Duration>) -> Durati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Config;
+    use crate::config::ConfigFile;
 
     fn route(extra: &str) -> Route {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        let config = Config::parse(&format!(
+        let config = ConfigFile::parse(&format!(
             "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{extra}"
         ))
         .unwrap();
-        config.resolve(dir.path()).unwrap().remove(0)
+        config.resolve(dir.path()).unwrap().routes.remove(0)
     }
 
     fn retryable(hint: Option<u64>) -> Verdict {

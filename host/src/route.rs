@@ -1,38 +1,19 @@
 //! A route's processing: read the envelope, call the handler, plan the next
 //! hop from its verdict. The consumer loop around it is [`crate::pipeline`].
 
+use crate::clock::now_ms;
 use crate::config::Route;
+use crate::dlq::{self, DeadLetter};
 use crate::events::{Counter, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
-use crate::pipeline::{Action, OutRecord, PlannedHop, Processor, now_ms};
-use crate::plugin::{Delivery, Handler, Verdict};
+use crate::hold;
+use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::plugin::{Delivery, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
-
-/// The handler currently serving a route. Swapped whole on reload; a call
-/// clones the `Handler` out, so calls in flight finish on the version they
-/// started with.
-pub struct HandlerSlot {
-    // std RwLock: held only to clone an Arc, never across an .await.
-    current: RwLock<Handler>,
-}
-
-impl HandlerSlot {
-    pub fn new(handler: Handler) -> Self {
-        Self {
-            current: RwLock::new(handler),
-        }
-    }
-    pub fn current(&self) -> Handler {
-        self.current.read().unwrap().clone()
-    }
-    pub fn swap(&self, handler: Handler) -> Handler {
-        std::mem::replace(&mut *self.current.write().unwrap(), handler)
-    }
-}
 
 /// The processor of one route.
 pub struct RouteProcessor {
@@ -78,7 +59,7 @@ impl Processor for RouteProcessor {
 
     fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64> {
         let wait = self.tiers.get(message.topic())?;
-        Some(crate::pipeline::due_at(message, *wait))
+        Some(hold::due_at(message, *wait))
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
@@ -214,44 +195,33 @@ fn plan(
     decision: Decision,
 ) -> PlannedHop {
     let route = &shared.route;
-    let now = now_ms();
-    let trail_entry = decision.trail_entry();
-    let (topic, reason, error, due_at, event) = match decision {
+    let handler = handler.map(|h| (h.name(), h.version()));
+    let (topic, delay, reason, error) = match decision {
         Decision::Commit => unreachable!("a committed message has no hop"),
+        Decision::DeadLetter { reason, error } => {
+            return dlq::plan(
+                message,
+                DeadLetter {
+                    topic: &route.dlq,
+                    route: &route.name,
+                    envelope,
+                    attempts_made: attempt,
+                    reason,
+                    error: &error,
+                    handler,
+                    keep: &[],
+                },
+            );
+        }
         Decision::Retry {
             topic,
             delay,
             reason,
             error,
-        } => {
-            let event = Event::RetryScheduled {
-                route: route.name.clone(),
-                id: envelope.id.clone(),
-                attempt,
-                topic: topic.clone(),
-                delay,
-                reason,
-            };
-            (
-                topic,
-                reason,
-                error,
-                Some(now + delay.as_millis() as i64),
-                event,
-            )
-        }
-        Decision::DeadLetter { reason, error } => {
-            let event = Event::DeadLettered {
-                route: route.name.clone(),
-                id: envelope.id.clone(),
-                attempt,
-                topic: route.dlq.clone(),
-                reason,
-                error: error.clone(),
-            };
-            (route.dlq.clone(), reason, error, None, event)
-        }
+        } => (topic, delay, reason, error),
     };
+    let now = now_ms();
+    let trail_entry = Decision::retry_trail_entry(delay);
     let headers = headers::next_hop_headers(
         message.headers(),
         envelope,
@@ -261,15 +231,23 @@ fn plan(
             reason: Some(reason),
             error: Some(&error),
             failed_at: Some(now),
-            handler: handler.map(|h| (h.name(), h.version())),
+            handler,
             trail_entry: &trail_entry,
-            due_at,
+            due_at: Some(now + delay.as_millis() as i64),
+            keep: &[],
         },
     );
-    let mut record = OutRecord::like(message, topic, headers);
+    let mut record = OutRecord::like(message, topic.clone(), headers);
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(event),
+        event: Some(Event::RetryScheduled {
+            route: route.name.clone(),
+            id: envelope.id.clone(),
+            attempt,
+            topic,
+            delay,
+            reason,
+        }),
     }
 }

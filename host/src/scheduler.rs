@@ -7,7 +7,9 @@
 //! offset stays uncommitted until the forward is acknowledged, so a crash
 //! loses nothing held here: the message is read again from its tier.
 
-use crate::pipeline::{Completion, PlannedHop, Processor, Shared, now_ms};
+use crate::clock::now_ms;
+use crate::hop::{Completion, PlannedHop};
+use crate::produce::HopProducer;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,18 +69,18 @@ pub struct Scheduler;
 impl Scheduler {
     /// Starts the scheduler task of a pipeline. It ends at shutdown, or when
     /// every sender is dropped.
-    pub fn spawn<P: Processor>(
-        shared: Arc<Shared<P>>,
+    pub fn spawn(
+        producer: Arc<HopProducer>,
         shutdown: CancellationToken,
     ) -> mpsc::UnboundedSender<Scheduled> {
         let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(shared, rx, shutdown));
+        tokio::spawn(run(producer, rx, shutdown));
         tx
     }
 }
 
-async fn run<P: Processor>(
-    shared: Arc<Shared<P>>,
+async fn run(
+    producer: Arc<HopProducer>,
     mut rx: mpsc::UnboundedReceiver<Scheduled>,
     shutdown: CancellationToken,
 ) {
@@ -94,7 +96,7 @@ async fn run<P: Processor>(
             _ = async { match wake { Some(s) => s.await, None => std::future::pending().await } } => {
                 for mut due in timeline.take_due(now_ms()) {
                     due.hop.record.timestamp = now_ms();
-                    shared.producer.send(due.hop.record, due.done, due.hop.event).await;
+                    producer.send(due.hop.record, due.done, due.hop.event).await;
                 }
             }
             item = rx.recv() => match item {

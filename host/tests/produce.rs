@@ -5,9 +5,9 @@
 use hopper::config::KafkaConfig;
 use hopper::events::{Event, Telemetry};
 use hopper::headers::Reason;
+use hopper::hop::{Completion, OutRecord};
 use hopper::kafka::Cluster;
 use hopper::offsets::OffsetTracker;
-use hopper::pipeline::{Completion, OutRecord};
 use hopper::produce::HopProducer;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -42,10 +42,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
 
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     tracker.lock().unwrap().begin(7);
-    let done = Completion {
-        offset: 7,
-        tracker: tracker.clone(),
-    };
+    let done = Completion::new(7, tracker.clone());
     let event = Event::DeadLettered {
         route: "test".into(),
         id: "m-1".into(),

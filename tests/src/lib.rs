@@ -7,7 +7,7 @@
 
 use hopper::config::Config;
 use hopper::kafka::Cluster;
-use hopper::{Hopper, Settings};
+use hopper::{Hopper, Options};
 use rand::Rng;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -153,12 +153,14 @@ impl TestRoute {
         }
     }
 
-    pub fn settings(&self) -> Settings {
-        load_settings(&self.config_path)
+    pub fn config(&self) -> Config {
+        load_config(&self.config_path)
     }
 
     pub async fn start(&self) -> Hopper {
-        Hopper::start(self.settings()).await.expect("hopper starts")
+        Hopper::start(self.config(), options())
+            .await
+            .expect("hopper starts")
     }
 }
 
@@ -286,7 +288,7 @@ pub fn header_map(message: &OwnedMessage) -> (HashMap<String, String>, HashMap<S
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    hopper::pipeline::now_ms()
+    hopper::clock::now_ms()
 }
 
 /// sha256 of `bytes` in hex, computed independently of hopper.
@@ -314,27 +316,27 @@ impl TestConfig {
         TestConfig { dir, path }
     }
 
-    pub fn settings(&self) -> Settings {
-        load_settings(&self.path)
+    pub fn config(&self) -> Config {
+        load_config(&self.path)
     }
 
     pub async fn start(&self) -> Hopper {
-        Hopper::start(self.settings()).await.expect("hopper starts")
+        Hopper::start(self.config(), options())
+            .await
+            .expect("hopper starts")
     }
 }
 
-/// Loads a test config the way `hopper run` does, against the test broker
-/// and the shared compiled-handler cache.
-fn load_settings(path: &Path) -> Settings {
-    let (config, routes) = Config::load(path).unwrap();
-    let delay = config.delay_relay();
-    Settings {
-        cluster: Cluster {
-            brokers: brokers(),
-            kafka: config.kafka,
-        },
-        routes,
-        delay,
+/// Loads a test config the way `hopper run` does, against the test broker.
+fn load_config(path: &Path) -> Config {
+    let mut config = Config::load(path).unwrap();
+    config.kafka.brokers = Some(brokers());
+    config
+}
+
+/// How tests run hopper: with the shared compiled-handler cache.
+pub fn options() -> Options {
+    Options {
         cache_dir: Some(cache_dir()),
     }
 }

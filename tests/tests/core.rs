@@ -452,7 +452,7 @@ async fn handlers_that_do_not_fit_fail_at_startup_naming_the_file() {
     let cases = [
         (
             plugin("wrong_world"),
-            "does not fit the hopper:handler/handler@0.1.0 world",
+            "does not fit the hopper:handler/handler@0.1.1 world",
         ),
         (core, "is a core WebAssembly module, not a component"),
         (truncated, "does not compile"),
@@ -460,7 +460,7 @@ async fn handlers_that_do_not_fit_fail_at_startup_naming_the_file() {
     ];
     for (path, expected) in cases {
         let route = TestRoute::new(&path, "");
-        let error = match hopper::Hopper::start(route.settings()).await {
+        let error = match hopper::Hopper::start(route.config(), options()).await {
             Ok(_) => panic!("{} was accepted", path.display()),
             Err(e) => format!("{e:#}"),
         };

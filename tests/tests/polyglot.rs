@@ -303,7 +303,8 @@ async fn edge_case_payloads_get_the_rust_verdict_in_every_language() {
 
     let runtime = Runtime::new(256 << 20)
         .unwrap()
-        .with_cache(hopper_tests::cache_dir());
+        .with_cache(hopper_tests::cache_dir())
+        .unwrap();
     let route = |service: Option<&str>| Route {
         name: "edge".into(),
         topics: vec!["edge.in".into()],

@@ -276,12 +276,13 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
 fn a_corrupt_cache_entry_is_a_miss_and_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let route = TestRoute::new(&plugin("scripted"), "");
-    let settings = route.settings();
-    let route = &settings.routes[0];
+    let config = route.config();
+    let route = &config.routes[0];
     let bytes = std::fs::read(&route.handler).unwrap();
     let runtime = hopper::plugin::Runtime::new(64 << 20)
         .unwrap()
-        .with_cache(dir.path().to_path_buf());
+        .with_cache(dir.path().to_path_buf())
+        .unwrap();
     let entry = runtime.cache().unwrap().entry_path(&sha256_hex(&bytes));
     std::fs::write(&entry, b"hopperc1 but nothing a compiler wrote").unwrap();
 

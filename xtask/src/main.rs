@@ -164,6 +164,17 @@ fn test(rest: &[String]) -> Result<()> {
     let mut fmt = cargo();
     fmt.current_dir(root()).args(["fmt", "--all", "--check"]);
     run(fmt, "cargo fmt --check")?;
+    step("checking lints: cargo clippy --all-targets -- -D warnings");
+    let mut clippy = cargo();
+    clippy.current_dir(root()).args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]);
+    run(clippy, "cargo clippy")?;
     step("building the tests");
     let mut build = cargo();
     build

@@ -33,8 +33,68 @@ pub struct ArtifactCache {
     engine_tag: String,
 }
 
+/// Why a cache directory cannot be used. Hopper runs the machine code it
+/// finds there, so a directory anyone else may write to is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum CacheError {
+    #[error("cannot create the compiled-handler cache {dir}: {source}")]
+    Create {
+        dir: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "the compiled-handler cache {dir} is writable by others (mode {mode:o}); hopper runs the code it finds there, so only its owner may write to it: `chmod go-w {dir}`, or choose another --cache-dir"
+    )]
+    WritableByOthers { dir: PathBuf, mode: u32 },
+    #[error(
+        "the compiled-handler cache {dir} belongs to user {owner}, not to hopper's user {uid}; hopper runs the code it finds there, so choose a --cache-dir of your own"
+    )]
+    NotOwned { dir: PathBuf, owner: u32, uid: u32 },
+}
+
+/// Creates `dir` (and its missing parents) readable and writable by its
+/// owner only, and checks that an existing `dir` is owned by this user and
+/// writable by nobody else.
+fn secure_dir(dir: &Path) -> Result<(), CacheError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let create = |source| CacheError::Create {
+        dir: dir.to_path_buf(),
+        source,
+    };
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .map_err(create)?;
+    let meta = std::fs::metadata(dir).map_err(create)?;
+    let uid = rustix::process::geteuid().as_raw();
+    if meta.uid() != uid {
+        return Err(CacheError::NotOwned {
+            dir: dir.to_path_buf(),
+            owner: meta.uid(),
+            uid,
+        });
+    }
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o022 != 0 {
+        return Err(CacheError::WritableByOthers {
+            dir: dir.to_path_buf(),
+            mode,
+        });
+    }
+    Ok(())
+}
+
 impl ArtifactCache {
-    pub fn new(dir: PathBuf, engine: &Engine) -> ArtifactCache {
+    /// Opens (creating it if needed, mode 0700) the cache in `dir` for
+    /// `engine`'s compiled code. Refuses a directory that another user owns
+    /// or that others may write to.
+    pub fn open(dir: PathBuf, engine: &Engine) -> Result<ArtifactCache, CacheError> {
+        secure_dir(&dir)?;
+        Ok(ArtifactCache::new(dir, engine))
+    }
+
+    fn new(dir: PathBuf, engine: &Engine) -> ArtifactCache {
         // DefaultHasher::new() has fixed keys: the same engine gives the same
         // tag in every process built by the same toolchain. A toolchain
         // change only costs one miss.
@@ -67,8 +127,9 @@ impl ArtifactCache {
         };
         // SAFETY: wasmtime trusts a serialized artifact to hold code it
         // produced. This one was written by `put` below (its digest matches),
-        // in a directory only hopper's user may write, and wasmtime itself
-        // rejects artifacts from an incompatible engine.
+        // in a directory that `open` checked is owned by hopper's user and
+        // writable by nobody else, and wasmtime itself rejects artifacts from
+        // an incompatible engine.
         match unsafe { Component::deserialize(engine, artifact) } {
             Ok(component) => Some(component),
             Err(e) => {
@@ -95,7 +156,6 @@ impl ArtifactCache {
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&Sha256::digest(&artifact));
         bytes.extend_from_slice(&artifact);
-        std::fs::create_dir_all(&self.dir)?;
         let tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
         std::fs::write(tmp.path(), &bytes)?;
         tmp.persist(path)?;
@@ -129,7 +189,7 @@ mod tests {
     fn an_entry_round_trips() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine(true);
-        let cache = ArtifactCache::new(dir.path().join("c"), &engine);
+        let cache = ArtifactCache::open(dir.path().join("c"), &engine).unwrap();
         assert!(cache.get(&engine, "v1").is_none(), "empty cache");
         let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
         cache.put("v1", &component);
@@ -141,7 +201,7 @@ mod tests {
     fn a_corrupt_entry_is_a_miss_and_is_overwritten() {
         let dir = tempfile::tempdir().unwrap();
         let engine = engine(true);
-        let cache = ArtifactCache::new(dir.path().to_path_buf(), &engine);
+        let cache = ArtifactCache::open(dir.path().to_path_buf(), &engine).unwrap();
         let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
         cache.put("v1", &component);
         let path = cache.entry_path("v1");
@@ -168,8 +228,8 @@ mod tests {
     fn an_entry_from_an_incompatible_engine_is_a_miss() {
         let dir = tempfile::tempdir().unwrap();
         let (ours, theirs) = (engine(true), engine(false));
-        let cache = ArtifactCache::new(dir.path().to_path_buf(), &ours);
-        let other = ArtifactCache::new(dir.path().to_path_buf(), &theirs);
+        let cache = ArtifactCache::open(dir.path().to_path_buf(), &ours).unwrap();
+        let other = ArtifactCache::open(dir.path().to_path_buf(), &theirs).unwrap();
         assert_ne!(cache.entry_path("v1"), other.entry_path("v1"));
 
         // Another build's sound entry, under our name (as after an upgrade
@@ -177,5 +237,27 @@ mod tests {
         other.put("v1", &Component::new(&theirs, EMPTY_COMPONENT).unwrap());
         std::fs::rename(other.entry_path("v1"), cache.entry_path("v1")).unwrap();
         assert!(cache.get(&ours, "v1").is_none());
+    }
+
+    #[test]
+    fn a_directory_others_may_write_is_refused_and_a_new_one_is_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(true);
+        let fresh = dir.path().join("new/cache");
+        ArtifactCache::open(fresh.clone(), &engine).unwrap();
+        let mode = std::fs::metadata(&fresh).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700, "a new cache directory is private");
+
+        let shared = dir.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = ArtifactCache::open(shared.clone(), &engine).unwrap_err();
+        assert!(
+            err.to_string().contains("is writable by others (mode 777)"),
+            "{err}"
+        );
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+        ArtifactCache::open(shared, &engine).unwrap();
     }
 }

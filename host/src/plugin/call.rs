@@ -9,7 +9,7 @@ use super::{Delivery, EPOCH_TICK, Verdict, root_cause};
 use crate::config::{InstancePolicy, Route};
 use crate::headers::Reason;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use wasmtime::{Engine, Store, Trap};
 
@@ -31,6 +31,28 @@ struct HandlerInner {
     pool: Pool,
     cached: bool,
     load_time: Duration,
+}
+
+/// The handler currently serving a route. Swapped whole on reload; a call
+/// clones the `Handler` out, so calls in flight finish on the version they
+/// started with.
+pub struct HandlerSlot {
+    // std RwLock: held only to clone an Arc, never across an .await.
+    current: RwLock<Handler>,
+}
+
+impl HandlerSlot {
+    pub fn new(handler: Handler) -> Self {
+        Self {
+            current: RwLock::new(handler),
+        }
+    }
+    pub fn current(&self) -> Handler {
+        self.current.read().unwrap().clone()
+    }
+    pub fn swap(&self, handler: Handler) -> Handler {
+        std::mem::replace(&mut *self.current.write().unwrap(), handler)
+    }
 }
 
 /// What the host functions know about the guest they serve.

@@ -2,8 +2,7 @@
 //! item, so a user sees everything that is missing or extra at once rather
 //! than the linker's first complaint.
 
-use super::{LoadError, Runtime, WORLD, root_cause};
-use sha2::{Digest, Sha256};
+use super::{LoadError, Runtime, WORLD, read, root_cause, version_of};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use wasmtime::component::types::ComponentItem;
@@ -11,10 +10,12 @@ use wasmtime::component::types::ComponentItem;
 /// The function every handler exports.
 const EXPORT: &str = "handle";
 /// The world's own imports (any 0.1.x version links).
-const WORLD_IMPORTS: [&str; 3] = [
+const WORLD_IMPORTS: [&str; 5] = [
     "hopper:handler/types",
     "hopper:handler/log",
     "hopper:handler/config",
+    "hopper:handler/emit",
+    "hopper:handler/secrets",
 ];
 /// WASI 0.2 packages hopper links, with an empty context.
 const WASI_PACKAGES: [&str; 6] = [
@@ -55,11 +56,8 @@ impl Runtime {
     /// is not a component at all is an error; one that compiles but does
     /// not fit is a [`Fit`] that says why.
     pub fn fit(&self, path: &Path) -> Result<Fit, LoadError> {
-        let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let version = hex::encode(Sha256::digest(&bytes));
+        let bytes = read(path)?;
+        let version = version_of(&bytes);
         let (component, _) = self.compile(path, &bytes, &version)?;
         let ty = component.component_type();
         let mut exports = Vec::new();

@@ -13,11 +13,11 @@
 //! version seen before (its artifact is cached), each timed from just before
 //! the write to the swap. Prints figures; asserts no timings.
 
-use hopper::config::Config;
+use hopper::config::ConfigFile;
 use hopper::events::{Event, Telemetry};
+use hopper::plugin::HandlerSlot;
 use hopper::plugin::{Delivery, Handler, Runtime, Verdict};
 use hopper::reload::{Reloader, Target};
-use hopper::route::HandlerSlot;
 use hopper_tests::{plugin, sha256_hex, with_custom_section, write_atomically};
 use std::path::Path;
 use std::sync::Arc;
@@ -54,7 +54,11 @@ fn routes(dir: &Path, handler: &Path) -> Vec<hopper::config::Route> {
          [[route]]\nname = \"warm\"\ntopics = [\"w\"]\nhandler = \"{0}\"\ninstance = \"warm\"\n",
         handler.display()
     );
-    Config::parse(&text).unwrap().resolve(dir).unwrap()
+    ConfigFile::parse(&text)
+        .unwrap()
+        .resolve(dir)
+        .unwrap()
+        .routes
 }
 
 fn delivery() -> Delivery {
@@ -126,7 +130,8 @@ async fn reload_latency(swaps: usize) {
     let route = Arc::new(routes(dir.path(), &path).remove(1));
     let runtime = Runtime::new(64 << 20)
         .unwrap()
-        .with_cache(dir.path().join("cache"));
+        .with_cache(dir.path().join("cache"))
+        .unwrap();
     let slot = Arc::new(HandlerSlot::new(runtime.load(&path, &route).unwrap()));
     let telemetry = Telemetry::new();
     let mut events = telemetry.subscribe();

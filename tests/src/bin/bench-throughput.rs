@@ -378,13 +378,15 @@ impl Bench {
     /// first on the mock cluster.
     async fn start(&self, routes: &str) -> Hopper {
         let config = TestConfig::new(routes);
-        let settings = config.settings();
+        let config = config.config();
         if self.mock.is_some() {
-            let topics = settings.all_topics();
+            let topics = config.all_topics();
             let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
             self.create(&topics).await;
         }
-        Hopper::start(settings).await.expect("hopper starts")
+        Hopper::start(config, hopper_tests::options())
+            .await
+            .expect("hopper starts")
     }
 
     /// Hopper with one route over `input`.

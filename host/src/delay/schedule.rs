@@ -1,22 +1,8 @@
-//! The delay relay: any producer schedules a message for an exact time by
-//! producing it to the inbox with plain-text headers.
-//!
-//! A message cascades down a ladder of tier topics. Each hop uses the
-//! largest tier that still fits the remaining time (less a small margin), so
-//! a delay is never rounded to a tier. When less than the smallest tier
-//! remains, the in-memory [`crate::scheduler`] holds it until its exact
-//! deliver-at. Tiers wait through the same hold-until-due mechanism as retry
-//! tiers ([`crate::hold`]), and the Kafka offset is the durable record until
-//! the message is forwarded, so a crash loses nothing.
+//! Reading a delayed message's schedule from its headers, and choosing its
+//! next step down the tier ladder.
 
-use crate::config::DelayRelay;
-use crate::events::{Event, Telemetry};
 use crate::headers::{self, Reason};
-use crate::pipeline::{Action, OutRecord, PlannedHop, Processor, now_ms};
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use rdkafka::message::Headers;
 use std::time::Duration;
 
 /// A hop aims to land this much before the message's time, so the last
@@ -26,7 +12,7 @@ pub const HOP_MARGIN: Duration = Duration::from_millis(250);
 
 /// Headers the relay owns; each hop replaces them, and the forward to the
 /// target removes them.
-const SCHEDULING: [&str; 4] = [
+pub(super) const SCHEDULING: [&str; 4] = [
     headers::TARGET,
     headers::DELIVER_AT,
     headers::DELAY,
@@ -72,7 +58,7 @@ pub struct Rejected {
     pub error: String,
 }
 
-fn invalid(error: impl Into<String>) -> Rejected {
+pub(super) fn invalid(error: impl Into<String>) -> Rejected {
     Rejected {
         reason: Reason::InvalidEnvelope,
         error: error.into(),
@@ -178,270 +164,6 @@ pub fn parse_instant(text: &str) -> Result<i64, String> {
                 headers::shorten(text, 64)
             )
         })
-}
-
-/// Topics known to exist, so each target is looked up once.
-struct KnownTopics {
-    metadata: Arc<BaseConsumer>,
-    // std Mutex: no .await while it is held.
-    known: Mutex<HashSet<String>>,
-}
-
-impl KnownTopics {
-    async fn exists(&self, topic: &str) -> bool {
-        if self.known.lock().unwrap().contains(topic) {
-            return true;
-        }
-        let metadata = self.metadata.clone();
-        let name = topic.to_string();
-        let found = tokio::task::spawn_blocking(move || {
-            metadata
-                .fetch_metadata(Some(&name), Duration::from_secs(10))
-                .map(|m| {
-                    m.topics().iter().any(|t| {
-                        t.name() == name && t.error().is_none() && !t.partitions().is_empty()
-                    })
-                })
-                .unwrap_or(false)
-        })
-        .await
-        .unwrap_or(false);
-        if found {
-            self.known.lock().unwrap().insert(topic.to_string());
-        }
-        found
-    }
-}
-
-/// The relay's processor.
-pub struct DelayProcessor {
-    relay: Arc<DelayRelay>,
-    waits: Vec<Duration>,
-    tier_of: HashMap<String, Duration>,
-    topic_of: HashMap<Duration, String>,
-    topics: KnownTopics,
-    telemetry: Telemetry,
-}
-
-impl DelayProcessor {
-    pub fn new(
-        relay: Arc<DelayRelay>,
-        metadata: BaseConsumer,
-        telemetry: Telemetry,
-    ) -> DelayProcessor {
-        DelayProcessor {
-            waits: relay.tiers.iter().map(|(d, _)| *d).collect(),
-            tier_of: relay.tiers.iter().map(|(d, t)| (t.clone(), *d)).collect(),
-            topic_of: relay.tiers.iter().map(|(d, t)| (*d, t.clone())).collect(),
-            topics: KnownTopics {
-                metadata: Arc::new(metadata),
-                known: Mutex::new(HashSet::new()),
-            },
-            relay,
-            telemetry,
-        }
-    }
-
-    fn reject(&self, message: &OwnedMessage, id: String, rejected: Rejected) -> Action {
-        let now = now_ms();
-        let add = [
-            (headers::ID, id.clone()),
-            (headers::REASON, rejected.reason.as_str().to_string()),
-            (
-                headers::LAST_ERROR,
-                headers::shorten(&rejected.error, headers::MAX_ERROR_BYTES),
-            ),
-            (headers::LAST_FAILURE_AT, now.to_string()),
-            (headers::ORIGIN_TOPIC, message.topic().to_string()),
-            (headers::ORIGIN_PARTITION, message.partition().to_string()),
-            (headers::ORIGIN_OFFSET, message.offset().to_string()),
-            (headers::TRAIL, "dlq".to_string()),
-        ];
-        let record = OutRecord::like(
-            message,
-            self.relay.dlq.clone(),
-            headers::rewrite(message.headers(), &[headers::DUE_AT], &add),
-        );
-        Action::Hop(PlannedHop {
-            record,
-            event: Some(Event::DeadLettered {
-                route: "delay".into(),
-                id,
-                attempt: 0,
-                topic: self.relay.dlq.clone(),
-                reason: rejected.reason,
-                error: rejected.error,
-            }),
-        })
-    }
-}
-
-impl Processor for DelayProcessor {
-    fn name(&self) -> &str {
-        "delay"
-    }
-
-    fn hop_topics(&self) -> Vec<String> {
-        let mut topics: Vec<String> = self.topic_of.values().cloned().collect();
-        topics.push(self.relay.dlq.clone());
-        topics
-    }
-
-    fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64> {
-        let wait = self.tier_of.get(message.topic())?;
-        Some(crate::pipeline::due_at(message, *wait))
-    }
-
-    async fn process(&self, message: &OwnedMessage) -> Action {
-        let now = now_ms();
-        let from_inbox = !self.tier_of.contains_key(message.topic());
-        let default_id =
-            headers::default_id(message.topic(), message.partition(), message.offset());
-        let reference = message
-            .timestamp()
-            .to_millis()
-            .filter(|_| from_inbox)
-            .unwrap_or(now);
-        let schedule = match parse_schedule(
-            message.headers(),
-            default_id.clone(),
-            reference,
-            now,
-            self.relay.max_delay,
-        ) {
-            Ok(schedule) => schedule,
-            Err(rejected) => {
-                // Keep the producer's id when it is usable, so the DLQ record
-                // can be matched to what was sent.
-                let id = match headers::text(message.headers(), headers::ID) {
-                    Ok(Some(id)) if !id.is_empty() && id.len() <= headers::MAX_ID_BYTES => {
-                        id.to_string()
-                    }
-                    _ => default_id,
-                };
-                return self.reject(message, id, rejected);
-            }
-        };
-        if from_inbox && !self.topics.exists(&schedule.target).await {
-            let error = format!(
-                "header {}: topic `{}` does not exist",
-                headers::TARGET,
-                schedule.target
-            );
-            return self.reject(message, schedule.id, invalid(error));
-        }
-        let now = now_ms();
-        match step(schedule.deliver_at - now, &self.waits) {
-            Step::Forward => Action::Hop(forward(message, &schedule)),
-            Step::Schedule => Action::HopAt {
-                at_ms: schedule.deliver_at,
-                hop: forward(message, &schedule),
-            },
-            Step::Tier(wait) => {
-                let add = [
-                    (headers::ID, schedule.id.clone()),
-                    (headers::TARGET, schedule.target.clone()),
-                    (headers::DELIVER_AT, schedule.deliver_at.to_string()),
-                    (headers::DUE_AT, (now + wait.as_millis() as i64).to_string()),
-                ];
-                let topic = self.topic_of[&wait].clone();
-                let record = OutRecord::like(
-                    message,
-                    topic,
-                    headers::rewrite(message.headers(), &SCHEDULING, &add),
-                );
-                self.telemetry.count_tier_hop(&record.topic);
-                Action::Hop(PlannedHop {
-                    record,
-                    event: None,
-                })
-            }
-        }
-    }
-}
-
-/// The record delivered to the target: key, payload and every header as the
-/// producer sent them, less the scheduling headers, plus `hopper-id`.
-fn forward(message: &OwnedMessage, schedule: &Schedule) -> PlannedHop {
-    let record = OutRecord::like(
-        message,
-        schedule.target.clone(),
-        headers::rewrite(
-            message.headers(),
-            &SCHEDULING,
-            &[(headers::ID, schedule.id.clone())],
-        ),
-    );
-    PlannedHop {
-        record,
-        event: Some(Event::Delivered {
-            id: schedule.id.clone(),
-            target: schedule.target.clone(),
-            deliver_at: schedule.deliver_at,
-        }),
-    }
-}
-
-/// A message to deliver later: the library side of `hopper send`. Any Kafka
-/// client can do the same by producing to the inbox with these headers.
-#[derive(Debug, Clone, Default)]
-pub struct DelayedMessage {
-    pub target: String,
-    /// When to deliver, epoch ms. Wins over `delay`.
-    pub deliver_at: Option<i64>,
-    /// How long to wait, counted from the record's timestamp.
-    pub delay: Option<Duration>,
-    pub id: Option<String>,
-    pub key: Option<Vec<u8>>,
-    pub payload: Option<Vec<u8>>,
-    /// Extra headers, delivered to the target unchanged.
-    pub headers: Vec<(String, Vec<u8>)>,
-}
-
-impl DelayedMessage {
-    /// Produces the message to `inbox` and waits for the acknowledgement.
-    /// Returns the inbox partition and offset.
-    pub async fn send(
-        &self,
-        producer: &rdkafka::producer::FutureProducer,
-        inbox: &str,
-    ) -> anyhow::Result<(i32, i64)> {
-        use rdkafka::message::{Header, OwnedHeaders};
-        let mut owned = OwnedHeaders::new();
-        for (key, value) in &self.headers {
-            owned = owned.insert(Header {
-                key,
-                value: Some(value),
-            });
-        }
-        let put = |owned: OwnedHeaders, key: &str, value: String| {
-            owned.insert(Header {
-                key,
-                value: Some(value.as_bytes()),
-            })
-        };
-        owned = put(owned, headers::TARGET, self.target.clone());
-        owned = match (self.deliver_at, self.delay) {
-            (Some(at), _) => put(owned, headers::DELIVER_AT, at.to_string()),
-            (None, Some(delay)) => put(owned, headers::DELAY, format!("{}ms", delay.as_millis())),
-            (None, None) => put(owned, headers::DELIVER_AT, now_ms().to_string()),
-        };
-        if let Some(id) = &self.id {
-            owned = put(owned, headers::ID, id.clone());
-        }
-        let mut record = rdkafka::producer::FutureRecord::<[u8], [u8]>::to(inbox).headers(owned);
-        if let Some(key) = &self.key {
-            record = record.key(key.as_slice());
-        }
-        if let Some(payload) = &self.payload {
-            record = record.payload(payload.as_slice());
-        }
-        let delivery = producer
-            .send(record, Duration::from_secs(30))
-            .await
-            .map_err(|(e, _)| anyhow::anyhow!("cannot produce to {inbox}: {e}"))?;
-        Ok((delivery.partition, delivery.offset))
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ const COMPONENTIZE_JS: &str = "0.23.0";
 const JCO: &str = "1.35.0";
 const WIT_BINDGEN: &str = "0.63.0";
 
-const WIT: &str = include_str!("../../wit/handler.wit");
+const WIT: &str = include_str!("../../../../wit/handler.wit");
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
@@ -26,25 +26,37 @@ pub enum Lang {
 fn files(lang: Lang) -> &'static [(&'static str, &'static str)] {
     match lang {
         Lang::Rust => &[
-            ("Cargo.toml", include_str!("../templates/rust/Cargo.toml")),
+            (
+                "Cargo.toml",
+                include_str!("../../../templates/rust/Cargo.toml"),
+            ),
             (
                 "rust-toolchain.toml",
-                include_str!("../templates/rust/rust-toolchain.toml"),
+                include_str!("../../../templates/rust/rust-toolchain.toml"),
             ),
-            ("src/lib.rs", include_str!("../templates/rust/src/lib.rs")),
-            ("build.sh", include_str!("../templates/rust/build.sh")),
+            (
+                "src/lib.rs",
+                include_str!("../../../templates/rust/src/lib.rs"),
+            ),
+            ("build.sh", include_str!("../../../templates/rust/build.sh")),
         ],
         Lang::Python => &[
-            ("app.py", include_str!("../templates/python/app.py")),
-            ("build.sh", include_str!("../templates/python/build.sh")),
+            ("app.py", include_str!("../../../templates/python/app.py")),
+            (
+                "build.sh",
+                include_str!("../../../templates/python/build.sh"),
+            ),
         ],
         Lang::Js => &[
-            ("handler.js", include_str!("../templates/js/handler.js")),
-            ("build.sh", include_str!("../templates/js/build.sh")),
+            (
+                "handler.js",
+                include_str!("../../../templates/js/handler.js"),
+            ),
+            ("build.sh", include_str!("../../../templates/js/build.sh")),
         ],
         Lang::C => &[
-            ("handler.c", include_str!("../templates/c/handler.c")),
-            ("build.sh", include_str!("../templates/c/build.sh")),
+            ("handler.c", include_str!("../../../templates/c/handler.c")),
+            ("build.sh", include_str!("../../../templates/c/build.sh")),
         ],
     }
 }

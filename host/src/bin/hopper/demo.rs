@@ -3,9 +3,10 @@
 
 use crate::{ctrl_c, prepare};
 use anyhow::Context as _;
-use hopper::Hopper;
 use hopper::events::Event;
 use hopper::headers;
+use hopper::kafka::Cluster;
+use hopper::{Hopper, Options};
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
@@ -84,8 +85,8 @@ pub async fn run(
     handler: Option<PathBuf>,
     cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let (mut settings, _broker) = prepare(&config, None, cache_dir)
-        .with_context(|| format!("loading {}", config.display()))?;
+    let (mut settings, _broker) =
+        prepare(&config, None).with_context(|| format!("loading {}", config.display()))?;
     // The hot reload step swaps in order-timeout v2, so it only runs with
     // the demo's own handler.
     let custom_handler = handler.is_some();
@@ -107,9 +108,9 @@ pub async fn run(
     std::fs::copy(&built, &first.handler)
         .with_context(|| format!("copying {}", built.display()))?;
     let route = first.clone();
-    let cluster = settings.cluster.clone();
+    let cluster = Cluster::of(&settings.kafka)?;
     let delay = settings.delay.clone();
-    let hopper = Hopper::start(settings).await?;
+    let hopper = Hopper::start(settings, Options { cache_dir }).await?;
     let mut events = hopper.events();
     let started = Instant::now();
     let stamp = move || format!("[{:>6.2}s]", started.elapsed().as_secs_f64());
@@ -227,7 +228,7 @@ pub async fn run(
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
                 }
                 Ok(Event::Delivered { id, target, deliver_at }) => {
-                    let late = hopper::pipeline::now_ms() - deliver_at;
+                    let late = hopper::clock::now_ms() - deliver_at;
                     println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
                 }
                 Ok(Event::HandlerReloaded { handler, old_version, new_version, took, .. }) => {

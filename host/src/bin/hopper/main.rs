@@ -1,13 +1,12 @@
 //! The `hopper` command: a thin layer over the library.
 
 use anyhow::Context as _;
-use clap::{Parser, Subcommand};
+use clap::{Args, Parser, Subcommand};
 use hopper::config::Config;
 use hopper::embedded::EmbeddedBroker;
 use hopper::kafka::Cluster;
-use hopper::{Hopper, Settings};
-use std::collections::BTreeSet;
-use std::path::PathBuf;
+use hopper::{Hopper, Options};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod demo;
@@ -61,38 +60,41 @@ enum Command {
     },
     /// Sends a message to be delivered to a topic later, through the delay
     /// relay's inbox. The payload is read from stdin unless --payload is given.
-    Send {
-        /// The topic the message is delivered to.
-        #[arg(long)]
-        topic: String,
-        /// How long to wait (humantime: 90s, 30m, 2d).
-        #[arg(long, conflicts_with = "at", required_unless_present = "at")]
-        delay: Option<humantime::Duration>,
-        /// When to deliver: RFC 3339 (2026-12-01T09:00:00Z) or epoch ms.
-        #[arg(long)]
-        at: Option<String>,
-        #[arg(long)]
-        key: Option<String>,
-        /// A header to deliver with the message, `name=value`; repeatable.
-        #[arg(short = 'H', long = "header")]
-        headers: Vec<String>,
-        /// Message id (`hopper-id`); by default derived from the inbox offset.
-        #[arg(long)]
-        id: Option<String>,
-        #[arg(long)]
-        payload: Option<String>,
-        /// Bootstrap servers.
-        #[arg(long, env = "HOPPER_BROKERS")]
-        brokers: String,
-        /// The delay relay's inbox topic.
-        #[arg(long, default_value = "hopper.delay")]
-        inbox: String,
-    },
+    Send(SendArgs),
     /// Handler components.
     Plugin {
         #[command(subcommand)]
         command: PluginCommand,
     },
+}
+
+#[derive(Args)]
+struct SendArgs {
+    /// The topic the message is delivered to.
+    #[arg(long)]
+    topic: String,
+    /// How long to wait (humantime: 90s, 30m, 2d).
+    #[arg(long, conflicts_with = "at", required_unless_present = "at")]
+    delay: Option<humantime::Duration>,
+    /// When to deliver: RFC 3339 (2026-12-01T09:00:00Z) or epoch ms.
+    #[arg(long)]
+    at: Option<String>,
+    #[arg(long)]
+    key: Option<String>,
+    /// A header to deliver with the message, `name=value`; repeatable.
+    #[arg(short = 'H', long = "header")]
+    headers: Vec<String>,
+    /// Message id (`hopper-id`); by default derived from the inbox offset.
+    #[arg(long)]
+    id: Option<String>,
+    #[arg(long)]
+    payload: Option<String>,
+    /// Bootstrap servers.
+    #[arg(long, env = "HOPPER_BROKERS")]
+    brokers: String,
+    /// The delay relay's inbox topic.
+    #[arg(long, default_value = "hopper.delay")]
+    inbox: String,
 }
 
 #[derive(Subcommand)]
@@ -149,17 +151,7 @@ async fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::New { lang, name, dir },
         } => plugin_new(lang, name, dir),
-        Command::Send {
-            topic,
-            delay,
-            at,
-            key,
-            headers,
-            id,
-            payload,
-            brokers,
-            inbox,
-        } => send(topic, delay, at, key, headers, id, payload, brokers, inbox).await,
+        Command::Send(args) => send(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -182,51 +174,30 @@ fn default_cache_dir() -> Option<PathBuf> {
 /// Loads the config and, when no broker is given, starts the embedded one.
 /// The broker must outlive hopper, so it is returned to the caller.
 pub(crate) fn prepare(
-    config: &std::path::Path,
+    path: &Path,
     brokers: Option<String>,
-    cache_dir: Option<PathBuf>,
-) -> anyhow::Result<(Settings, Option<EmbeddedBroker>)> {
-    let (mut config, routes) = Config::load(config)?;
-    let mut embedded = None;
-    let brokers = match brokers.or(config.kafka.brokers.clone()) {
-        Some(brokers) => brokers,
-        None => {
-            let broker = EmbeddedBroker::start()?;
-            let mut topics: BTreeSet<String> = routes.iter().flat_map(|r| r.all_topics()).collect();
-            if let Some(relay) = config.delay_relay() {
-                topics.extend(relay.all_topics());
-            }
-            broker.create_topics(&topics, config.kafka.partitions)?;
-            let address = broker.bootstrap_servers();
-            println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
-            embedded = Some(broker);
-            address
-        }
-    };
-    config.kafka.brokers = Some(brokers.clone());
-    let delay = config.delay_relay();
-    Ok((
-        Settings {
-            cluster: Cluster {
-                brokers,
-                kafka: config.kafka,
-            },
-            routes,
-            delay,
-            cache_dir,
-        },
-        embedded,
-    ))
+) -> anyhow::Result<(Config, Option<EmbeddedBroker>)> {
+    let mut config = Config::load(path)?;
+    if let Some(brokers) = brokers {
+        config.kafka.brokers = Some(brokers);
+    }
+    if config.kafka.brokers.is_some() {
+        return Ok((config, None));
+    }
+    let broker = EmbeddedBroker::serve(&mut config)?;
+    let address = broker.bootstrap_servers();
+    println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
+    Ok((config, Some(broker)))
 }
 
 async fn run(
-    config: PathBuf,
+    path: PathBuf,
     brokers: Option<String>,
     cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
-    let (settings, _embedded) = prepare(&config, brokers, cache_dir)
-        .with_context(|| format!("loading {}", config.display()))?;
-    let hopper = Hopper::start(settings).await?;
+    let (config, _embedded) =
+        prepare(&path, brokers).with_context(|| format!("loading {}", path.display()))?;
+    let hopper = Hopper::start(config, Options { cache_dir }).await?;
     hopper.run_until(ctrl_c()).await;
     Ok(())
 }
@@ -261,22 +232,13 @@ fn plugin_new(lang: scaffold::Lang, name: String, dir: Option<PathBuf>) -> anyho
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn send(
-    topic: String,
-    delay: Option<humantime::Duration>,
-    at: Option<String>,
-    key: Option<String>,
-    headers: Vec<String>,
-    id: Option<String>,
-    payload: Option<String>,
-    brokers: String,
-    inbox: String,
-) -> anyhow::Result<()> {
-    let deliver_at = at
+async fn send(args: SendArgs) -> anyhow::Result<()> {
+    let deliver_at = args
+        .at
         .map(|at| hopper::delay::parse_instant(&at).map_err(|e| anyhow::anyhow!("--at: {e}")))
         .transpose()?;
-    let headers = headers
+    let headers = args
+        .headers
         .iter()
         .map(|h| {
             h.split_once('=')
@@ -284,7 +246,7 @@ async fn send(
                 .with_context(|| format!("--header `{h}` is not name=value"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let payload = match payload {
+    let payload = match args.payload {
         Some(p) => p.into_bytes(),
         None => {
             let mut buf = Vec::new();
@@ -293,19 +255,22 @@ async fn send(
         }
     };
     let message = hopper::delay::DelayedMessage {
-        target: topic.clone(),
+        target: args.topic.clone(),
         deliver_at,
-        delay: delay.map(Into::into),
-        id,
-        key: key.map(String::into_bytes),
+        delay: args.delay.map(Into::into),
+        id: args.id,
+        key: args.key.map(String::into_bytes),
         payload: Some(payload),
         headers,
     };
     let cluster = Cluster {
-        brokers,
+        brokers: args.brokers,
         kafka: Default::default(),
     };
-    let (partition, offset) = message.send(&cluster.producer()?, &inbox).await?;
-    println!("Scheduled for {topic} via {inbox}[{partition}]@{offset}.");
+    let (partition, offset) = message.send(&cluster.producer()?, &args.inbox).await?;
+    println!(
+        "Scheduled for {} via {}[{partition}]@{offset}.",
+        args.topic, args.inbox
+    );
     Ok(())
 }

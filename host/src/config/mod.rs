@@ -1,0 +1,416 @@
+//! The config file: routes, their topics and handlers, the delay relay and
+//! the broker.
+//!
+//! Everything is validated before anything runs, and validation reports every
+//! problem at once, each naming the route it belongs to. [`Config::load`]
+//! returns the one resolved value the rest of hopper runs from. See
+//! docs/config.md.
+
+mod delay;
+mod kafka;
+mod route;
+
+pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay};
+pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
+pub use route::{
+    DEFAULT_RETRY_LADDER, DEFAULT_WARM_MAX_CALLS, InstanceMode, InstancePolicy, MAX_WARM_MAX_CALLS,
+    Route, RouteConfig, TrapPolicy,
+};
+
+use serde::Deserialize;
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The config file as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    #[serde(default)]
+    pub kafka: KafkaConfig,
+    #[serde(default, rename = "route")]
+    pub routes: Vec<RouteConfig>,
+    /// The delay relay; runs when this table is present.
+    pub delay: Option<DelayConfig>,
+}
+
+/// A config with every default filled in, every path resolved and every
+/// problem ruled out: what hopper runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub kafka: KafkaConfig,
+    pub routes: Vec<Route>,
+    /// The delay relay, when the file has a `[delay]` table.
+    pub delay: Option<DelayRelay>,
+}
+
+impl Config {
+    /// Reads, parses and validates a config file. Relative handler paths are
+    /// resolved against the file's directory.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let file = ConfigFile::parse(&text).map_err(|message| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        file.resolve(base).map_err(|problems| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            problems,
+        })
+    }
+
+    /// Every topic hopper reads or writes for this config.
+    pub fn all_topics(&self) -> BTreeSet<String> {
+        let mut topics: BTreeSet<String> =
+            self.routes.iter().flat_map(|r| r.all_topics()).collect();
+        if let Some(relay) = &self.delay {
+            topics.extend(relay.all_topics());
+        }
+        topics
+    }
+}
+
+impl ConfigFile {
+    pub fn parse(text: &str) -> Result<ConfigFile, String> {
+        toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())
+    }
+
+    /// Fills in defaults and checks everything, returning every problem.
+    pub fn resolve(&self, base: &Path) -> Result<Config, Vec<String>> {
+        let mut problems = Vec::new();
+        if self.routes.is_empty() && self.delay.is_none() {
+            problems.push("nothing to run: add a [[route]] table or a [delay] table".to_string());
+        }
+        self.kafka.check(&mut problems);
+        let mut routes = Vec::new();
+        let mut names: HashMap<&str, usize> = HashMap::new();
+        for (index, raw) in self.routes.iter().enumerate() {
+            let label = if raw.name.is_empty() {
+                format!("route #{}", index + 1)
+            } else {
+                format!("route `{}`", raw.name)
+            };
+            if let Some(first) = names.insert(raw.name.as_str(), index)
+                && !raw.name.is_empty()
+            {
+                problems.push(format!(
+                    "{label}: name is used by route #{} as well",
+                    first + 1
+                ));
+            }
+            if let Some(route) = route::resolve_route(raw, &label, base, &mut problems) {
+                routes.push(route);
+            }
+        }
+        route::check_topic_overlap(&routes, &mut problems);
+        let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
+        if let Some(relay) = &delay {
+            for route in &routes {
+                for topic in route.all_topics() {
+                    if relay.all_topics().contains(&topic) {
+                        problems.push(format!(
+                            "route `{}`: topic `{topic}` is also a topic of the delay relay",
+                            route.name
+                        ));
+                    }
+                }
+            }
+        }
+        if !problems.is_empty() {
+            return Err(problems);
+        }
+        Ok(Config {
+            kafka: self.kafka.clone(),
+            routes,
+            delay,
+        })
+    }
+}
+
+/// Every problem found in a config, each naming the route it belongs to.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path} is not valid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config file {path} has {} problem(s):\n{}", problems.len(), Problems(problems))]
+    Invalid {
+        path: PathBuf,
+        problems: Vec<String>,
+    },
+}
+
+struct Problems<'a>(&'a [String]);
+
+impl fmt::Display for Problems<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, problem) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "  - {problem}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A duration written in humantime (`5s`, `30m`) inside a list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct HumanDuration(pub Duration);
+
+impl<'de> Deserialize<'de> for HumanDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        humantime::parse_duration(&text)
+            .map(HumanDuration)
+            .map_err(|e| serde::de::Error::custom(format!("invalid duration `{text}`: {e}")))
+    }
+}
+
+/// `Duration` as a topic-safe humantime string: `90s` → `1m30s`.
+pub fn compact_duration(d: Duration) -> String {
+    humantime::format_duration(d).to_string().replace(' ', "")
+}
+
+/// Kafka's rule for topic names, which also serves for route and group names.
+pub(crate) fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("is empty".into());
+    }
+    if name.len() > 249 {
+        return Err(format!(
+            "is {} characters long; the limit is 249",
+            name.len()
+        ));
+    }
+    if name == "." || name == ".." {
+        return Err("cannot be `.` or `..`".into());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')))
+    {
+        return Err(format!(
+            "has `{c}`; only ASCII letters, digits, `.`, `_` and `-` are allowed"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_handler(dir: &Path) {
+        std::fs::write(dir.join("h.wasm"), b"not checked here").unwrap();
+    }
+
+    #[test]
+    fn defaults_fill_in() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let config = ConfigFile::parse(
+            r#"
+            [[route]]
+            name = "orders"
+            topics = ["orders"]
+            handler = "h.wasm"
+            "#,
+        )
+        .unwrap();
+        let routes = config.resolve(dir.path()).unwrap().routes;
+        let route = &routes[0];
+        assert_eq!(route.retry_ladder, DEFAULT_RETRY_LADDER.to_vec());
+        assert_eq!(route.max_attempts, 6);
+        assert_eq!(route.dlq, "orders.dlq");
+        assert_eq!(route.group, "hopper.orders");
+        assert_eq!(route.tier_topic(Duration::from_secs(5)), "orders.retry.5s");
+        assert_eq!(
+            route.tier_topic(Duration::from_secs(90)),
+            "orders.retry.1m30s"
+        );
+        assert_eq!(route.memory_bytes, 64 << 20);
+        assert!(config.kafka.brokers.is_none());
+    }
+
+    #[test]
+    fn equal_rungs_share_a_tier() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let config = ConfigFile::parse(
+            r#"
+            [[route]]
+            name = "r"
+            topics = ["in"]
+            handler = "h.wasm"
+            retry = ["1s", "1s", "5s"]
+            "#,
+        )
+        .unwrap();
+        let route = &config.resolve(dir.path()).unwrap().routes[0];
+        let tiers: Vec<String> = route.tiers().into_iter().map(|(_, t)| t).collect();
+        assert_eq!(tiers, vec!["r.retry.1s", "r.retry.5s"]);
+        assert_eq!(route.max_attempts, 4);
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_route() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = ConfigFile::parse(
+            r#"
+            [kafka]
+            partitions = 0
+
+            [[route]]
+            name = "orders"
+            topics = []
+            handler = "missing.wasm"
+            retry = ["5m", "30s"]
+            max_attempts = 0
+
+            [[route]]
+            name = "bad name!"
+            topics = ["ok", "not ok"]
+            handler = "missing.wasm"
+            memory_mib = 0
+            "#,
+        )
+        .unwrap();
+        let problems = config.resolve(dir.path()).unwrap_err();
+        let text = problems.join("\n");
+        for expected in [
+            "kafka.partitions must be at least 1",
+            "route `orders`: no input topics",
+            "route `orders`: handler",
+            "route `orders`: invalid retry ladder: 30s follows 5m",
+            "route `orders`: max_attempts must be at least 1",
+            "route `bad name!`: name has ` `",
+            "route `bad name!`: input topic `not ok` has ` `",
+            "route `bad name!`: memory_mib must be between 1 and 4096",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+        assert_eq!(problems.len(), 9, "{text}");
+    }
+
+    #[test]
+    fn instance_policy_defaults_and_problems_name_the_route() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let config = ConfigFile::parse(
+            r#"
+            [[route]]
+            name = "default"
+            topics = ["a"]
+            handler = "h.wasm"
+
+            [[route]]
+            name = "fresh"
+            topics = ["b"]
+            handler = "h.wasm"
+            instance = "fresh"
+
+            [[route]]
+            name = "warm"
+            topics = ["c"]
+            handler = "h.wasm"
+            instance = "warm"
+            warm_max_calls = 10
+            "#,
+        )
+        .unwrap();
+        let routes = config.resolve(dir.path()).unwrap().routes;
+        let policies: Vec<InstancePolicy> = routes.iter().map(|r| r.instance).collect();
+        assert_eq!(
+            policies,
+            vec![
+                InstancePolicy::Warm {
+                    max_calls: DEFAULT_WARM_MAX_CALLS
+                },
+                InstancePolicy::Fresh,
+                InstancePolicy::Warm { max_calls: 10 },
+            ]
+        );
+
+        let config = ConfigFile::parse(
+            r#"
+            [[route]]
+            name = "zero"
+            topics = ["a"]
+            handler = "h.wasm"
+            warm_max_calls = 0
+
+            [[route]]
+            name = "mixed"
+            topics = ["b"]
+            handler = "h.wasm"
+            instance = "fresh"
+            warm_max_calls = 5
+            "#,
+        )
+        .unwrap();
+        let problems = config.resolve(dir.path()).unwrap_err();
+        assert_eq!(
+            problems,
+            vec![
+                "route `zero`: warm_max_calls must be between 1 and 1000000, not 0",
+                "route `mixed`: warm_max_calls is set but instance is \"fresh\"; it only applies to instance = \"warm\"",
+            ]
+        );
+        let err = ConfigFile::parse(
+            "[[route]]\nname = \"r\"\ntopics = [\"a\"]\nhandler = \"h.wasm\"\ninstance = \"hot\"\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("unknown variant `hot`"), "{err}");
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected_by_name() {
+        let err = ConfigFile::parse(
+            r#"
+            [[route]]
+            name = "orders"
+            topics = ["orders"]
+            handler = "h.wasm"
+            max_attempt = 3
+            "#,
+        )
+        .unwrap_err();
+        assert!(err.contains("unknown field `max_attempt`"), "{err}");
+    }
+
+    #[test]
+    fn a_route_cannot_write_into_another_routes_tier() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let config = ConfigFile::parse(
+            r#"
+            [[route]]
+            name = "a"
+            topics = ["in"]
+            handler = "h.wasm"
+            retry = ["5s"]
+
+            [[route]]
+            name = "b"
+            topics = ["a.retry.5s"]
+            handler = "h.wasm"
+            "#,
+        )
+        .unwrap();
+        let problems = config.resolve(dir.path()).unwrap_err();
+        assert_eq!(
+            problems,
+            vec!["route `b`: input topic `a.retry.5s` is the retry tier of route `a`"]
+        );
+    }
+}

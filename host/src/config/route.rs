@@ -1,0 +1,339 @@
+//! `[[route]]`: a route as written, and resolved with every default filled
+//! in.
+
+use super::{HumanDuration, check_name, compact_duration};
+use serde::Deserialize;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Default retry ladder: the wait before attempt 2, 3, ... of a message.
+pub const DEFAULT_RETRY_LADDER: [Duration; 5] = [
+    Duration::from_secs(5),
+    Duration::from_secs(30),
+    Duration::from_secs(5 * 60),
+    Duration::from_secs(30 * 60),
+    Duration::from_secs(2 * 60 * 60),
+];
+
+/// One route: input topics, a handler, a retry ladder and a dead-letter topic.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub name: String,
+    /// Input topics; a route reads all of them with one consumer group.
+    pub topics: Vec<String>,
+    /// Path of the handler component, relative to the config file.
+    pub handler: PathBuf,
+    /// Wait before attempt 2, 3, ... . When a message needs more attempts
+    /// than the ladder has rungs, the last rung repeats.
+    #[serde(default, rename = "retry")]
+    pub retry_ladder: Option<Vec<HumanDuration>>,
+    /// Deliveries a message gets in all, the first included. Defaults to one
+    /// more than the rungs of the retry ladder.
+    pub max_attempts: Option<u32>,
+    /// Dead-letter topic. Default: `<name>.dlq`.
+    pub dlq: Option<String>,
+    /// Consumer group. Default: `hopper.<name>`.
+    pub group: Option<String>,
+    /// Prefix of the retry tier topics. Default: `<name>.retry`, giving
+    /// topics such as `orders.retry.5s`.
+    pub retry_topic_prefix: Option<String>,
+    /// What a guest trap does: `dead-letter` (default) or `retry`.
+    #[serde(default)]
+    pub on_trap: TrapPolicy,
+    /// Wall-clock limit of one handler call. Default 1s.
+    #[serde(default = "default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Linear-memory limit of one handler instance, in MiB. Default 64.
+    #[serde(default = "default_memory_mib")]
+    pub memory_mib: u64,
+    /// Instance policy: `warm` (default) reuses an instance for up to
+    /// `warm_max_calls` calls; `fresh` instantiates for every call.
+    #[serde(default)]
+    pub instance: InstanceMode,
+    /// Calls a warm instance serves before it is retired. Default 1000.
+    pub warm_max_calls: Option<u32>,
+    /// Values the handler reads through the `config` import.
+    #[serde(default)]
+    pub config: BTreeMap<String, String>,
+}
+
+/// How a route's handler calls get their instance, as written in the config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum InstanceMode {
+    /// Reuse an instance for many calls: several times cheaper per call (see
+    /// docs/operations.md), at the price of guest globals surviving between
+    /// messages.
+    #[default]
+    Warm,
+    /// A new instance for every call: nothing a call leaves behind is seen
+    /// by the next one.
+    Fresh,
+}
+
+/// The resolved instance policy of a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstancePolicy {
+    Fresh,
+    /// An instance serves at most `max_calls` calls, and is dropped at once
+    /// after a call that trapped, timed out or hit the memory cap.
+    Warm {
+        max_calls: u32,
+    },
+}
+
+/// Default `warm_max_calls`: long enough to amortise instantiation, short
+/// enough that a slow leak in a guest is reset regularly.
+pub const DEFAULT_WARM_MAX_CALLS: u32 = 1000;
+/// Upper bound of `warm_max_calls`, so an instance is retired eventually.
+pub const MAX_WARM_MAX_CALLS: u32 = 1_000_000;
+
+/// What happens to a message whose handler call trapped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TrapPolicy {
+    /// Straight to the dead-letter topic with reason HANDLER_TRAP: a trap is
+    /// almost always a bug that the same input will hit again.
+    #[default]
+    DeadLetter,
+    /// Count it as a failed attempt and retry up the ladder, which lets a
+    /// hot-reloaded fix pick the message up.
+    Retry,
+}
+
+fn default_timeout() -> Duration {
+    Duration::from_secs(1)
+}
+fn default_memory_mib() -> u64 {
+    64
+}
+
+/// A route with every default filled in and every path resolved.
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub name: String,
+    pub topics: Vec<String>,
+    pub handler: PathBuf,
+    pub retry_ladder: Vec<Duration>,
+    pub max_attempts: u32,
+    pub dlq: String,
+    pub group: String,
+    pub retry_topic_prefix: String,
+    pub on_trap: TrapPolicy,
+    pub timeout: Duration,
+    pub memory_bytes: usize,
+    pub instance: InstancePolicy,
+    pub config: BTreeMap<String, String>,
+}
+
+impl Route {
+    /// The retry tier topic for one rung of the ladder: `<prefix>.<duration>`,
+    /// the duration in compact humantime (`5s`, `1m30s`, `2h`). Rungs of equal
+    /// duration share one topic, because every message in a tier waits the
+    /// same time.
+    pub fn tier_topic(&self, delay: Duration) -> String {
+        format!("{}.{}", self.retry_topic_prefix, compact_duration(delay))
+    }
+
+    /// The distinct retry tiers of this route, shortest first.
+    pub fn tiers(&self) -> Vec<(Duration, String)> {
+        let mut delays = self.retry_ladder.clone();
+        delays.sort();
+        delays.dedup();
+        delays
+            .into_iter()
+            .map(|d| (d, self.tier_topic(d)))
+            .collect()
+    }
+
+    /// Every topic this route reads or writes.
+    pub fn all_topics(&self) -> Vec<String> {
+        let mut topics = self.topics.clone();
+        topics.extend(self.tiers().into_iter().map(|(_, t)| t));
+        topics.push(self.dlq.clone());
+        topics
+    }
+}
+
+pub(super) fn resolve_route(
+    raw: &RouteConfig,
+    label: &str,
+    base: &Path,
+    problems: &mut Vec<String>,
+) -> Option<Route> {
+    let before = problems.len();
+    if raw.name.is_empty() {
+        problems.push(format!("{label}: name is empty"));
+    } else if let Err(e) = check_name(&raw.name) {
+        problems.push(format!("{label}: name {e}"));
+    }
+    if raw.topics.is_empty() {
+        problems.push(format!("{label}: no input topics"));
+    }
+    for topic in &raw.topics {
+        if let Err(e) = check_name(topic) {
+            problems.push(format!("{label}: input topic `{topic}` {e}"));
+        }
+    }
+    let handler = base.join(&raw.handler);
+    if raw.handler.as_os_str().is_empty() {
+        problems.push(format!("{label}: handler path is empty"));
+    } else if !handler.is_file() {
+        problems.push(format!(
+            "{label}: handler {} does not exist or is not a file",
+            handler.display()
+        ));
+    }
+    let ladder: Vec<Duration> = match &raw.retry_ladder {
+        Some(rungs) => rungs.iter().map(|d| d.0).collect(),
+        None => DEFAULT_RETRY_LADDER.to_vec(),
+    };
+    for (i, pair) in ladder.windows(2).enumerate() {
+        if pair[1] < pair[0] {
+            problems.push(format!(
+                "{label}: invalid retry ladder: {} follows {} (rung {}); rungs must not get shorter",
+                compact_duration(pair[1]),
+                compact_duration(pair[0]),
+                i + 2
+            ));
+        }
+    }
+    if ladder.iter().any(|d| d.is_zero()) {
+        problems.push(format!("{label}: invalid retry ladder: a rung of 0s"));
+    }
+    let max_attempts = raw.max_attempts.unwrap_or(ladder.len() as u32 + 1);
+    if max_attempts == 0 {
+        problems.push(format!("{label}: max_attempts must be at least 1"));
+    }
+    if max_attempts > 1 && ladder.is_empty() {
+        problems.push(format!(
+            "{label}: max_attempts is {max_attempts} but the retry ladder is empty"
+        ));
+    }
+    if raw.timeout.is_zero() {
+        problems.push(format!("{label}: timeout must be more than 0s"));
+    }
+    if raw.memory_mib == 0 || raw.memory_mib > 4096 {
+        problems.push(format!(
+            "{label}: memory_mib must be between 1 and 4096, not {}",
+            raw.memory_mib
+        ));
+    }
+    let instance = resolve_instance(raw, label, problems);
+    let dlq = raw
+        .dlq
+        .clone()
+        .unwrap_or_else(|| format!("{}.dlq", raw.name));
+    let group = raw
+        .group
+        .clone()
+        .unwrap_or_else(|| format!("hopper.{}", raw.name));
+    let retry_topic_prefix = raw
+        .retry_topic_prefix
+        .clone()
+        .unwrap_or_else(|| format!("{}.retry", raw.name));
+    // Names derived from a bad route name would only repeat its problem.
+    let name_ok = check_name(&raw.name).is_ok();
+    for (what, name, explicit) in [
+        ("dlq", &dlq, raw.dlq.is_some()),
+        ("group", &group, raw.group.is_some()),
+        (
+            "retry_topic_prefix",
+            &retry_topic_prefix,
+            raw.retry_topic_prefix.is_some(),
+        ),
+    ] {
+        if !(explicit || name_ok) {
+            continue;
+        }
+        if let Err(e) = check_name(name) {
+            problems.push(format!("{label}: {what} `{name}` {e}"));
+        }
+    }
+    if problems.len() > before {
+        return None;
+    }
+    Some(Route {
+        name: raw.name.clone(),
+        topics: raw.topics.clone(),
+        handler,
+        retry_ladder: ladder,
+        max_attempts,
+        dlq,
+        group,
+        retry_topic_prefix,
+        on_trap: raw.on_trap,
+        timeout: raw.timeout,
+        memory_bytes: (raw.memory_mib as usize) << 20,
+        instance,
+        config: raw.config.clone(),
+    })
+}
+
+fn resolve_instance(raw: &RouteConfig, label: &str, problems: &mut Vec<String>) -> InstancePolicy {
+    match (raw.instance, raw.warm_max_calls) {
+        (InstanceMode::Fresh, None) => InstancePolicy::Fresh,
+        (InstanceMode::Fresh, Some(_)) => {
+            problems.push(format!(
+                "{label}: warm_max_calls is set but instance is \"fresh\"; it only applies to instance = \"warm\""
+            ));
+            InstancePolicy::Fresh
+        }
+        (InstanceMode::Warm, max_calls) => {
+            let max_calls = max_calls.unwrap_or(DEFAULT_WARM_MAX_CALLS);
+            if !(1..=MAX_WARM_MAX_CALLS).contains(&max_calls) {
+                problems.push(format!(
+                    "{label}: warm_max_calls must be between 1 and {MAX_WARM_MAX_CALLS}, not {max_calls}"
+                ));
+            }
+            InstancePolicy::Warm { max_calls }
+        }
+    }
+}
+
+/// A topic hopper writes for one route must not be another route's input or
+/// tier, or messages would loop between routes.
+pub(super) fn check_topic_overlap(routes: &[Route], problems: &mut Vec<String>) {
+    let mut owners: HashMap<String, (String, &'static str)> = HashMap::new();
+    for route in routes {
+        let mut owned: Vec<(String, &'static str)> = route
+            .tiers()
+            .into_iter()
+            .map(|(_, t)| (t, "retry tier"))
+            .collect();
+        owned.push((route.dlq.clone(), "dead-letter topic"));
+        for (topic, kind) in owned {
+            if route.topics.contains(&topic) {
+                problems.push(format!(
+                    "route `{}`: {kind} `{topic}` is also one of its input topics",
+                    route.name
+                ));
+            }
+            if let Some((other, other_kind)) = owners.get(&topic) {
+                if kind == "dead-letter topic" && *other_kind == "dead-letter topic" {
+                    continue; // routes may share a dead-letter topic
+                }
+                problems.push(format!(
+                    "route `{}`: {kind} `{topic}` is also the {other_kind} of route `{other}`",
+                    route.name
+                ));
+            } else {
+                owners.insert(topic, (route.name.clone(), kind));
+            }
+        }
+    }
+    for route in routes {
+        for topic in &route.topics {
+            if let Some((other, kind)) = owners.get(topic)
+                && *kind == "retry tier"
+            {
+                problems.push(format!(
+                    "route `{}`: input topic `{topic}` is the {kind} of route `{other}`",
+                    route.name
+                ));
+            }
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! The delay relay: any producer schedules a message for an exact time by
+//! producing it to the inbox with plain-text headers.
+//!
+//! A message cascades down a ladder of tier topics. Each hop uses the
+//! largest tier that still fits the remaining time (less a small margin), so
+//! a delay is never rounded to a tier. When less than the smallest tier
+//! remains, the in-memory [`crate::scheduler`] holds it until its exact
+//! deliver-at. Tiers wait through the same hold-until-due mechanism as retry
+//! tiers ([`crate::hold`]), and the Kafka offset is the durable record until
+//! the message is forwarded, so a crash loses nothing.
+
+mod relay;
+mod schedule;
+mod send;
+
+pub use relay::DelayProcessor;
+pub use schedule::{HOP_MARGIN, Rejected, Schedule, Step, parse_instant, parse_schedule, step};
+pub use send::DelayedMessage;
