@@ -1,13 +1,16 @@
 //! Named events: each one writes its log line, bumps its counter and is
 //! broadcast to observers (the demo's live view and tests).
 //!
+//! Which metric an event bumps is decided in one place, [`Metrics::record`].
 //! Counter labels stay low-cardinality: route, tier, reason, outcome — never a
 //! key or an id. Ids appear only in log lines and broadcast events.
 
+use crate::config::Config;
 use crate::headers::Reason;
+use crate::health::Health;
+use crate::metrics::Metrics;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 
@@ -36,6 +39,8 @@ pub enum Event {
         topic: String,
         delay: Duration,
         reason: Reason,
+        /// sha256 of the handler version that asked for the retry.
+        version: Option<String>,
     },
     /// The message was produced to a dead-letter topic and acknowledged.
     DeadLettered {
@@ -45,6 +50,9 @@ pub enum Event {
         topic: String,
         reason: Reason,
         error: String,
+        /// sha256 of the handler version whose verdict sent it there; `None`
+        /// when no handler ran (the delay relay, a bad envelope).
+        version: Option<String>,
     },
     /// The delay relay forwarded a message to its target and it was
     /// acknowledged.
@@ -77,23 +85,14 @@ pub enum Event {
     },
 }
 
-/// One counter, registered once and bumped without a lookup: hot paths
-/// hold their counters.
-#[derive(Clone, Default)]
-pub struct Counter(Arc<AtomicU64>);
+pub use crate::metrics::Counter;
 
-impl Counter {
-    pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-/// Where events go. Cheap to clone.
+/// Where events go, and where they are counted. Cheap to clone.
 #[derive(Clone)]
 pub struct Telemetry {
     events: broadcast::Sender<Event>,
-    // std Mutex: held to register or read counters, never across an .await.
-    counters: Arc<Mutex<BTreeMap<String, Counter>>>,
+    metrics: Arc<Metrics>,
+    health: Arc<Health>,
 }
 
 impl Default for Telemetry {
@@ -103,12 +102,26 @@ impl Default for Telemetry {
 }
 
 impl Telemetry {
+    /// Telemetry that counts no route: for a component used on its own.
     pub fn new() -> Self {
+        let health = Arc::new(Health::default());
+        Self::with(Metrics::new(None, health.clone(), true), health)
+    }
+
+    /// Telemetry with every counter of `config` registered. With `metrics`
+    /// false nothing is timed (see [`Metrics::new`]).
+    pub fn for_config(config: &Config, metrics: bool) -> Self {
+        let health = Arc::new(Health::default());
+        Self::with(Metrics::new(Some(config), health.clone(), metrics), health)
+    }
+
+    fn with(metrics: Metrics, health: Arc<Health>) -> Self {
         // Slow observers lose the oldest events rather than slowing hopper.
         let (events, _) = broadcast::channel(65_536);
         Self {
             events,
-            counters: Arc::default(),
+            metrics: Arc::new(metrics),
+            health,
         }
     }
 
@@ -116,41 +129,17 @@ impl Telemetry {
         self.events.subscribe()
     }
 
-    /// Counter values, keyed `name{label=value,...}`.
-    pub fn counters(&self) -> BTreeMap<String, u64> {
-        self.counters
-            .lock()
-            .unwrap()
-            .iter()
-            .map(|(k, c)| (k.clone(), c.0.load(Ordering::Relaxed)))
-            .collect()
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
-    /// The counter `name{labels}`, registered on first use.
-    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> Counter {
-        thread_local! {
-            // The key is built here, and allocated only for a new counter.
-            static KEY: std::cell::RefCell<String> = const { std::cell::RefCell::new(String::new()) };
-        }
-        KEY.with_borrow_mut(|key| {
-            key.clear();
-            key.push_str(name);
-            key.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    key.push(',');
-                }
-                key.push_str(k);
-                key.push('=');
-                key.push_str(v);
-            }
-            key.push('}');
-            let mut counters = self.counters.lock().unwrap();
-            if let Some(counter) = counters.get(key.as_str()) {
-                return counter.clone();
-            }
-            counters.entry(key.clone()).or_default().clone()
-        })
+    pub fn health(&self) -> &Arc<Health> {
+        &self.health
+    }
+
+    /// Counter values, keyed `name_total{label=value,...}`.
+    pub fn counters(&self) -> BTreeMap<String, u64> {
+        self.metrics.counters()
     }
 
     /// True when someone listens to [`Telemetry::subscribe`]; hot paths
@@ -167,17 +156,15 @@ impl Telemetry {
 
     /// A delayed message moved down one tier.
     pub fn count_tier_hop(&self, tier: &str) {
-        self.count("hopper_delay_hops_total", &[("tier", tier)]);
+        self.metrics.tier_hop(tier);
     }
 
-    fn count(&self, name: &str, labels: &[(&str, &str)]) {
-        self.counter(name, labels).inc();
-    }
-
+    /// Logs `event`, counts it ([`Metrics::record`]) and sends it to
+    /// observers.
     pub fn emit(&self, event: Event) {
         match &event {
-            // Logged and counted where the call is made (route.rs), which
-            // holds its counters; only broadcast here.
+            // Logged where the call is made (route.rs); only counted and
+            // broadcast here.
             Event::Handled { .. } => {}
             Event::RetryScheduled {
                 route,
@@ -186,17 +173,18 @@ impl Telemetry {
                 topic,
                 delay,
                 reason,
+                version,
             } => {
                 tracing::info!(
                     route,
                     id,
                     attempt,
+                    version = version.as_deref().map(short),
                     tier = topic,
                     delay = %humantime::format_duration(*delay),
                     reason = reason.as_str(),
                     "Retry scheduled."
                 );
-                self.count("hopper_retries_total", &[("route", route), ("tier", topic)]);
             }
             Event::DeadLettered {
                 route,
@@ -205,19 +193,17 @@ impl Telemetry {
                 topic,
                 reason,
                 error,
+                version,
             } => {
                 tracing::warn!(
                     route,
                     id,
                     attempt,
+                    version = version.as_deref().map(short),
                     dlq = topic,
                     reason = reason.as_str(),
                     error,
                     "Message dead-lettered."
-                );
-                self.count(
-                    "hopper_dead_lettered_total",
-                    &[("route", route), ("reason", reason.as_str())],
                 );
             }
             Event::Delivered {
@@ -241,9 +227,7 @@ impl Telemetry {
                         late_ms,
                         "Delayed message delivered late."
                     );
-                    self.count("hopper_delay_late_total", &[("target", target)]);
                 }
-                self.count("hopper_delay_delivered_total", &[("target", target)]);
             }
             Event::HandlerReloaded {
                 route,
@@ -262,7 +246,6 @@ impl Telemetry {
                     cached,
                     "Handler reloaded."
                 );
-                self.count("hopper_reloads_total", &[("route", route)]);
             }
             Event::HandlerReloadFailed {
                 route,
@@ -275,9 +258,9 @@ impl Telemetry {
                     error,
                     "Handler reload failed; the old version keeps serving."
                 );
-                self.count("hopper_reload_failures_total", &[("route", route)]);
             }
         }
+        self.metrics.record(&event);
         // No subscribers is fine.
         let _ = self.events.send(event);
     }
@@ -285,6 +268,6 @@ impl Telemetry {
 
 /// The first 12 hex digits of a version, enough to tell versions apart in a
 /// log line.
-fn short(version: &str) -> &str {
+pub fn short(version: &str) -> &str {
     &version[..12.min(version.len())]
 }

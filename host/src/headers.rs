@@ -32,6 +32,13 @@ pub const TARGET: &str = "hopper-target";
 pub const DELIVER_AT: &str = "hopper-deliver-at";
 /// Delay relay: how long to wait, humantime, instead of `hopper-deliver-at`.
 pub const DELAY: &str = "hopper-delay";
+/// How many times the message was replayed from a dead-letter topic. Its
+/// presence on an input record marks a replay: the id, origin and trail are
+/// kept, and attempts start over.
+pub const REPLAY_COUNT: &str = "hopper-replay-count";
+/// On a replayed record: the dead-letter record it was replayed from,
+/// `topic:partition:offset`.
+pub const REPLAYED_FROM: &str = "hopper-replayed-from";
 
 /// `hopper-last-error` is cut to this many bytes (on a character boundary),
 /// with `…` appended when cut.
@@ -133,6 +140,8 @@ pub struct Envelope {
     pub origin: Origin,
     pub first_failure_at: Option<i64>,
     pub trail: Vec<String>,
+    /// Times the message was replayed from a dead-letter topic.
+    pub replays: u32,
 }
 
 /// The record being read, as far as the envelope cares.
@@ -147,8 +156,20 @@ pub struct Incoming<'a, H: Headers> {
 impl Envelope {
     /// The envelope of a record read from a route's input topic: the record
     /// itself is the origin and this is attempt 1. Only `hopper-id` is
-    /// honoured, so a producer can choose the id.
+    /// honoured, so a producer can choose the id; except on a replay (it has
+    /// `hopper-replay-count`), which keeps its id, origin and trail.
     pub fn from_input<H: Headers>(rec: &Incoming<'_, H>) -> Result<Envelope, HeaderError> {
+        let h = rec.headers;
+        if let Some(replays) = optional_number(h, REPLAY_COUNT)? {
+            return Ok(Envelope {
+                id: check_id(required(h, ID)?)?,
+                attempts_made: 0,
+                origin: origin(h)?,
+                first_failure_at: None,
+                trail: text(h, TRAIL)?.map(parse_trail).unwrap_or_default(),
+                replays,
+            });
+        }
         let id = match text(rec.headers, ID)? {
             Some(id) => check_id(id)?,
             None => default_id(rec.topic, rec.partition, rec.offset),
@@ -164,6 +185,7 @@ impl Envelope {
             },
             first_failure_at: None,
             trail: Vec::new(),
+            replays: 0,
         })
     }
 
@@ -174,16 +196,29 @@ impl Envelope {
         Ok(Envelope {
             id: check_id(required(h, ID)?)?,
             attempts_made: number(h, ATTEMPT)?,
-            origin: Origin {
-                topic: required(h, ORIGIN_TOPIC)?.to_string(),
-                partition: number(h, ORIGIN_PARTITION)?,
-                offset: number(h, ORIGIN_OFFSET)?,
-                timestamp: optional_number(h, ORIGIN_TIMESTAMP)?,
-            },
+            origin: origin(h)?,
             first_failure_at: optional_number(h, FIRST_FAILURE_AT)?,
             trail: text(h, TRAIL)?.map(parse_trail).unwrap_or_default(),
+            replays: replay_count(h),
         })
     }
+}
+
+fn origin<H: Headers>(h: Option<&H>) -> Result<Origin, HeaderError> {
+    Ok(Origin {
+        topic: required(h, ORIGIN_TOPIC)?.to_string(),
+        partition: number(h, ORIGIN_PARTITION)?,
+        offset: number(h, ORIGIN_OFFSET)?,
+        timestamp: optional_number(h, ORIGIN_TIMESTAMP)?,
+    })
+}
+
+/// `hopper-replay-count` of a record; 0 when absent or unreadable.
+pub fn replay_count<H: Headers>(headers: Option<&H>) -> u32 {
+    optional_number(headers, REPLAY_COUNT)
+        .ok()
+        .flatten()
+        .unwrap_or(0)
 }
 
 /// The id of a message that arrived without `hopper-id`.
@@ -378,9 +413,46 @@ pub fn next_hop_headers<H: Headers>(
         TRAIL,
         &push_trail(&envelope.trail, hop.trail_entry).join(","),
     );
+    if envelope.replays > 0 {
+        out.number(REPLAY_COUNT, envelope.replays);
+    }
     if let Some(due) = hop.due_at {
         out.number(DUE_AT, due);
     }
+    out.finish()
+}
+
+/// The headers of a dead-letter record replayed to its input: its own
+/// non-hopper headers (and the hopper headers `keep` names), then its id,
+/// origin and trail with `replay` added, `replays` as `hopper-replay-count`
+/// and where it came from. Attempts, failure times, reason and error are
+/// dropped: the replay starts over.
+pub fn replay_headers<H: Headers>(
+    original: Option<&H>,
+    envelope: &Envelope,
+    replays: u32,
+    replayed_from: &str,
+    keep: &[&str],
+) -> OwnedHeaders {
+    let kept = original.map_or(0, |h| h.count());
+    let mut out = HeaderWriter::new(kept + 8);
+    if let Some(original) = original {
+        for header in original.iter() {
+            if !header.key.starts_with(PREFIX) || keep.contains(&header.key) {
+                out.raw(header.key, header.value);
+            }
+        }
+    }
+    out.text(ID, &envelope.id);
+    out.text(ORIGIN_TOPIC, &envelope.origin.topic);
+    out.number(ORIGIN_PARTITION, envelope.origin.partition);
+    out.number(ORIGIN_OFFSET, envelope.origin.offset);
+    if let Some(ts) = envelope.origin.timestamp {
+        out.number(ORIGIN_TIMESTAMP, ts);
+    }
+    out.text(TRAIL, &push_trail(&envelope.trail, "replay").join(","));
+    out.number(REPLAY_COUNT, replays);
+    out.text(REPLAYED_FROM, replayed_from);
     out.finish()
 }
 

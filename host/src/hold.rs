@@ -13,12 +13,12 @@
 
 use crate::clock::now_ms;
 use crate::headers;
+use crate::health::HeldHeads;
 use rdkafka::message::Message;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-/// A partition of a topic.
-pub type TopicPartition = (String, i32);
+pub use crate::health::TopicPartition;
 
 /// When a tier message is due: its `hopper-due-at`, else its timestamp plus
 /// the tier's wait, else now.
@@ -40,6 +40,9 @@ pub struct Hold {
     held: HashMap<TopicPartition, (i64, i64)>,
     /// The same entries ordered by due time, for the next wake-up.
     by_due: BTreeSet<(i64, TopicPartition)>,
+    /// Where held heads are reported, for `hopper_hold_head_due_seconds`.
+    /// Touched when a partition is held or released, never per message.
+    heads: Option<HeldHeads>,
 }
 
 /// What to do with a message read from a tier.
@@ -56,6 +59,14 @@ pub enum Gate {
 }
 
 impl Hold {
+    /// A hold that reports each held partition's due time to `heads`.
+    pub fn reporting(heads: HeldHeads) -> Hold {
+        Hold {
+            heads: Some(heads),
+            ..Hold::default()
+        }
+    }
+
     /// Decides what to do with `offset` of `tp`, due at `due_ms`, at `now_ms`.
     /// A message is never passed before it is due.
     pub fn gate(&mut self, tp: &TopicPartition, offset: i64, due_ms: i64, now_ms: i64) -> Gate {
@@ -67,6 +78,9 @@ impl Hold {
         }
         self.held.insert(tp.clone(), (offset, due_ms));
         self.by_due.insert((due_ms, tp.clone()));
+        if let Some(heads) = &self.heads {
+            heads.held(tp, due_ms);
+        }
         Gate::Hold { due_ms }
     }
 
@@ -84,6 +98,9 @@ impl Hold {
             }
             let (_, tp) = self.by_due.pop_first().expect("checked above");
             self.held.remove(&tp);
+            if let Some(heads) = &self.heads {
+                heads.released(&tp);
+            }
             due.push(tp);
         }
         due
@@ -93,6 +110,9 @@ impl Hold {
     pub fn release(&mut self, tp: &TopicPartition) {
         if let Some((_, due)) = self.held.remove(tp) {
             self.by_due.remove(&(due, tp.clone()));
+            if let Some(heads) = &self.heads {
+                heads.released(tp);
+            }
         }
     }
 
@@ -144,5 +164,18 @@ mod tests {
         hold.release(&tp(0));
         assert_eq!(hold.next_due(), None);
         assert_eq!(hold.held(), 0);
+    }
+
+    #[test]
+    fn held_heads_are_reported_until_released_or_due() {
+        let heads = HeldHeads::default();
+        let mut hold = Hold::reporting(heads.clone());
+        hold.gate(&tp(0), 1, 3_000, 0);
+        hold.gate(&tp(1), 1, 2_000, 0);
+        assert_eq!(heads.snapshot(), vec![(tp(0), 3_000), (tp(1), 2_000)]);
+        hold.take_due(2_000);
+        assert_eq!(heads.snapshot(), vec![(tp(0), 3_000)]);
+        hold.release(&tp(0));
+        assert!(heads.snapshot().is_empty());
     }
 }

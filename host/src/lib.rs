@@ -10,6 +10,7 @@
 //! planned [`hop`] goes to [`produce`] → on its acknowledgement the source
 //! offset is marked done in [`offsets`], and the loop stores it for commit.
 
+pub mod admin;
 pub mod clock;
 pub mod config;
 pub mod delay;
@@ -17,9 +18,12 @@ pub mod dlq;
 pub mod embedded;
 pub mod events;
 pub mod headers;
+pub mod health;
 pub mod hold;
 pub mod hop;
 pub mod kafka;
+pub mod lag;
+pub mod metrics;
 pub mod offsets;
 pub mod pipeline;
 pub mod plugin;
@@ -108,7 +112,7 @@ fn start_pipeline<P: hop::Processor>(
     telemetry: &Telemetry,
     shutdown: &CancellationToken,
     loops: &TaskTracker,
-) -> anyhow::Result<Arc<pipeline::Shared<P>>> {
+) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::unbounded_channel();
     let consumer: pipeline::PipelineConsumer = cluster
         .consumer_config(group)
@@ -120,6 +124,17 @@ fn start_pipeline<P: hop::Processor>(
     let subscription: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&subscription).context("subscribing")?;
     let consumer = Arc::new(consumer);
+    let name = processor.name().to_string();
+    let assigned = Arc::downgrade(&consumer);
+    telemetry.health().set_assignment_probe(
+        &name,
+        Box::new(move || {
+            assigned
+                .upgrade()
+                .and_then(|c| c.assignment().ok())
+                .map_or(0, |a| a.count())
+        }),
+    );
     let acks = TaskTracker::new();
     let producer = produce::HopProducer::new(
         &cluster.producer_config(),
@@ -136,8 +151,14 @@ fn start_pipeline<P: hop::Processor>(
         telemetry: telemetry.clone(),
         acks,
     });
-    loops.spawn(pipeline::run(shared.clone(), rx, shutdown.clone()));
-    Ok(shared)
+    let (health, shutdown) = (telemetry.health().clone(), shutdown.clone());
+    loops.spawn(async move {
+        pipeline::run(shared, rx, shutdown.clone()).await;
+        if !shutdown.is_cancelled() {
+            health.stop(&name, "its consumer loop ended");
+        }
+    });
+    Ok(())
 }
 
 /// A running hopper: one consumer loop per route.
@@ -149,6 +170,9 @@ pub struct Hopper {
     slots: HashMap<String, Arc<plugin::HandlerSlot>>,
     /// Swaps new handler versions into the slots; dropped with hopper.
     reloader: reload::Reloader,
+    /// The admin server, when the config has an `[admin]` table; stopped
+    /// after the routes.
+    admin: Option<admin::Server>,
 }
 
 impl Hopper {
@@ -195,7 +219,8 @@ impl Hopper {
             tracing::info!(topics = created.join(","), "Topics created.");
         }
 
-        let telemetry = Telemetry::new();
+        let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
+        let telemetry = Telemetry::for_config(&config, metrics_on);
         let shutdown = CancellationToken::new();
         let loops = TaskTracker::new();
         let mut slots = HashMap::new();
@@ -212,7 +237,7 @@ impl Hopper {
             });
             let mut subscription: Vec<String> = route.topics.clone();
             subscription.extend(processor.tiers.keys().cloned());
-            let shared = start_pipeline(
+            start_pipeline(
                 &cluster,
                 &route.group,
                 &subscription,
@@ -229,7 +254,6 @@ impl Hopper {
                 dlq = route.dlq,
                 "Route started."
             );
-            drop(shared);
         }
         if let Some(relay) = &config.delay {
             let metadata = cluster
@@ -267,13 +291,54 @@ impl Hopper {
                 return Err(e.into());
             }
         };
+        let status = reloader.status_reader();
+        telemetry.health().set_handlers(Box::new(move || {
+            status()
+                .into_iter()
+                .map(|s| health::HandlerInfo {
+                    route: s.route,
+                    file: s.handler.display().to_string(),
+                    version: s.version,
+                    last_reload_error: s.last_reload_error,
+                })
+                .collect()
+        }));
+        if metrics_on {
+            let watched = lag::watched(&config);
+            let health = telemetry.health().clone();
+            lag::spawn_sampler(cluster.clone(), watched, health, shutdown.clone());
+        }
+        let admin = match config.admin.clone() {
+            None => None,
+            Some(settings) => {
+                let context = admin::Context {
+                    config: Arc::new(config),
+                    cluster,
+                    telemetry: telemetry.clone(),
+                };
+                match admin::Server::start(context, settings).await {
+                    Ok(server) => Some(server),
+                    Err(e) => {
+                        shutdown.cancel();
+                        loops.wait().await;
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
         Ok(Hopper {
             telemetry,
             shutdown,
             loops,
             slots,
             reloader,
+            admin,
         })
+    }
+
+    /// Where the admin server listens, when it runs.
+    pub fn admin_addr(&self) -> Option<std::net::SocketAddr> {
+        self.admin.as_ref().map(admin::Server::addr)
     }
 
     /// Events of every route, from now on.
@@ -303,6 +368,9 @@ impl Hopper {
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.loops.wait().await;
+        if let Some(admin) = self.admin {
+            admin.stop().await;
+        }
     }
 
     /// Runs until `shutdown` completes, then stops.

@@ -185,7 +185,7 @@ pub async fn run<P: Processor>(
 ) {
     let name = shared.processor.name().to_string();
     let consumer = shared.consumer.clone();
-    let mut hold = Hold::default();
+    let mut hold = Hold::reporting(shared.telemetry.health().held_heads(&name));
     let mut workers = Workers::default();
     let scheduler = Scheduler::spawn(shared.producer.clone(), shutdown.clone());
     let mut store_tick = tokio::time::interval(STORE_EVERY);

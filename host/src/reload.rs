@@ -187,18 +187,29 @@ impl Reloader {
     /// Per route: the handler file, the serving version and the last reload
     /// error, if any.
     pub fn status(&self) -> Vec<RouteStatus> {
-        let errors = self.errors.lock().unwrap().clone();
-        self.targets
-            .iter()
-            .zip(errors)
-            .map(|(t, last_reload_error)| RouteStatus {
-                route: t.route.name.clone(),
-                handler: t.route.handler.clone(),
-                version: t.slot.current().version().to_string(),
-                last_reload_error,
-            })
-            .collect()
+        status(&self.targets, &self.errors)
     }
+
+    /// [`Reloader::status`], as a function that outlives the reloader (and
+    /// then reports the versions that served last).
+    pub fn status_reader(&self) -> impl Fn() -> Vec<RouteStatus> + Send + Sync + 'static {
+        let (targets, errors) = (self.targets.clone(), self.errors.clone());
+        move || status(&targets, &errors)
+    }
+}
+
+fn status(targets: &[Target], errors: &Mutex<Vec<Option<String>>>) -> Vec<RouteStatus> {
+    let errors = errors.lock().unwrap().clone();
+    targets
+        .iter()
+        .zip(errors)
+        .map(|(t, last_reload_error)| RouteStatus {
+            route: t.route.name.clone(),
+            handler: t.route.handler.clone(),
+            version: t.slot.current().version().to_string(),
+            last_reload_error,
+        })
+        .collect()
 }
 
 /// The directory to watch for `handler`, and the path notify reports for it.

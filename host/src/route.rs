@@ -4,10 +4,11 @@
 use crate::clock::now_ms;
 use crate::config::Route;
 use crate::dlq::{self, DeadLetter};
-use crate::events::{Counter, Event, Telemetry};
+use crate::events::{Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::metrics::RouteMetrics;
 use crate::plugin::{Delivery, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
 use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
@@ -22,26 +23,21 @@ pub struct RouteProcessor {
     pub tiers: HashMap<String, Duration>,
     pub handler: Arc<HandlerSlot>,
     pub telemetry: Telemetry,
-    /// `hopper_handled_total{route,verdict}`, by verdict label.
-    handled: HashMap<&'static str, Counter>,
+    /// This route's counters and call-duration histogram, held so no
+    /// message looks one up.
+    metrics: RouteMetrics,
 }
 
 impl RouteProcessor {
     pub fn new(route: Arc<Route>, handler: Arc<HandlerSlot>, telemetry: Telemetry) -> Self {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
-        let handled = Verdict::LABELS
-            .into_iter()
-            .map(|label| {
-                let labels = [("route", route.name.as_str()), ("verdict", label)];
-                (label, telemetry.counter("hopper_handled_total", &labels))
-            })
-            .collect();
+        let metrics = telemetry.metrics().route(&route.name, &Verdict::LABELS);
         Self {
             route,
             tiers,
             handler,
             telemetry,
-            handled,
+            metrics,
         }
     }
 }
@@ -74,6 +70,9 @@ impl Processor for RouteProcessor {
 /// next hop. `None` means the message is done and needs no hop.
 async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<PlannedHop> {
     let route = &shared.route;
+    if let Some(consumed) = &shared.metrics.consumed {
+        consumed.inc();
+    }
     let incoming = Incoming {
         topic: message.topic(),
         partition: message.partition(),
@@ -101,6 +100,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
                 },
                 first_failure_at: None,
                 trail: Vec::new(),
+                replays: headers::replay_count(message.headers()),
             };
             if let Ok(Some(id)) = headers::text(message.headers(), headers::ID) {
                 envelope.id = headers::shorten(id, headers::MAX_ID_BYTES);
@@ -133,14 +133,23 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
         attempt,
         route: route.name.clone(),
     };
-    let verdict = handler.call(delivery).await;
+    let verdict = match &shared.metrics.call_duration {
+        Some(histogram) => {
+            let started = std::time::Instant::now();
+            let verdict = handler.call(delivery).await;
+            histogram.observe(started.elapsed());
+            verdict
+        }
+        None => handler.call(delivery).await,
+    };
     let label = verdict.label();
-    if let Some(counter) = shared.handled.get(label) {
+    if let Some(counter) = shared.metrics.outcomes.get(label) {
         counter.inc();
     }
     tracing::debug!(
         route = route.name,
         id = envelope.id,
+        version = crate::events::short(handler.version()),
         topic = message.topic(),
         partition = message.partition(),
         offset = message.offset(),
@@ -166,6 +175,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
             route = route.name,
             id = envelope.id,
             attempt,
+            version = crate::events::short(handler.version()),
             class = class.as_str(),
             error,
             "Handler call failed."
@@ -248,6 +258,7 @@ fn plan(
             topic,
             delay,
             reason,
+            version: handler.map(|(_, version)| version.to_string()),
         }),
     }
 }

@@ -50,6 +50,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
         topic: "out".into(),
         reason: Reason::Fatal,
         error: "told to fail".into(),
+        version: None,
     };
     let headers = OwnedHeaders::new().insert(Header {
         key: "hopper-id",

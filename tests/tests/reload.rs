@@ -197,7 +197,10 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
     let hopper = r.route.start().await;
     let mut events = hopper.events();
     let producer = producer();
-    let counter = format!("hopper_reload_failures_total{{route={}}}", r.route.name);
+    let counter = format!(
+        "hopper_handler_reloads_total{{route={},result=failed}}",
+        r.route.name
+    );
     let failures = |hopper: &hopper::Hopper| hopper.telemetry().counters().get(&counter).copied();
     // Failure events seen: one per distinct broken content. A write in place
     // that stalls for longer than the debounce between its open (which

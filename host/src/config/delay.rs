@@ -4,6 +4,10 @@ use super::{HumanDuration, check_name, compact_duration};
 use serde::Deserialize;
 use std::time::Duration;
 
+/// The route name the delay relay goes by in dead-letter records
+/// (`hopper-route`) and metrics.
+pub const RELAY_ROUTE: &str = "delay";
+
 /// Default delay ladder: 1s up to 1d.
 pub const DEFAULT_DELAY_TIERS: [Duration; 8] = [
     Duration::from_secs(1),

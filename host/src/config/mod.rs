@@ -6,11 +6,13 @@
 //! returns the one resolved value the rest of hopper runs from. See
 //! docs/config.md.
 
+mod admin;
 mod delay;
 mod kafka;
 mod route;
 
-pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay};
+pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
+pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
 pub use route::{
     DEFAULT_RETRY_LADDER, DEFAULT_WARM_MAX_CALLS, InstanceMode, InstancePolicy, MAX_WARM_MAX_CALLS,
@@ -33,6 +35,10 @@ pub struct ConfigFile {
     pub routes: Vec<RouteConfig>,
     /// The delay relay; runs when this table is present.
     pub delay: Option<DelayConfig>,
+    /// The admin server; runs when this table is present.
+    pub admin: Option<AdminConfig>,
+    #[serde(default)]
+    pub replay: ReplayConfig,
 }
 
 /// A config with every default filled in, every path resolved and every
@@ -43,6 +49,9 @@ pub struct Config {
     pub routes: Vec<Route>,
     /// The delay relay, when the file has a `[delay]` table.
     pub delay: Option<DelayRelay>,
+    /// The admin server, when the file has an `[admin]` table.
+    pub admin: Option<Admin>,
+    pub replay: ReplayConfig,
 }
 
 impl Config {
@@ -71,8 +80,27 @@ impl Config {
         if let Some(relay) = &self.delay {
             topics.extend(relay.all_topics());
         }
+        topics.extend(
+            self.dead_letter_topics()
+                .into_iter()
+                .map(|t| replay_journal(&t)),
+        );
         topics
     }
+
+    /// Every dead-letter topic, once each (routes may share one).
+    pub fn dead_letter_topics(&self) -> BTreeSet<String> {
+        let mut topics: BTreeSet<String> = self.routes.iter().map(|r| r.dlq.clone()).collect();
+        topics.extend(self.delay.iter().map(|d| d.dlq.clone()));
+        topics
+    }
+}
+
+/// The topic that records each replay of a dead-letter topic's records:
+/// `<dlq>.replays`. The dead-letter topic itself is never written to by a
+/// replay, except for REPLAY_LOOP records.
+pub fn replay_journal(dlq: &str) -> String {
+    format!("{dlq}.replays")
 }
 
 impl ConfigFile {
@@ -109,6 +137,14 @@ impl ConfigFile {
         }
         route::check_topic_overlap(&routes, &mut problems);
         let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
+        let admin = self.admin.as_ref().and_then(|a| a.resolve(&mut problems));
+        self.replay.check(&mut problems);
+        if delay.is_some() && routes.iter().any(|r| r.name == RELAY_ROUTE) {
+            problems.push(format!(
+                "route `{}`: the name is the delay relay's in dead-letter records and metrics; choose another",
+                RELAY_ROUTE
+            ));
+        }
         if let Some(relay) = &delay {
             for route in &routes {
                 for topic in route.all_topics() {
@@ -128,6 +164,8 @@ impl ConfigFile {
             kafka: self.kafka.clone(),
             routes,
             delay,
+            admin,
+            replay: self.replay.clone(),
         })
     }
 }

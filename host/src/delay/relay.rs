@@ -92,6 +92,7 @@ impl DelayProcessor {
             },
             first_failure_at: None,
             trail: Vec::new(),
+            replays: headers::replay_count(message.headers()),
         };
         Action::Hop(dlq::plan(
             message,

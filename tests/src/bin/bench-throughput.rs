@@ -587,7 +587,7 @@ fn route_counters(hopper: &Hopper, route: &str, names: &[&str]) -> u64 {
 
 /// Messages `route` has handled so far, any verdict.
 fn handled(hopper: &Hopper, route: &str) -> u64 {
-    route_counters(hopper, route, &["hopper_handled_total{"])
+    route_counters(hopper, route, &["hopper_handler_outcomes_total{"])
 }
 
 /// Messages of `route` that are done: handled `ok`, or hopped and
@@ -596,12 +596,17 @@ fn done(hopper: &Hopper, route: &str) -> u64 {
     let ok = hopper
         .telemetry()
         .counters()
-        .get(&format!("hopper_handled_total{{route={route},verdict=ok}}"))
+        .get(&format!(
+            "hopper_handler_outcomes_total{{route={route},outcome=ok}}"
+        ))
         .copied()
         .unwrap_or(0);
     ok + route_counters(
         hopper,
         route,
-        &["hopper_dead_lettered_total{", "hopper_retries_total{"],
+        &[
+            "hopper_dead_lettered_total{",
+            "hopper_retries_scheduled_total{",
+        ],
     )
 }

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod demo;
+mod ops;
 mod scaffold;
 
 #[global_allocator]
@@ -32,6 +33,16 @@ struct Cli {
     /// Compile every handler at startup and on reload; cache nothing.
     #[arg(long, global = true, conflicts_with = "cache_dir")]
     no_cache: bool,
+    /// Log lines as text, or as one JSON object per line (for log
+    /// shippers). Text has colour only when stderr is a terminal.
+    #[arg(long, global = true, env = "HOPPER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -66,6 +77,16 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
+    /// Dead-letter topics: list, show and replay records, straight against
+    /// the brokers (no running hopper needed).
+    Dlq {
+        #[command(subcommand)]
+        command: ops::DlqCommand,
+    },
+    /// What waits in each topic of each route, the size of each dead-letter
+    /// topic, and, when hopper's admin server answers, readiness and handler
+    /// versions.
+    Status(ops::Target),
 }
 
 #[derive(Args)]
@@ -126,13 +147,7 @@ async fn main() -> ExitCode {
         Command::Demo { .. } => "warn,hopper::plugin=info",
         _ => "info",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("HOPPER_LOG")
-                .unwrap_or_else(|_| default_filter.into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    init_logs(cli.log_format, default_filter);
     let cache_dir = if cli.no_cache {
         None
     } else {
@@ -152,6 +167,8 @@ async fn main() -> ExitCode {
             command: PluginCommand::New { lang, name, dir },
         } => plugin_new(lang, name, dir),
         Command::Send(args) => send(args).await,
+        Command::Dlq { command } => ops::dlq(command).await,
+        Command::Status(target) => ops::status(target).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -159,6 +176,27 @@ async fn main() -> ExitCode {
             eprintln!("error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+/// Logs to stderr: text (coloured only on a terminal, so files and pipes
+/// get no escape codes) or JSON lines whose fields (route, id, attempt,
+/// version, ...) sit at the top level of each object.
+fn init_logs(format: LogFormat, default_filter: &str) {
+    use std::io::IsTerminal as _;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("HOPPER_LOG")
+        .unwrap_or_else(|_| default_filter.into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(false)
+            .init(),
     }
 }
 

@@ -1,6 +1,15 @@
 //! Dead-lettering: every record hopper writes to a dead-letter topic is
 //! built here, by routes and by the delay relay alike, so every DLQ record
-//! carries the same context headers (docs/headers.md).
+//! carries the same context headers (docs/headers.md). Reading them back
+//! ([`browse`]) and replaying them ([`replay`]) live beside it.
+
+pub mod browse;
+pub mod record;
+pub mod replay;
+
+pub use browse::{Dlq, DlqError, DlqFilter, DlqPage};
+pub use record::{DlqRecord, DlqSummary, RecordRef};
+pub use replay::{Pacer, Report as ReplayReport};
 
 use crate::clock::now_ms;
 use crate::events::Event;
@@ -59,6 +68,7 @@ pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
             topic: dead.topic.to_string(),
             reason: dead.reason,
             error: dead.error.to_string(),
+            version: dead.handler.map(|(_, version)| version.to_string()),
         }),
     }
 }

@@ -1,0 +1,354 @@
+//! The admin API's handlers. Reads of dead-letter topics block on the
+//! brokers, so they run on the blocking pool.
+
+use super::State;
+use crate::config::{Config, RELAY_ROUTE};
+use crate::dlq::{Dlq, DlqError, DlqFilter, DlqPage, DlqRecord, RecordRef, ReplayReport};
+use crate::health::{HandlerInfo, Pending, PipelineState};
+use crate::kafka::Cluster;
+use crate::metrics::Format;
+use axum::Json;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, Query, State as Shared};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use std::sync::Arc;
+
+/// Records one list page holds at most.
+const MAX_PAGE: usize = 500;
+
+/// An API error: a status and a message that names the problem.
+pub(super) struct ApiError(StatusCode, String);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "error": self.1 }))).into_response()
+    }
+}
+
+impl From<DlqError> for ApiError {
+    fn from(e: DlqError) -> Self {
+        let status = match &e {
+            DlqError::UnknownRoute(_) => StatusCode::BAD_REQUEST,
+            DlqError::NotDeadLetterTopic(_) | DlqError::NotFound(_) => StatusCode::NOT_FOUND,
+            _ => StatusCode::BAD_GATEWAY,
+        };
+        ApiError(status, e.to_string())
+    }
+}
+
+fn bad_request(message: impl Into<String>) -> ApiError {
+    ApiError(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// Runs `read` against the config's dead-letter topics on the blocking pool.
+async fn with_dlq<T: Send + 'static>(
+    state: &State,
+    read: impl FnOnce(&Dlq<'_>) -> Result<T, DlqError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let (config, cluster) = (state.context.config.clone(), state.context.cluster.clone());
+    tokio::task::spawn_blocking(move || {
+        read(&Dlq {
+            cluster: &cluster,
+            config: &config,
+        })
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+    .map_err(ApiError::from)
+}
+
+pub(super) async fn health() -> Json<serde_json::Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// 200 when every pipeline consumes, else 503; lists every pipeline's state.
+pub(super) async fn ready(
+    Shared(state): Shared<Arc<State>>,
+) -> (StatusCode, Json<serde_json::Value>) {
+    let health = state.context.telemetry.health();
+    let ready = health.ready();
+    let pipelines: Vec<_> = health
+        .states()
+        .into_iter()
+        .map(|(name, state)| json!({ "pipeline": name, "status": state }))
+        .collect();
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (
+        status,
+        Json(json!({ "ready": ready, "pipelines": pipelines })),
+    )
+}
+
+/// The Prometheus exposition; OpenMetrics when the scraper asks for it.
+pub(super) async fn metrics(Shared(state): Shared<Arc<State>>, headers: HeaderMap) -> Response {
+    let metrics = state.context.telemetry.metrics();
+    if !metrics.enabled() {
+        let error = "metrics are off (admin.metrics = false)";
+        return (StatusCode::NOT_FOUND, Json(json!({ "error": error }))).into_response();
+    }
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|a| a.to_str().ok())
+        .unwrap_or_default();
+    let format = if accept.contains("application/openmetrics-text") {
+        Format::OpenMetrics
+    } else {
+        Format::Prometheus
+    };
+    let body = metrics.encode(format);
+    ([(header::CONTENT_TYPE, format.content_type())], body).into_response()
+}
+
+/// A held tier partition, as the API shows it.
+#[derive(Serialize)]
+struct Held {
+    topic: String,
+    partition: i32,
+    due_in_ms: i64,
+}
+
+/// A route or the delay relay, with its live state.
+#[derive(Serialize)]
+pub(super) struct PipelineView {
+    name: String,
+    /// `route` or `relay`.
+    kind: &'static str,
+    group: String,
+    inputs: Vec<String>,
+    tiers: Vec<String>,
+    dlq: String,
+    status: PipelineState,
+    pending: Vec<Pending>,
+    held: Vec<Held>,
+}
+
+fn pipelines(state: &State) -> Vec<PipelineView> {
+    let config: &Config = &state.context.config;
+    let health = state.context.telemetry.health();
+    let states = health.states();
+    let sample = health.pending();
+    let held = health.held();
+    let now = crate::clock::now_ms();
+    let view =
+        |name: &str, kind, group: &str, inputs: Vec<String>, tiers: Vec<String>, dlq: &str| {
+            PipelineView {
+                name: name.to_string(),
+                kind,
+                group: group.to_string(),
+                inputs,
+                tiers,
+                dlq: dlq.to_string(),
+                status: states
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map(|(_, s)| s.clone())
+                    .unwrap_or(PipelineState::Starting),
+                pending: sample
+                    .topics
+                    .iter()
+                    .filter(|p| p.pipeline == name)
+                    .cloned()
+                    .collect(),
+                held: held
+                    .iter()
+                    .filter(|(p, _, _)| p == name)
+                    .map(|(_, (topic, partition), due)| Held {
+                        topic: topic.clone(),
+                        partition: *partition,
+                        due_in_ms: due - now,
+                    })
+                    .collect(),
+            }
+        };
+    let mut out: Vec<PipelineView> = config
+        .routes
+        .iter()
+        .map(|r| {
+            let tiers = r.tiers().into_iter().map(|t| t.1).collect();
+            view(&r.name, "route", &r.group, r.topics.clone(), tiers, &r.dlq)
+        })
+        .collect();
+    if let Some(relay) = &config.delay {
+        let tiers = relay.tiers.iter().map(|t| t.1.clone()).collect();
+        let inbox = vec![relay.inbox.clone()];
+        out.push(view(
+            RELAY_ROUTE,
+            "relay",
+            &relay.group,
+            inbox,
+            tiers,
+            &relay.dlq,
+        ));
+    }
+    out
+}
+
+pub(super) async fn routes(Shared(state): Shared<Arc<State>>) -> Json<Vec<PipelineView>> {
+    Json(pipelines(&state))
+}
+
+pub(super) async fn handlers(Shared(state): Shared<Arc<State>>) -> Json<Vec<HandlerInfo>> {
+    Json(state.context.telemetry.health().handlers())
+}
+
+/// Everything the console's overview shows, in one call.
+pub(super) async fn status(Shared(state): Shared<Arc<State>>) -> Json<serde_json::Value> {
+    let telemetry = &state.context.telemetry;
+    let sample = telemetry.health().pending();
+    let lateness = telemetry.metrics().lateness().map(|h| {
+        let ms = |q| h.quantile(q).map(|s| s * 1000.0);
+        json!({ "count": h.count(), "p50_ms": ms(0.5), "p99_ms": ms(0.99), "p999_ms": ms(0.999) })
+    });
+    Json(json!({
+        "ready": telemetry.health().ready(),
+        "metrics": telemetry.metrics().enabled(),
+        "pipelines": pipelines(&state),
+        "handlers": telemetry.health().handlers(),
+        "pending_sampled_at_ms": (sample.at_ms > 0).then_some(sample.at_ms),
+        "pending_error": sample.error,
+        "delay_lateness": lateness,
+    }))
+}
+
+/// `GET /api/dlq` query: the filter, and the page.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ListQuery {
+    route: Option<String>,
+    reason: Option<String>,
+    /// Epoch ms or RFC 3339.
+    since: Option<String>,
+    until: Option<String>,
+    key: Option<String>,
+    text: Option<String>,
+    skip: Option<usize>,
+    limit: Option<usize>,
+}
+
+fn instant(name: &str, value: Option<String>) -> Result<Option<i64>, ApiError> {
+    match value.filter(|v| !v.trim().is_empty()) {
+        None => Ok(None),
+        Some(v) => crate::delay::parse_instant(v.trim())
+            .map(Some)
+            .map_err(|e| bad_request(format!("{name}: {e}"))),
+    }
+}
+
+pub(super) async fn dlq_list(
+    Shared(state): Shared<Arc<State>>,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<DlqPage>, ApiError> {
+    let Query(q) = query.map_err(|e| bad_request(e.body_text()))?;
+    let empty = |v: Option<String>| v.filter(|v| !v.is_empty());
+    let filter = DlqFilter {
+        since: instant("since", q.since)?,
+        until: instant("until", q.until)?,
+        route: empty(q.route),
+        reason: empty(q.reason),
+        key: empty(q.key),
+        text: empty(q.text),
+    };
+    let (skip, limit) = (q.skip.unwrap_or(0), q.limit.unwrap_or(50).min(MAX_PAGE));
+    with_dlq(&state, move |dlq| dlq.list(&filter, skip, limit))
+        .await
+        .map(Json)
+}
+
+pub(super) async fn dlq_show(
+    Shared(state): Shared<Arc<State>>,
+    Path((topic, partition, offset)): Path<(String, i32, i64)>,
+) -> Result<Json<DlqRecord>, ApiError> {
+    let at = RecordRef {
+        topic,
+        partition,
+        offset,
+    };
+    with_dlq(&state, move |dlq| dlq.show(&at)).await.map(Json)
+}
+
+/// `POST /api/replay`: `records` (as `topic:partition:offset`) or a
+/// `filter`, and `dry_run`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ReplayBody {
+    records: Option<Vec<String>>,
+    filter: Option<DlqFilter>,
+    #[serde(default)]
+    dry_run: bool,
+}
+
+pub(super) async fn replay(
+    Shared(state): Shared<Arc<State>>,
+    body: Result<Json<ReplayBody>, JsonRejection>,
+) -> Result<Json<ReplayReport>, ApiError> {
+    let Json(body) = body.map_err(|e| bad_request(e.body_text()))?;
+    let max = state.context.config.replay.max_records;
+    let selected = match (body.records, body.filter) {
+        (Some(records), None) => {
+            if records.is_empty() {
+                return Err(bad_request("records is empty: select at least one"));
+            }
+            if records.len() > max {
+                return Err(bad_request(format!(
+                    "{} records selected; replay.max_records allows {max}",
+                    records.len()
+                )));
+            }
+            let refs = records
+                .iter()
+                .map(|r| r.parse::<RecordRef>().map_err(bad_request))
+                .collect::<Result<Vec<_>, _>>()?;
+            with_dlq(&state, move |dlq| {
+                refs.iter().map(|r| dlq.fetch(r)).collect()
+            })
+            .await?
+        }
+        (None, Some(filter)) => with_dlq(&state, move |dlq| dlq.select(&filter, max)).await?,
+        _ => return Err(bad_request("give either records or filter")),
+    };
+    let (config, cluster): (Arc<Config>, Cluster) =
+        (state.context.config.clone(), state.context.cluster.clone());
+    let dry_run = body.dry_run;
+    let shared = state.clone();
+    // Planning reads the replay journal, which blocks; producing is async.
+    let report = tokio::task::spawn_blocking(move || {
+        let dlq = Dlq {
+            cluster: &cluster,
+            config: &config,
+        };
+        let metrics = shared.context.telemetry.metrics().clone();
+        tokio::runtime::Handle::current().block_on(dlq.replay(
+            selected,
+            config.replay.max_replays,
+            dry_run,
+            &shared.pacer,
+            |outcome| {
+                if let (Some(route), None, false) = (&outcome.route, &outcome.failed, dry_run) {
+                    match outcome.action {
+                        crate::dlq::replay::Action::Replay { .. } => metrics.replayed(route, false),
+                        crate::dlq::replay::Action::Loop { .. } => metrics.replayed(route, true),
+                        crate::dlq::replay::Action::Skip { .. } => {}
+                    }
+                }
+            },
+        ))
+    })
+    .await
+    .map_err(|e| ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    tracing::info!(
+        dry_run,
+        replayed = report.replayed,
+        looped = report.looped,
+        skipped = report.skipped,
+        failed = report.failed,
+        "Replay through the admin API."
+    );
+    Ok(Json(report))
+}

@@ -1,0 +1,270 @@
+// hopper's web console. Every value from the server is put on the page with
+// textContent (or an attribute), never parsed as HTML.
+"use strict";
+
+const PAGE = 50;
+const REASONS = ["FATAL", "RETRIES_EXHAUSTED", "HANDLER_TRAP", "HANDLER_TIMEOUT",
+  "HANDLER_MEMORY", "INVALID_ENVELOPE", "NO_HANDLER", "DELAY_TOO_LONG", "REPLAY_LOOP"];
+const COLORS = ["#c62828", "#ef6c00", "#6a1b9a", "#1565c0", "#00838f", "#558b2f",
+  "#4e342e", "#ad1457", "#37474f"];
+
+const state = { skip: 0, total: 0, records: [], selected: new Set(), detail: null, view: "text" };
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) node.textContent = String(text);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+
+function row(cells) {
+  const tr = el("tr");
+  for (const cell of cells) {
+    const td = el("td");
+    if (cell instanceof Node) td.appendChild(cell); else td.textContent = cell ?? "";
+    tr.appendChild(td);
+  }
+  return tr;
+}
+
+function time(ms) {
+  return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", "") : "";
+}
+
+function showError(message) {
+  $("error").textContent = message || "";
+}
+
+async function call(path, options) {
+  const response = await fetch(path, options);
+  let body = null;
+  try { body = await response.json(); } catch (_) { /* not JSON */ }
+  if (!response.ok) {
+    throw new Error((body && body.error) || `${response.status} ${response.statusText}`);
+  }
+  return body;
+}
+
+async function loadStatus() {
+  const status = await call("/api/status");
+  const ready = $("ready");
+  ready.textContent = status.ready ? "ready" : "not ready";
+  ready.className = "badge " + (status.ready ? "ok" : "bad");
+
+  const pipelines = $("pipelines");
+  pipelines.replaceChildren();
+  const routeSelect = $("filter-route");
+  const known = new Set([...routeSelect.options].map((o) => o.value));
+  for (const p of status.pipelines) {
+    const pending = p.pending.map((t) => `${t.topic} (${t.kind}): ${t.messages}`).join("\n");
+    const held = p.held.map((h) => `${h.topic}[${h.partition}] due in ${(h.due_in_ms / 1000).toFixed(1)}s`).join("\n");
+    const s = p.status.state + (p.status.partitions ? ` (${p.status.partitions} partitions)` : "")
+      + (p.status.reason ? `: ${p.status.reason}` : "");
+    pipelines.appendChild(row([`${p.name} (${p.kind})`, s, pending || "—", held || "—"]));
+    if (!known.has(p.name)) routeSelect.appendChild(el("option", p.name, { value: p.name }));
+  }
+  const late = status.delay_lateness;
+  $("lateness").textContent = late && late.count
+    ? `Delay lateness over ${late.count} deliveries: p50 ${late.p50_ms.toFixed(1)} ms, p99 ${late.p99_ms.toFixed(1)} ms, p99.9 ${late.p999_ms.toFixed(1)} ms.`
+    : "";
+
+  const handlers = $("handlers");
+  handlers.replaceChildren();
+  for (const h of status.handlers) {
+    handlers.appendChild(row([h.route, h.file, h.version.slice(0, 12), h.last_reload_error || "—"]));
+  }
+}
+
+function filterQuery() {
+  const q = new URLSearchParams();
+  for (const name of ["route", "reason", "since", "until", "key", "text"]) {
+    const value = $("filter-" + name).value.trim();
+    if (value) q.set(name, value);
+  }
+  q.set("skip", state.skip);
+  q.set("limit", PAGE);
+  return q;
+}
+
+async function loadDeadLetters() {
+  const page = await call("/api/dlq?" + filterQuery());
+  state.records = page.records;
+  state.total = page.total;
+  const rows = $("dlq-rows");
+  rows.replaceChildren();
+  for (const r of page.records) {
+    const ref = `${r.topic}:${r.partition}:${r.offset}`;
+    const box = el("input", null, { type: "checkbox", class: "select", "data-ref": ref });
+    box.checked = state.selected.has(ref);
+    box.addEventListener("click", (e) => {
+      e.stopPropagation();
+      if (box.checked) state.selected.add(ref); else state.selected.delete(ref);
+    });
+    const tr = row([box, time(r.failed_at), r.route, r.reason, r.id, r.key, r.attempt,
+      r.replayed + (r.replays_before ? ` (+${r.replays_before} before)` : ""), r.error]);
+    tr.className = "record";
+    tr.dataset.ref = ref;
+    tr.addEventListener("click", () => showRecord(r));
+    rows.appendChild(tr);
+  }
+  const shown = page.records.length;
+  $("dlq-summary").textContent = `${page.total} matching of ${page.scanned} read from ${page.topics.join(", ")}`
+    + (shown ? `; showing ${page.skip + 1}–${page.skip + shown}` : "")
+    + (page.truncated ? "; stopped reading at the scan limit" : "") + ".";
+  const reasonSelect = $("filter-reason");
+  if (reasonSelect.options.length === 1) {
+    for (const reason of REASONS) reasonSelect.appendChild(el("option", reason, { value: reason }));
+  }
+  drawHistogram(page.histogram, page.bucket_ms);
+}
+
+function drawHistogram(buckets, width) {
+  const box = $("histogram");
+  box.replaceChildren();
+  if (!buckets.length) return;
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  const max = Math.max(...buckets.map((b) => Object.values(b.counts).reduce((a, c) => a + c, 0)));
+  const barWidth = 100 / buckets.length;
+  svg.setAttribute("viewBox", "0 0 100 100");
+  svg.setAttribute("preserveAspectRatio", "none");
+  buckets.forEach((bucket, i) => {
+    let y = 100;
+    for (const [reason, count] of Object.entries(bucket.counts)) {
+      const h = (count / max) * 95;
+      y -= h;
+      const rect = document.createElementNS(NS, "rect");
+      rect.setAttribute("x", i * barWidth + barWidth * 0.1);
+      rect.setAttribute("y", y);
+      rect.setAttribute("width", barWidth * 0.8);
+      rect.setAttribute("height", h);
+      const index = REASONS.indexOf(reason);
+      rect.setAttribute("fill", COLORS[index < 0 ? COLORS.length - 1 : index]);
+      const title = document.createElementNS(NS, "title");
+      title.textContent = `${time(bucket.start_ms)} +${width / 1000}s: ${count} ${reason}`;
+      rect.appendChild(title);
+      svg.appendChild(rect);
+    }
+  });
+  box.appendChild(svg);
+}
+
+async function showRecord(summary) {
+  const path = `/api/dlq/${encodeURIComponent(summary.topic)}/${summary.partition}/${summary.offset}`;
+  const record = await call(path);
+  state.detail = record;
+  $("detail").hidden = false;
+  $("detail-ref").textContent = `${record.topic}:${record.partition}:${record.offset}`;
+  const fields = $("detail-fields");
+  fields.replaceChildren();
+  for (const [name, value] of [["id", record.id], ["route", record.route], ["reason", record.reason],
+    ["error", record.error], ["attempt", record.attempt], ["failed at", time(record.failed_at)],
+    ["origin", record.origin], ["trail", record.trail], ["handler version", record.handler_version],
+    ["replayed", record.replayed], ["replays before", record.replays_before],
+    ["key", record.key ? (record.key.text ?? record.key.hex) : null]]) {
+    fields.appendChild(el("dt", name));
+    fields.appendChild(el("dd", value ?? "—"));
+  }
+  const headers = $("detail-headers");
+  headers.replaceChildren();
+  for (const h of record.headers) {
+    headers.appendChild(row([h.name, h.value ? (h.value.text ?? `hex ${h.value.hex}`) : "null"]));
+  }
+  renderPayload();
+}
+
+function renderPayload() {
+  const payload = state.detail && state.detail.payload;
+  let text = "";
+  if (!payload) {
+    text = "(no payload)";
+  } else if (state.view === "hex") {
+    text = payload.hex.replace(/(..)/g, "$1 ").trim();
+  } else if (state.view === "json") {
+    try {
+      text = JSON.stringify(JSON.parse(payload.text), null, 2);
+    } catch (_) {
+      text = "(not JSON)";
+    }
+  } else {
+    text = payload.text ?? "(not UTF-8 text; see hex)";
+  }
+  $("payload").textContent = text;
+  for (const button of document.querySelectorAll(".views button")) {
+    button.setAttribute("aria-pressed", String(button.dataset.view === state.view));
+  }
+}
+
+async function replay(dryRun) {
+  const records = [...state.selected];
+  const result = $("replay-result");
+  const outcomes = $("replay-outcomes");
+  outcomes.replaceChildren();
+  if (!records.length) {
+    result.textContent = "Select records first.";
+    return;
+  }
+  result.textContent = dryRun ? "Planning…" : "Replaying…";
+  try {
+    const report = await call("/api/replay", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "Authorization": "Bearer " + $("token").value },
+      body: JSON.stringify({ records, dry_run: dryRun }),
+    });
+    const count = (action) => report.outcomes.filter((o) => o.action === action && !o.failed).length;
+    result.textContent = `${dryRun ? "dry run: would replay" : "replayed"} ${count("replay")}, `
+      + `loop guard ${count("loop")}, skipped ${count("skip")}, failed ${report.failed}`;
+    for (const o of report.outcomes) {
+      const where = o.to ? ` → ${o.to}` : "";
+      const why = o.problem || o.failed || "";
+      outcomes.appendChild(el("li", `${o.at}: ${o.action}${where}${why ? ": " + why : ""}`));
+    }
+    if (!dryRun) {
+      state.selected.clear();
+      await loadDeadLetters();
+    }
+  } catch (e) {
+    result.textContent = "refused: " + e.message;
+  }
+}
+
+async function refresh() {
+  try {
+    await loadStatus();
+    showError("");
+  } catch (e) {
+    showError(e.message);
+  }
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  $("filters").addEventListener("submit", async (e) => {
+    e.preventDefault();
+    state.skip = 0;
+    try { await loadDeadLetters(); showError(""); } catch (err) { showError(err.message); }
+  });
+  $("prev").addEventListener("click", () => {
+    state.skip = Math.max(0, state.skip - PAGE);
+    loadDeadLetters().catch((e) => showError(e.message));
+  });
+  $("next").addEventListener("click", () => {
+    if (state.skip + PAGE < state.total) state.skip += PAGE;
+    loadDeadLetters().catch((e) => showError(e.message));
+  });
+  $("select-all").addEventListener("click", (e) => {
+    for (const box of document.querySelectorAll("input.select")) {
+      box.checked = e.target.checked;
+      if (box.checked) state.selected.add(box.dataset.ref); else state.selected.delete(box.dataset.ref);
+    }
+  });
+  $("dry-run").addEventListener("click", () => replay(true));
+  $("replay").addEventListener("click", () => replay(false));
+  for (const button of document.querySelectorAll(".views button")) {
+    button.addEventListener("click", () => { state.view = button.dataset.view; renderPayload(); });
+  }
+  refresh();
+  loadDeadLetters().catch((e) => showError(e.message));
+  setInterval(refresh, 5000);
+});

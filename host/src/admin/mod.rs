@@ -1,0 +1,130 @@
+//! The admin HTTP server: health and readiness, Prometheus `/metrics`, the
+//! JSON API over routes, handlers and dead-letter topics, replay, and the
+//! web console.
+//!
+//! It listens on 127.0.0.1 unless `admin.listen` says otherwise. Calls that
+//! change state (replay) need the bearer token (`admin.token` or
+//! `HOPPER_ADMIN_TOKEN`), compared in constant time; without a configured
+//! token they are always refused. When it listens on a non-loopback
+//! address, every `/api` call needs the token, reads included: DLQ payloads
+//! are data. `/health`, `/ready` and `/metrics` stay open for probes and
+//! scrapers.
+
+mod api;
+mod auth;
+mod console;
+
+use crate::config::{Admin, Config};
+use crate::dlq::Pacer;
+use crate::events::Telemetry;
+use crate::kafka::Cluster;
+use axum::Router;
+use axum::routing::{get, post};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+/// Why the admin server could not start. Names the address.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("admin server: cannot listen on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+}
+
+/// What the server serves from.
+pub struct Context {
+    pub config: Arc<Config>,
+    pub cluster: Cluster,
+    pub telemetry: Telemetry,
+}
+
+/// Shared by every request.
+struct State {
+    context: Context,
+    admin: Admin,
+    token: auth::Token,
+    /// Paces every replay this process makes, together.
+    pacer: Pacer,
+}
+
+/// A running admin server; stops when hopper stops.
+pub struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `admin.listen` and serves until [`Server::stop`].
+    pub async fn start(context: Context, admin: Admin) -> Result<Server, AdminError> {
+        let listener = tokio::net::TcpListener::bind(admin.listen)
+            .await
+            .map_err(|source| AdminError::Listen {
+                addr: admin.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| AdminError::Listen {
+            addr: admin.listen,
+            source,
+        })?;
+        let state = Arc::new(State {
+            pacer: Pacer::new(context.config.replay.rate),
+            token: auth::Token::new(admin.token.as_deref()),
+            context,
+            admin,
+        });
+        let app = router(state);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "Admin server failed.");
+            }
+        });
+        tracing::info!(address = %addr, "Admin server listening.");
+        Ok(Server { addr, stop, task })
+    }
+
+    /// The address it listens on (with the port the OS chose for `:0`).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops accepting requests and waits for those in flight.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.task.await;
+    }
+}
+
+fn router(state: Arc<State>) -> Router {
+    let api = Router::new()
+        .route("/routes", get(api::routes))
+        .route("/handlers", get(api::handlers))
+        .route("/status", get(api::status))
+        .route("/dlq", get(api::dlq_list))
+        .route("/dlq/{topic}/{partition}/{offset}", get(api::dlq_show))
+        .route(
+            "/replay",
+            post(api::replay).route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                auth::require_token,
+            )),
+        )
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token_for_reads,
+        ));
+    Router::new()
+        .route("/health", get(api::health))
+        .route("/ready", get(api::ready))
+        .route("/metrics", get(api::metrics))
+        .nest("/api", api)
+        .merge(console::routes())
+        .with_state(state)
+}

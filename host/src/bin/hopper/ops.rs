@@ -1,0 +1,518 @@
+//! `hopper dlq ls|show|replay` and `hopper status`: the same functions the
+//! admin API serves, straight against the brokers. Tables by default,
+//! `--json` for scripts.
+
+use anyhow::Context as _;
+use clap::{Args, Subcommand};
+use hopper::config::Config;
+use hopper::dlq::{Dlq, DlqFilter, Pacer, RecordRef};
+use hopper::kafka::Cluster;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where to find the routes and the brokers.
+#[derive(Args)]
+pub struct Target {
+    /// The config file: its routes, dead-letter topics and brokers.
+    #[arg(short, long, default_value = "hopper.toml")]
+    config: PathBuf,
+    /// Bootstrap servers; overrides `kafka.brokers`.
+    #[arg(long, env = "HOPPER_BROKERS")]
+    brokers: Option<String>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl Target {
+    fn load(&self) -> anyhow::Result<(Config, Cluster)> {
+        let mut config = Config::load(&self.config)
+            .with_context(|| format!("loading {}", self.config.display()))?;
+        if let Some(brokers) = &self.brokers {
+            config.kafka.brokers = Some(brokers.clone());
+        }
+        let cluster = Cluster::of(&config.kafka)?;
+        Ok((config, cluster))
+    }
+}
+
+/// Which dead-letter records a command selects.
+#[derive(Args, Default)]
+pub struct Filter {
+    /// Records of this route (`delay`: the delay relay's).
+    #[arg(long)]
+    route: Option<String>,
+    /// The reason class, such as FATAL.
+    #[arg(long)]
+    reason: Option<String>,
+    /// Failed at or after: RFC 3339 or epoch ms.
+    #[arg(long)]
+    since: Option<String>,
+    /// Failed before: RFC 3339 or epoch ms.
+    #[arg(long)]
+    until: Option<String>,
+    /// The record key, exactly.
+    #[arg(long)]
+    key: Option<String>,
+    /// Text in the last error (case-insensitive).
+    #[arg(long)]
+    text: Option<String>,
+}
+
+impl Filter {
+    fn resolve(&self) -> anyhow::Result<DlqFilter> {
+        let instant = |name: &str, value: &Option<String>| {
+            value
+                .as_deref()
+                .map(|v| {
+                    hopper::delay::parse_instant(v).map_err(|e| anyhow::anyhow!("--{name}: {e}"))
+                })
+                .transpose()
+        };
+        Ok(DlqFilter {
+            route: self.route.clone(),
+            reason: self.reason.clone(),
+            since: instant("since", &self.since)?,
+            until: instant("until", &self.until)?,
+            key: self.key.clone(),
+            text: self.text.clone(),
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.resolve().is_ok_and(|f| f == DlqFilter::default())
+    }
+}
+
+#[derive(Subcommand)]
+pub enum DlqCommand {
+    /// Lists dead-letter records, newest failure first.
+    Ls {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        filter: Filter,
+        /// Records to show.
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Matches to skip (for the next page).
+        #[arg(long, default_value_t = 0)]
+        skip: usize,
+    },
+    /// Shows one record: every header, and the payload.
+    Show {
+        /// The record, as topic:partition:offset (as `ls` prints it).
+        record: RecordRef,
+        #[command(flatten)]
+        target: Target,
+    },
+    /// Replays records to their route's input (the relay's to its inbox),
+    /// at a limited rate. The dead-letter topic is not changed.
+    Replay {
+        #[command(flatten)]
+        target: Target,
+        /// A record to replay, topic:partition:offset; repeatable.
+        #[arg(long = "record", conflicts_with_all = ["route", "reason", "since", "until", "key", "text", "all"])]
+        records: Vec<RecordRef>,
+        #[command(flatten)]
+        filter: Filter,
+        /// Replay every record of every dead-letter topic of the config.
+        #[arg(long)]
+        all: bool,
+        /// List what would be replayed; produce nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Records per second; default `replay.rate` of the config.
+        #[arg(long)]
+        rate: Option<u32>,
+    },
+}
+
+pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+    match command {
+        DlqCommand::Ls {
+            target,
+            filter,
+            limit,
+            skip,
+        } => {
+            let (config, cluster) = target.load()?;
+            let filter = filter.resolve()?;
+            let page = blocking(move || {
+                Dlq {
+                    cluster: &cluster,
+                    config: &config,
+                }
+                .list(&filter, skip, limit)
+            })
+            .await?;
+            if target.json {
+                println!("{}", serde_json::to_string_pretty(&page)?);
+                return Ok(());
+            }
+            let rows = page
+                .records
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.at.to_string(),
+                        r.failed_at.map(iso).unwrap_or_default(),
+                        r.route.clone().unwrap_or_default(),
+                        r.reason.clone().unwrap_or_default(),
+                        r.id.clone().unwrap_or_default(),
+                        r.key.clone().unwrap_or_default(),
+                        r.replayed.to_string(),
+                        r.error.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            let headers = [
+                "RECORD",
+                "FAILED AT",
+                "ROUTE",
+                "REASON",
+                "ID",
+                "KEY",
+                "REPLAYED",
+                "ERROR",
+            ];
+            print!("{}", table(&headers, rows));
+            println!(
+                "{} matching of {} read from {}{}; showing {} from {}.",
+                page.total,
+                page.scanned,
+                page.topics.join(", "),
+                if page.truncated {
+                    " (stopped at the scan limit)"
+                } else {
+                    ""
+                },
+                page.records.len(),
+                page.skip
+            );
+            Ok(())
+        }
+        DlqCommand::Show { record, target } => {
+            let (config, cluster) = target.load()?;
+            let shown = blocking(move || {
+                Dlq {
+                    cluster: &cluster,
+                    config: &config,
+                }
+                .show(&record)
+            })
+            .await?;
+            if target.json {
+                println!("{}", serde_json::to_string_pretty(&shown)?);
+                return Ok(());
+            }
+            let s = &shown.summary;
+            let mut rows: Vec<Vec<String>> = vec![
+                vec!["record".into(), s.at.to_string()],
+                vec!["timestamp".into(), s.timestamp.map(iso).unwrap_or_default()],
+                vec!["replayed".into(), s.replayed.to_string()],
+            ];
+            for h in &shown.headers {
+                let value = match &h.value {
+                    None => "(null)".to_string(),
+                    Some(v) => v.text.clone().unwrap_or_else(|| format!("hex {}", v.hex)),
+                };
+                rows.push(vec![h.name.clone(), value]);
+            }
+            if let Some(key) = &shown.key {
+                rows.push(vec![
+                    "key".into(),
+                    key.text
+                        .clone()
+                        .unwrap_or_else(|| format!("hex {}", key.hex)),
+                ]);
+            }
+            print!("{}", table(&["FIELD", "VALUE"], rows));
+            match &shown.payload {
+                None => println!("payload: (none)"),
+                Some(p) => match &p.text {
+                    Some(text) => println!("payload ({} bytes):\n{}", p.len, clean(text)),
+                    None => println!("payload ({} bytes, not UTF-8), hex:\n{}", p.len, p.hex),
+                },
+            }
+            Ok(())
+        }
+        DlqCommand::Replay {
+            target,
+            records,
+            filter,
+            all,
+            dry_run,
+            rate,
+        } => replay(target, records, filter, all, dry_run, rate).await,
+    }
+}
+
+async fn replay(
+    target: Target,
+    records: Vec<RecordRef>,
+    filter: Filter,
+    all: bool,
+    dry_run: bool,
+    rate: Option<u32>,
+) -> anyhow::Result<()> {
+    if records.is_empty() && filter.is_empty() && !all {
+        anyhow::bail!(
+            "nothing selected: give --record TOPIC:PARTITION:OFFSET, a filter (--route, --reason, --since, --until, --key, --text), or --all"
+        );
+    }
+    let (config, cluster) = target.load()?;
+    let filter = filter.resolve()?;
+    let max = config.replay.max_records;
+    let (config2, cluster2) = (config.clone(), cluster.clone());
+    let selected = blocking(move || {
+        let dlq = Dlq {
+            cluster: &cluster2,
+            config: &config2,
+        };
+        if records.is_empty() {
+            dlq.select(&filter, max)
+        } else {
+            records.iter().map(|r| dlq.fetch(r)).collect()
+        }
+    })
+    .await?;
+    let total = selected.len();
+    let pacer = Pacer::new(rate.unwrap_or(config.replay.rate));
+    let json = target.json;
+    let mut n = 0;
+    let report = tokio::task::spawn_blocking(move || {
+        let dlq = Dlq {
+            cluster: &cluster,
+            config: &config,
+        };
+        tokio::runtime::Handle::current().block_on(dlq.replay(
+            selected,
+            config.replay.max_replays,
+            dry_run,
+            &pacer,
+            |o| {
+                n += 1;
+                if !json {
+                    let (what, to) = match &o.action {
+                        hopper::dlq::replay::Action::Replay { to, replay } => {
+                            (format!("replay #{replay}"), format!(" -> {to}"))
+                        }
+                        hopper::dlq::replay::Action::Loop { to, .. } => {
+                            ("REPLAY_LOOP".to_string(), format!(" -> {to}"))
+                        }
+                        hopper::dlq::replay::Action::Skip { problem } => {
+                            (format!("skipped: {}", clean(problem)), String::new())
+                        }
+                    };
+                    let failed = o
+                        .failed
+                        .as_deref()
+                        .map(|f| format!(" FAILED: {}", clean(f)));
+                    eprintln!(
+                        "[{n}/{total}] {} {what}{to}{}",
+                        o.at,
+                        failed.unwrap_or_default()
+                    );
+                }
+            },
+        ))
+    })
+    .await??;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if dry_run {
+        println!(
+            "Dry run: {} of {total} record(s) would be replayed, {} would go back with REPLAY_LOOP, {} skipped. Nothing was produced.",
+            report
+                .outcomes
+                .iter()
+                .filter(|o| matches!(o.action, hopper::dlq::replay::Action::Replay { .. }))
+                .count(),
+            report
+                .outcomes
+                .iter()
+                .filter(|o| matches!(o.action, hopper::dlq::replay::Action::Loop { .. }))
+                .count(),
+            report.skipped,
+        );
+    } else {
+        println!(
+            "Replayed {} of {total} record(s); {} went back with REPLAY_LOOP, {} skipped, {} failed.",
+            report.replayed, report.looped, report.skipped, report.failed
+        );
+    }
+    if report.failed > 0 {
+        anyhow::bail!("{} record(s) could not be replayed", report.failed);
+    }
+    Ok(())
+}
+
+/// `hopper status`: per pipeline, what waits in each topic (from the
+/// brokers) and the size of its DLQ; and, when the config's admin server
+/// answers, readiness and handler versions.
+pub async fn status(target: Target) -> anyhow::Result<()> {
+    let (config, cluster) = target.load()?;
+    let watched = hopper::lag::watched(&config);
+    let (config2, cluster2) = (config.clone(), cluster.clone());
+    let (pending, dlqs) = blocking(move || -> anyhow::Result<_> {
+        let pending = hopper::lag::Sampler::default().pending(&cluster2, &watched)?;
+        let mut dlqs = Vec::new();
+        for topic in config2.dead_letter_topics() {
+            let size = hopper::lag::topic_size(&cluster2, &topic)?;
+            dlqs.push((topic, size));
+        }
+        Ok((pending, dlqs))
+    })
+    .await?;
+    let live = match &config.admin {
+        Some(admin) => Some(live_status(admin.listen).await),
+        None => None,
+    };
+    if target.json {
+        let dlqs: Vec<_> = dlqs
+            .iter()
+            .map(|(topic, records)| serde_json::json!({ "topic": topic, "records": records }))
+            .collect();
+        let live = live.map(|l| l.unwrap_or_else(|e| serde_json::json!({ "error": e })));
+        let out =
+            serde_json::json!({ "pending": pending, "dead_letter_topics": dlqs, "live": live });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(());
+    }
+    let rows = pending
+        .iter()
+        .map(|p| {
+            vec![
+                p.pipeline.clone(),
+                p.topic.clone(),
+                p.kind.to_string(),
+                p.messages.to_string(),
+            ]
+        })
+        .collect();
+    print!("{}", table(&["PIPELINE", "TOPIC", "KIND", "PENDING"], rows));
+    println!();
+    let rows = dlqs
+        .iter()
+        .map(|(t, n)| vec![t.clone(), n.to_string()])
+        .collect();
+    print!("{}", table(&["DEAD-LETTER TOPIC", "RECORDS"], rows));
+    match live {
+        None => println!(
+            "\nNo [admin] table in the config: readiness and handler versions are not known here."
+        ),
+        Some(Err(e)) => println!("\nThe admin server is not answering ({e}); is hopper running?"),
+        Some(Ok(live)) => {
+            println!("\nready: {}", live["ready"]);
+            let rows = live["handlers"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|h| {
+                    let text = |k: &str| h[k].as_str().unwrap_or("-").to_string();
+                    vec![
+                        text("route"),
+                        text("version").chars().take(12).collect(),
+                        text("last_reload_error"),
+                    ]
+                })
+                .collect();
+            print!(
+                "{}",
+                table(&["ROUTE", "VERSION", "LAST RELOAD ERROR"], rows)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `GET /api/status` of a running hopper's admin server.
+async fn live_status(addr: std::net::SocketAddr) -> Result<serde_json::Value, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        let request = format!("GET /api/status HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        stream.write_all(request.as_bytes()).await?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response).await?;
+        Ok::<_, std::io::Error>(response)
+    };
+    let response = tokio::time::timeout(Duration::from_secs(3), exchange)
+        .await
+        .map_err(|_| format!("{addr} did not answer in 3s"))?
+        .map_err(|e| format!("{addr}: {e}"))?;
+    let text = String::from_utf8_lossy(&response);
+    let (head, body) = text.split_once("\r\n\r\n").ok_or("not an HTTP response")?;
+    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
+        return Err(head.lines().next().unwrap_or_default().to_string());
+    }
+    serde_json::from_str(body).map_err(|e| e.to_string())
+}
+
+async fn blocking<T: Send + 'static, E: Into<anyhow::Error> + Send + 'static>(
+    work: impl FnOnce() -> Result<T, E> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .context("the broker call panicked")?
+        .map_err(Into::into)
+}
+
+fn iso(ms: i64) -> String {
+    let time = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+    humantime::format_rfc3339_millis(time).to_string()
+}
+
+/// `text` safe to print on a terminal: control characters (escape
+/// sequences, carriage returns, newlines) shown as `\u{..}` instead of
+/// acted on.
+pub fn clean(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c.is_control() && c != '\n' {
+            out.extend(c.escape_unicode());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Rows under headers, each column as wide as its widest cell (cut at 60
+/// characters); cells cleaned of control characters and newlines.
+pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
+    const MAX: usize = 60;
+    let cell = |text: &str| {
+        let text = clean(text).replace('\n', "\\n");
+        if text.chars().count() > MAX {
+            let cut: String = text.chars().take(MAX - 1).collect();
+            format!("{cut}…")
+        } else {
+            text
+        }
+    };
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| cell(c)).collect())
+        .collect();
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in &rows {
+        for (i, c) in row.iter().enumerate() {
+            widths[i] = widths[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c}{}", " ".repeat(w - c.chars().count())))
+            .collect();
+        format!("{}\n", padded.join("  ").trim_end())
+    };
+    let mut out = line(headers.to_vec());
+    for row in &rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}

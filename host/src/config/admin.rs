@@ -1,0 +1,142 @@
+//! `[admin]` (the admin HTTP server and metrics) and `[replay]` (how DLQ
+//! records are replayed).
+
+use serde::Deserialize;
+use std::net::SocketAddr;
+
+/// The environment variable that may hold the admin token instead of
+/// `admin.token`.
+pub const TOKEN_ENV: &str = "HOPPER_ADMIN_TOKEN";
+
+/// The admin server as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Where the admin server listens. Default `127.0.0.1:9464`: loopback
+    /// only.
+    #[serde(default = "default_listen")]
+    pub listen: String,
+    /// The bearer token that state-changing calls (replay) must present.
+    /// Default: `HOPPER_ADMIN_TOKEN` from the environment; without either,
+    /// nothing can change state through the server.
+    pub token: Option<String>,
+    /// Time handler calls, sample lag and serve `/metrics`. Default true.
+    #[serde(default = "default_true")]
+    pub metrics: bool,
+}
+
+fn default_listen() -> String {
+    "127.0.0.1:9464".into()
+}
+fn default_true() -> bool {
+    true
+}
+
+/// The admin server, resolved.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    pub listen: SocketAddr,
+    /// From `admin.token`, else from `HOPPER_ADMIN_TOKEN`.
+    pub token: Option<String>,
+    pub metrics: bool,
+}
+
+impl Admin {
+    /// Reachable from other hosts: then every API call needs the token,
+    /// reads included, since DLQ payloads are data.
+    pub fn remote(&self) -> bool {
+        !self.listen.ip().is_loopback()
+    }
+}
+
+impl AdminConfig {
+    pub(super) fn resolve(&self, problems: &mut Vec<String>) -> Option<Admin> {
+        let before = problems.len();
+        let listen = match self.listen.parse::<SocketAddr>() {
+            Ok(listen) => Some(listen),
+            Err(_) => {
+                problems.push(format!(
+                    "admin.listen `{}` is not an address and port such as 127.0.0.1:9464",
+                    self.listen
+                ));
+                None
+            }
+        };
+        let token = match &self.token {
+            Some(token) if token.trim().is_empty() => {
+                problems.push("admin.token is empty; remove it or give a token".into());
+                None
+            }
+            Some(token) => Some(token.clone()),
+            None => std::env::var(TOKEN_ENV)
+                .ok()
+                .filter(|t| !t.trim().is_empty()),
+        };
+        if let Some(listen) = listen
+            && !listen.ip().is_loopback()
+            && token.is_none()
+        {
+            problems.push(format!(
+                "admin.listen `{listen}` is reachable from other hosts; set admin.token (or {TOKEN_ENV}) so that every call needs it"
+            ));
+        }
+        if problems.len() > before {
+            return None;
+        }
+        Some(Admin {
+            listen: listen?,
+            token,
+            metrics: self.metrics,
+        })
+    }
+}
+
+/// How DLQ records are replayed, by the admin API and `hopper dlq replay`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayConfig {
+    /// A record whose message was already replayed this many times is not
+    /// replayed again: it goes back to its DLQ with reason REPLAY_LOOP.
+    #[serde(default = "default_max_replays")]
+    pub max_replays: u32,
+    /// Records replayed per second, at most.
+    #[serde(default = "default_rate")]
+    pub rate: u32,
+    /// Records one replay may select, at most.
+    #[serde(default = "default_max_records")]
+    pub max_records: usize,
+}
+
+fn default_max_replays() -> u32 {
+    3
+}
+fn default_rate() -> u32 {
+    50
+}
+fn default_max_records() -> usize {
+    10_000
+}
+
+impl Default for ReplayConfig {
+    fn default() -> Self {
+        Self {
+            max_replays: default_max_replays(),
+            rate: default_rate(),
+            max_records: default_max_records(),
+        }
+    }
+}
+
+impl ReplayConfig {
+    pub(super) fn check(&self, problems: &mut Vec<String>) {
+        if self.rate == 0 || self.rate > 100_000 {
+            problems.push(format!(
+                "replay.rate must be between 1 and 100000 records per second, not {}",
+                self.rate
+            ));
+        }
+        if self.max_records == 0 {
+            problems.push("replay.max_records must be at least 1".into());
+        }
+    }
+}

@@ -1,0 +1,385 @@
+//! Reading dead-letter topics: list with filters and pages, one record in
+//! full, and the replay journal that says how often each was replayed.
+//!
+//! Kafka has no index to search, so a list reads every record of the
+//! selected DLQ topics, from the low to the high watermark as they were when
+//! the list began, and keeps a short summary of each match. A list stops
+//! after [`MAX_SCAN`] records and says so. Everything here blocks on the
+//! brokers; async callers run it on the blocking pool.
+
+use super::record::{DlqRecord, DlqSummary, RecordRef};
+use crate::config::{Config, RELAY_ROUTE, replay_journal};
+use crate::kafka::Cluster;
+use crate::lag::{self, LagError};
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::{Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::time::{Duration, Instant};
+
+/// Records one list reads at most, over all its topics.
+pub const MAX_SCAN: usize = 200_000;
+/// How long reading one topic to its high watermark may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Why a DLQ could not be read. Names the route, topic or record.
+#[derive(Debug, thiserror::Error)]
+pub enum DlqError {
+    #[error("route `{0}` is not in the config")]
+    UnknownRoute(String),
+    #[error("topic `{0}` is not a dead-letter topic of the config")]
+    NotDeadLetterTopic(String),
+    #[error("record {0} does not exist")]
+    NotFound(RecordRef),
+    #[error("cannot create a client to read `{topic}`: {source}")]
+    Client {
+        topic: String,
+        source: rdkafka::error::KafkaError,
+    },
+    #[error("cannot read `{topic}`: {source}")]
+    Read {
+        topic: String,
+        source: rdkafka::error::KafkaError,
+    },
+    #[error(
+        "read {read} of {expected} records of `{topic}` in {READ_TIMEOUT:?}; the broker is too slow or gone"
+    )]
+    Timeout {
+        topic: String,
+        read: usize,
+        expected: i64,
+    },
+    #[error("cannot create the replay producer: {0}")]
+    Producer(String),
+    #[error(transparent)]
+    Lag(#[from] LagError),
+}
+
+/// Which records a list or a replay selects. Every field narrows.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DlqFilter {
+    /// Records of this route (`delay`: the delay relay's).
+    pub route: Option<String>,
+    /// `hopper-reason`, such as FATAL.
+    pub reason: Option<String>,
+    /// Failed at or after this time, epoch ms.
+    pub since: Option<i64>,
+    /// Failed before this time, epoch ms.
+    pub until: Option<i64>,
+    /// The key, exactly.
+    pub key: Option<String>,
+    /// Text in the last error, case-insensitive.
+    pub text: Option<String>,
+}
+
+impl DlqFilter {
+    pub fn matches(&self, s: &DlqSummary) -> bool {
+        let eq = |want: &Option<String>, got: &Option<String>| {
+            want.as_ref()
+                .is_none_or(|w| w.is_empty() || got.as_deref() == Some(w.as_str()))
+        };
+        let failed = s.failed_at.unwrap_or(0);
+        eq(&self.route, &s.route)
+            && eq(&self.reason, &s.reason)
+            && eq(&self.key, &s.key)
+            && self.since.is_none_or(|t| failed >= t)
+            && self.until.is_none_or(|t| failed < t)
+            && self.text.as_ref().is_none_or(|t| {
+                let error = s.error.as_deref().unwrap_or_default().to_lowercase();
+                error.contains(&t.to_lowercase())
+            })
+    }
+}
+
+/// Dead letters of one reason class in one stretch of time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Bucket {
+    pub start_ms: i64,
+    pub counts: BTreeMap<String, usize>,
+}
+
+/// One page of a list.
+#[derive(Debug, Clone, Serialize)]
+pub struct DlqPage {
+    /// The topics read.
+    pub topics: Vec<String>,
+    pub scanned: usize,
+    /// Reading stopped at [`MAX_SCAN`] records; later ones were not read.
+    pub truncated: bool,
+    /// Records that match the filter.
+    pub total: usize,
+    pub skip: usize,
+    /// The matches from `skip` on, newest failure first.
+    pub records: Vec<DlqSummary>,
+    /// Every match, counted by reason per stretch of `bucket_ms`.
+    pub bucket_ms: i64,
+    pub histogram: Vec<Bucket>,
+}
+
+/// The dead-letter topics of a config, read through its brokers.
+pub struct Dlq<'a> {
+    pub cluster: &'a Cluster,
+    pub config: &'a Config,
+}
+
+impl Dlq<'_> {
+    /// The DLQ topics `route` writes, or every one with no route.
+    pub fn topics(&self, route: Option<&str>) -> Result<Vec<String>, DlqError> {
+        let Some(route) = route.filter(|r| !r.is_empty()) else {
+            return Ok(self.config.dead_letter_topics().into_iter().collect());
+        };
+        if route == RELAY_ROUTE
+            && let Some(relay) = &self.config.delay
+        {
+            return Ok(vec![relay.dlq.clone()]);
+        }
+        match self.config.routes.iter().find(|r| r.name == route) {
+            Some(r) => Ok(vec![r.dlq.clone()]),
+            None => Err(DlqError::UnknownRoute(route.to_string())),
+        }
+    }
+
+    fn check_topic(&self, topic: &str) -> Result<(), DlqError> {
+        if self.config.dead_letter_topics().contains(topic) {
+            Ok(())
+        } else {
+            Err(DlqError::NotDeadLetterTopic(topic.to_string()))
+        }
+    }
+
+    /// The matches of `filter`, newest failure first, from `skip`, at most
+    /// `limit`.
+    pub fn list(&self, filter: &DlqFilter, skip: usize, limit: usize) -> Result<DlqPage, DlqError> {
+        let topics = self.topics(filter.route.as_deref())?;
+        let mut matches = Vec::new();
+        let (mut scanned, mut truncated) = (0, false);
+        for topic in &topics {
+            let replayed = replay_counts(self.cluster, topic)?;
+            let budget = MAX_SCAN - scanned;
+            let read = read_all(self.cluster, topic, budget, |m| {
+                let at = RecordRef {
+                    topic: m.topic().to_string(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                };
+                let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
+                if filter.matches(&summary) {
+                    matches.push(summary);
+                }
+            })?;
+            scanned += read.0;
+            truncated |= read.1;
+        }
+        matches.sort_by(|a, b| (b.failed_at, &b.at).cmp(&(a.failed_at, &a.at)));
+        let (bucket_ms, histogram) = histogram(&matches);
+        Ok(DlqPage {
+            topics,
+            scanned,
+            truncated,
+            total: matches.len(),
+            skip,
+            records: matches.into_iter().skip(skip).take(limit).collect(),
+            bucket_ms,
+            histogram,
+        })
+    }
+
+    /// Every match of `filter`, as the records themselves, oldest first.
+    pub fn select(&self, filter: &DlqFilter, max: usize) -> Result<Vec<OwnedMessage>, DlqError> {
+        let mut out = Vec::new();
+        for topic in self.topics(filter.route.as_deref())? {
+            let replayed = replay_counts(self.cluster, &topic)?;
+            read_all(self.cluster, &topic, MAX_SCAN, |m| {
+                let at = RecordRef {
+                    topic: m.topic().to_string(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                };
+                let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
+                if out.len() < max && filter.matches(&summary) {
+                    out.push(m);
+                }
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// One record in full.
+    pub fn show(&self, at: &RecordRef) -> Result<DlqRecord, DlqError> {
+        let message = self.fetch(at)?;
+        let replayed = replay_counts(self.cluster, &at.topic)?;
+        Ok(DlqRecord::of(
+            &message,
+            replayed.get(at).copied().unwrap_or(0),
+        ))
+    }
+
+    /// The record at `at`, which must be in a DLQ topic of the config.
+    pub fn fetch(&self, at: &RecordRef) -> Result<OwnedMessage, DlqError> {
+        self.check_topic(&at.topic)?;
+        let consumer = reader(self.cluster, &at.topic)?;
+        let (low, high) = lag::watermarks(&consumer, &at.topic, at.partition)?;
+        if at.offset < low || at.offset >= high {
+            return Err(DlqError::NotFound(at.clone()));
+        }
+        let mut tpl = TopicPartitionList::new();
+        tpl.add_partition_offset(&at.topic, at.partition, Offset::Offset(at.offset))
+            .map_err(|source| read_error(&at.topic, source))?;
+        consumer
+            .assign(&tpl)
+            .map_err(|source| read_error(&at.topic, source))?;
+        let deadline = Instant::now() + READ_TIMEOUT;
+        while Instant::now() < deadline {
+            match consumer.poll(Duration::from_millis(100)) {
+                Some(Ok(m)) if m.offset() == at.offset => return Ok(m.detach()),
+                // A compacted or transactional gap: the offset holds no record.
+                Some(Ok(m)) if m.offset() > at.offset => break,
+                Some(Ok(_)) | None => {}
+                Some(Err(source)) => return Err(read_error(&at.topic, source)),
+            }
+        }
+        Err(DlqError::NotFound(at.clone()))
+    }
+}
+
+fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> DlqError {
+    DlqError::Read {
+        topic: topic.to_string(),
+        source,
+    }
+}
+
+/// A consumer that reads by assignment and never commits.
+fn reader(cluster: &Cluster, topic: &str) -> Result<BaseConsumer, DlqError> {
+    let mut config = cluster.consumer_config("hopper-dlq-reader");
+    config
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false");
+    config.create().map_err(|source| DlqError::Client {
+        topic: topic.to_string(),
+        source,
+    })
+}
+
+/// Reads `topic` from its low to its high watermarks (as they are now),
+/// passing each record to `each`, at most `budget` records. Returns the
+/// records read and whether the budget cut the read short.
+pub fn read_all(
+    cluster: &Cluster,
+    topic: &str,
+    budget: usize,
+    mut each: impl FnMut(OwnedMessage),
+) -> Result<(usize, bool), DlqError> {
+    let consumer = reader(cluster, topic)?;
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    let mut expected = 0;
+    for p in lag::partitions(&consumer, topic)? {
+        let (low, high) = lag::watermarks(&consumer, topic, p)?;
+        if high > low {
+            tpl.add_partition_offset(topic, p, Offset::Offset(low))
+                .map_err(|source| read_error(topic, source))?;
+            ends.insert(p, high);
+            expected += high - low;
+        }
+    }
+    if ends.is_empty() {
+        return Ok((0, false));
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|source| read_error(topic, source))?;
+    let deadline = Instant::now() + READ_TIMEOUT;
+    let mut read = 0;
+    while !ends.is_empty() {
+        if read >= budget {
+            return Ok((read, true));
+        }
+        if Instant::now() > deadline {
+            return Err(DlqError::Timeout {
+                topic: topic.to_string(),
+                read,
+                expected,
+            });
+        }
+        let Some(result) = consumer.poll(Duration::from_millis(100)) else {
+            continue;
+        };
+        let m = result.map_err(|source| read_error(topic, source))?;
+        let (partition, offset) = (m.partition(), m.offset());
+        let Some(end) = ends.get(&partition).copied() else {
+            continue;
+        };
+        if offset < end {
+            read += 1;
+            each(m.detach());
+        }
+        if offset + 1 >= end {
+            ends.remove(&partition);
+        }
+    }
+    Ok((read, false))
+}
+
+/// How often each record of dead-letter topic `dlq` was replayed, from its
+/// replay journal (`<dlq>.replays`). No journal: nothing was replayed.
+pub fn replay_counts(cluster: &Cluster, dlq: &str) -> Result<HashMap<RecordRef, u32>, DlqError> {
+    let journal = replay_journal(dlq);
+    let mut counts = HashMap::new();
+    let read = read_all(cluster, &journal, usize::MAX, |m| {
+        let at = m
+            .key()
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .and_then(|k| k.parse::<RecordRef>().ok());
+        if let Some(at) = at {
+            *counts.entry(at).or_insert(0) += 1;
+        }
+    });
+    match read {
+        Ok(_) | Err(DlqError::Lag(LagError::Missing { .. })) => Ok(counts),
+        Err(e) => Err(e),
+    }
+}
+
+/// Matches counted by reason per stretch of time: about 30 stretches over
+/// the span of the matches, each a round length.
+fn histogram(matches: &[DlqSummary]) -> (i64, Vec<Bucket>) {
+    const ROUND: [i64; 10] = [
+        1_000,
+        10_000,
+        60_000,
+        300_000,
+        900_000,
+        3_600_000,
+        21_600_000,
+        86_400_000,
+        604_800_000,
+        2_592_000_000,
+    ];
+    let times: Vec<i64> = matches.iter().filter_map(|m| m.failed_at).collect();
+    let (Some(first), Some(last)) = (times.iter().min(), times.iter().max()) else {
+        return (ROUND[0], Vec::new());
+    };
+    let span = last - first;
+    let width = ROUND
+        .into_iter()
+        .find(|w| span / w < 30)
+        .unwrap_or(ROUND[ROUND.len() - 1]);
+    let mut buckets: BTreeMap<i64, BTreeMap<String, usize>> = BTreeMap::new();
+    for m in matches {
+        let Some(at) = m.failed_at else { continue };
+        let reason = m.reason.clone().unwrap_or_else(|| "NONE".into());
+        *buckets
+            .entry(at - at.rem_euclid(width))
+            .or_default()
+            .entry(reason)
+            .or_default() += 1;
+    }
+    let buckets = buckets
+        .into_iter()
+        .map(|(start_ms, counts)| Bucket { start_ms, counts })
+        .collect();
+    (width, buckets)
+}

@@ -1,0 +1,366 @@
+//! Replay: selected dead-letter records go back to their route's input
+//! (the delay relay's go back to its inbox), with attempts reset, their id,
+//! origin and trail kept, `replay` added to the trail and the replay counted
+//! in `hopper-replay-count`.
+//!
+//! The dead-letter topic is never changed. Each replay is recorded in the
+//! topic's replay journal (`<dlq>.replays`), so a list shows how often each
+//! record was replayed. A record whose message was replayed
+//! `replay.max_replays` times already (counting its earlier lineage and the
+//! journal) is not replayed again: a copy goes to the dead-letter topic with
+//! reason REPLAY_LOOP instead. Replays are paced by a [`Pacer`], and a dry
+//! run plans everything and produces nothing.
+
+use super::browse::{Dlq, DlqError, replay_counts};
+use super::record::{RecordRef, envelope_of};
+use super::{DeadLetter, plan as dead_letter};
+use crate::clock::now_ms;
+use crate::config::{RELAY_ROUTE, replay_journal};
+use crate::headers::{self, Envelope, Reason};
+use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use serde::Serialize;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long one produce may take before the replay of that record fails.
+const PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a replay does with one record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case")]
+pub enum Action {
+    /// Produce it to `to` as replay number `replay` of its message.
+    Replay { to: String, replay: u32 },
+    /// Past the loop guard: a copy goes to its DLQ with REPLAY_LOOP.
+    Loop { to: String, replays: u32 },
+    /// Leave it, for `problem`.
+    Skip { problem: String },
+}
+
+/// One record's replay, planned or done.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub at: RecordRef,
+    pub id: Option<String>,
+    pub route: Option<String>,
+    #[serde(flatten)]
+    pub action: Action,
+    /// Set when the produce failed; the record was then not replayed.
+    pub failed: Option<String>,
+}
+
+/// What a replay did, record by record.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    pub dry_run: bool,
+    pub replayed: usize,
+    pub looped: usize,
+    pub skipped: usize,
+    pub failed: usize,
+    pub outcomes: Vec<Outcome>,
+}
+
+/// Spaces produces evenly at a rate; shared by concurrent replays.
+pub struct Pacer {
+    interval: Duration,
+    // std Mutex: held to take a slot, never across an .await.
+    next: Mutex<Option<Instant>>,
+}
+
+impl Pacer {
+    /// At most `per_second` produces a second (at least 1).
+    pub fn new(per_second: u32) -> Pacer {
+        Pacer {
+            interval: Duration::from_secs(1) / per_second.max(1),
+            next: Mutex::new(None),
+        }
+    }
+
+    /// Waits for the next slot.
+    pub async fn wait(&self) {
+        let at = {
+            let mut next = self.next.lock().unwrap();
+            let now = Instant::now();
+            let at = next.map_or(now, |n| n.max(now));
+            *next = Some(at + self.interval);
+            at
+        };
+        tokio::time::sleep_until(at).await;
+    }
+}
+
+/// A record, and what to do with it.
+struct Planned {
+    message: OwnedMessage,
+    envelope: Option<Envelope>,
+    keep: &'static [&'static str],
+    outcome: Outcome,
+}
+
+/// Headers of the delay relay's records that a replay keeps, so the relay
+/// can schedule them again.
+const RELAY_KEEP: &[&str] = &[headers::TARGET, headers::DELIVER_AT, headers::DELAY];
+
+impl Dlq<'_> {
+    /// What replaying `messages` would do, with `max_replays` as the loop
+    /// guard.
+    fn plan(
+        &self,
+        messages: Vec<OwnedMessage>,
+        max_replays: u32,
+    ) -> Result<Vec<Planned>, DlqError> {
+        let mut journals = std::collections::HashMap::new();
+        let mut planned = Vec::with_capacity(messages.len());
+        for message in messages {
+            let at = RecordRef {
+                topic: message.topic().to_string(),
+                partition: message.partition(),
+                offset: message.offset(),
+            };
+            if !journals.contains_key(&at.topic) {
+                journals.insert(at.topic.clone(), replay_counts(self.cluster, &at.topic)?);
+            }
+            let replayed = journals[&at.topic].get(&at).copied().unwrap_or(0);
+            let route = headers::text(message.headers(), headers::ROUTE)
+                .ok()
+                .flatten()
+                .map(str::to_string);
+            let envelope = envelope_of(&message);
+            let id = envelope.as_ref().ok().map(|e| e.id.clone());
+            let (action, keep) = match (&envelope, route.as_deref()) {
+                (Err(e), _) => (
+                    skip(format!("not a hopper dead-letter record: {e}")),
+                    &[][..],
+                ),
+                (_, None) => (
+                    skip(format!("header {} is missing", headers::ROUTE)),
+                    &[][..],
+                ),
+                (Ok(envelope), Some(route)) => match self.input_of(route, &envelope.origin.topic) {
+                    Err(problem) => (skip(problem), &[][..]),
+                    Ok((to, keep)) => {
+                        let replay = envelope.replays + replayed + 1;
+                        if replay > max_replays {
+                            let replays = replay - 1;
+                            (
+                                Action::Loop {
+                                    to: at.topic.clone(),
+                                    replays,
+                                },
+                                keep,
+                            )
+                        } else {
+                            (Action::Replay { to, replay }, keep)
+                        }
+                    }
+                },
+            };
+            planned.push(Planned {
+                envelope: envelope.ok(),
+                keep,
+                outcome: Outcome {
+                    at,
+                    id,
+                    route,
+                    action,
+                    failed: None,
+                },
+                message,
+            });
+        }
+        Ok(planned)
+    }
+
+    /// Where a record of `route` goes back to: its origin topic when that is
+    /// one of the route's inputs, else the route's first input; the relay
+    /// inbox for the relay's records.
+    fn input_of(
+        &self,
+        route: &str,
+        origin: &str,
+    ) -> Result<(String, &'static [&'static str]), String> {
+        if route == RELAY_ROUTE {
+            return match &self.config.delay {
+                Some(relay) => Ok((relay.inbox.clone(), RELAY_KEEP)),
+                None => Err("the delay relay is not in the config".into()),
+            };
+        }
+        match self.config.routes.iter().find(|r| r.name == route) {
+            Some(r) if r.topics.iter().any(|t| t == origin) => Ok((origin.to_string(), &[])),
+            Some(r) => Ok((r.topics[0].clone(), &[])),
+            None => Err(format!("route `{route}` is not in the config")),
+        }
+    }
+
+    /// Replays `messages` (dead-letter records of this config): plans each,
+    /// and unless `dry_run`, produces them one at a time at `pacer`'s rate,
+    /// calling `done` after each.
+    pub async fn replay(
+        &self,
+        messages: Vec<OwnedMessage>,
+        max_replays: u32,
+        dry_run: bool,
+        pacer: &Pacer,
+        mut done: impl FnMut(&Outcome),
+    ) -> Result<Report, DlqError> {
+        let planned = self.plan(messages, max_replays)?;
+        let mut report = Report {
+            dry_run,
+            ..Report::default()
+        };
+        let producer = if dry_run {
+            None
+        } else {
+            let producer = self.cluster.producer();
+            Some(producer.map_err(|e| DlqError::Producer(format!("{e:#}")))?)
+        };
+        for mut p in planned {
+            if let (Some(producer), Some(envelope)) = (&producer, &p.envelope)
+                && !matches!(p.outcome.action, Action::Skip { .. })
+            {
+                pacer.wait().await;
+                if let Err(e) = produce(producer, &p.message, envelope, p.keep, &p.outcome).await {
+                    p.outcome.failed = Some(e);
+                }
+            }
+            match (&p.outcome.action, &p.outcome.failed) {
+                (_, Some(_)) => report.failed += 1,
+                (Action::Replay { .. }, None) => report.replayed += 1,
+                (Action::Loop { .. }, None) => report.looped += 1,
+                (Action::Skip { .. }, None) => report.skipped += 1,
+            }
+            done(&p.outcome);
+            report.outcomes.push(p.outcome);
+        }
+        Ok(report)
+    }
+}
+
+fn skip(problem: String) -> Action {
+    Action::Skip { problem }
+}
+
+/// Produces one planned replay (and its journal entry) or loop record.
+async fn produce(
+    producer: &FutureProducer,
+    message: &OwnedMessage,
+    envelope: &Envelope,
+    keep: &[&str],
+    outcome: &Outcome,
+) -> Result<(), String> {
+    let at = outcome.at.to_string();
+    match &outcome.action {
+        Action::Skip { .. } => Ok(()),
+        Action::Replay { to, replay } => {
+            let headers = headers::replay_headers(message.headers(), envelope, *replay, &at, keep);
+            send(producer, to, message.key(), message.payload(), headers).await?;
+            let journal = OwnedHeaders::new()
+                .insert(text_header(headers::ID, &envelope.id))
+                .insert(text_header(headers::REPLAY_COUNT, &replay.to_string()))
+                .insert(text_header("hopper-replayed-to", to));
+            let topic = replay_journal(&outcome.at.topic);
+            send(producer, &topic, Some(at.as_bytes()), None, journal)
+                .await
+                .map_err(|e| format!("replayed to `{to}`, but not recorded in `{topic}`: {e}"))
+        }
+        Action::Loop { to, replays } => {
+            let route = outcome.route.as_deref().unwrap_or_default();
+            let envelope = Envelope {
+                replays: *replays,
+                ..envelope.clone()
+            };
+            let error =
+                format!("replayed {replays} time(s) already; replay.max_replays allows no more");
+            let hop = dead_letter(
+                message,
+                DeadLetter {
+                    topic: to,
+                    route,
+                    envelope: &envelope,
+                    attempts_made: envelope.attempts_made,
+                    reason: Reason::ReplayLoop,
+                    error: &error,
+                    handler: None,
+                    keep,
+                },
+            );
+            let record = hop.record;
+            send(
+                producer,
+                &record.topic,
+                record.key.as_deref(),
+                record.payload.as_deref(),
+                record.headers,
+            )
+            .await
+        }
+    }
+}
+
+fn text_header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
+    Header {
+        key,
+        value: Some(value),
+    }
+}
+
+async fn send(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&[u8]>,
+    payload: Option<&[u8]>,
+    headers: OwnedHeaders,
+) -> Result<(), String> {
+    let mut record = FutureRecord::<[u8], [u8]>::to(topic)
+        .headers(headers)
+        .timestamp(now_ms());
+    if let Some(key) = key {
+        record = record.key(key);
+    }
+    if let Some(payload) = payload {
+        record = record.payload(payload);
+    }
+    producer
+        .send(record, PRODUCE_TIMEOUT)
+        .await
+        .map(|_| ())
+        .map_err(|(e, _)| format!("cannot produce to `{topic}`: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_pacer_spaces_produces_at_its_rate() {
+        let pacer = Pacer::new(10);
+        let start = Instant::now();
+        for _ in 0..21 {
+            pacer.wait().await;
+        }
+        // The first goes at once, then one every 100 ms.
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_pacer_is_shared_by_concurrent_replays() {
+        let pacer = std::sync::Arc::new(Pacer::new(4));
+        let start = Instant::now();
+        let tasks: Vec<_> = (0..2)
+            .map(|_| {
+                let pacer = pacer.clone();
+                tokio::spawn(async move {
+                    for _ in 0..4 {
+                        pacer.wait().await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(start.elapsed(), Duration::from_millis(1750));
+    }
+}

@@ -1,0 +1,248 @@
+//! What a running hopper knows about itself right now: whether each pipeline
+//! consumes, which tier partitions are held and until when, how many
+//! messages wait per topic, and which handler version serves each route.
+//!
+//! Everything here is written rarely (at start, on a rebalance-driven state
+//! change, when a tier partition is held or released, every lag sample) and
+//! read by `/ready`, the admin API and the scrape-time gauges. Each piece has
+//! its own std `Mutex`, never held across an `.await`; no message's path
+//! takes one.
+
+use crate::clock::now_ms;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A partition of a topic.
+pub type TopicPartition = (String, i32);
+
+/// How many partitions a pipeline's consumer has assigned now.
+pub type AssignmentProbe = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// The handler serving a route, for the admin API and `hopper_handler_info`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct HandlerInfo {
+    pub route: String,
+    /// The handler file.
+    pub file: String,
+    /// sha256 of the serving version.
+    pub version: String,
+    pub last_reload_error: Option<String>,
+}
+
+/// The state of one pipeline (a route, or `delay` for the relay).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum PipelineState {
+    /// Running, but its consumer has no partition assigned (yet).
+    Starting,
+    /// Running with `partitions` assigned.
+    Consuming { partitions: usize },
+    /// Not consuming, for `reason`.
+    Stopped { reason: String },
+}
+
+impl PipelineState {
+    pub fn is_consuming(&self) -> bool {
+        matches!(self, PipelineState::Consuming { .. })
+    }
+}
+
+/// Held tier partitions of one pipeline: when each held head is due.
+#[derive(Clone, Default, Debug)]
+pub struct HeldHeads(Arc<Mutex<HashMap<TopicPartition, i64>>>);
+
+impl HeldHeads {
+    pub fn held(&self, tp: &TopicPartition, due_ms: i64) {
+        self.0.lock().unwrap().insert(tp.clone(), due_ms);
+    }
+
+    pub fn released(&self, tp: &TopicPartition) {
+        self.0.lock().unwrap().remove(tp);
+    }
+
+    /// Held partitions and when their heads are due, epoch ms.
+    pub fn snapshot(&self) -> Vec<(TopicPartition, i64)> {
+        let mut heads: Vec<_> = self
+            .0
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(tp, due)| (tp.clone(), *due))
+            .collect();
+        heads.sort();
+        heads
+    }
+}
+
+/// One pipeline's live state.
+#[derive(Default)]
+pub struct PipelineHealth {
+    assigned: OnceLock<AssignmentProbe>,
+    stopped: Mutex<Option<String>>,
+    heads: HeldHeads,
+}
+
+/// Messages waiting in one topic for one pipeline's group.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Pending {
+    pub pipeline: String,
+    pub topic: String,
+    /// `input`, `tier` or `inbox`.
+    pub kind: &'static str,
+    pub messages: i64,
+}
+
+/// The last lag sample.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct PendingSample {
+    pub at_ms: i64,
+    pub topics: Vec<Pending>,
+    /// Why the last sample failed, if it did; `topics` then holds the one
+    /// before.
+    pub error: Option<String>,
+}
+
+/// Live state of every pipeline. Cheap to share (`Arc`).
+#[derive(Default)]
+pub struct Health {
+    pipelines: Mutex<BTreeMap<String, Arc<PipelineHealth>>>,
+    pending: Mutex<PendingSample>,
+    handlers: OnceLock<Box<dyn Fn() -> Vec<HandlerInfo> + Send + Sync>>,
+}
+
+impl Health {
+    /// The pipeline called `name`, registered on first use.
+    pub fn pipeline(&self, name: &str) -> Arc<PipelineHealth> {
+        self.pipelines
+            .lock()
+            .unwrap()
+            .entry(name.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Where the consumer loop of `name` reports its held tier partitions.
+    pub fn held_heads(&self, name: &str) -> HeldHeads {
+        self.pipeline(name).heads.clone()
+    }
+
+    /// Tells how to read the consumer assignment of `name`; set once, when
+    /// its consumer is created.
+    pub fn set_assignment_probe(&self, name: &str, probe: AssignmentProbe) {
+        let _ = self.pipeline(name).assigned.set(probe);
+    }
+
+    /// Marks `name` as no longer consuming, for `reason` (its loop ended, or
+    /// a hop it cannot make stopped it). Readiness fails from now on.
+    pub fn stop(&self, name: &str, reason: impl Into<String>) {
+        let reason = reason.into();
+        tracing::warn!(pipeline = name, reason, "Pipeline stopped consuming.");
+        *self.pipeline(name).stopped.lock().unwrap() = Some(reason);
+    }
+
+    /// Every pipeline's state, by name.
+    pub fn states(&self) -> Vec<(String, PipelineState)> {
+        let pipelines = self.pipelines.lock().unwrap().clone();
+        pipelines
+            .into_iter()
+            .map(|(name, p)| {
+                let state = if let Some(reason) = p.stopped.lock().unwrap().clone() {
+                    PipelineState::Stopped { reason }
+                } else {
+                    match p.assigned.get().map(|probe| probe()) {
+                        Some(n) if n > 0 => PipelineState::Consuming { partitions: n },
+                        _ => PipelineState::Starting,
+                    }
+                };
+                (name, state)
+            })
+            .collect()
+    }
+
+    /// Ready: at least one pipeline, and every one consuming.
+    pub fn ready(&self) -> bool {
+        let states = self.states();
+        !states.is_empty() && states.iter().all(|(_, s)| s.is_consuming())
+    }
+
+    /// Every held tier partition: (pipeline, partition, due at epoch ms).
+    pub fn held(&self) -> Vec<(String, TopicPartition, i64)> {
+        let pipelines = self.pipelines.lock().unwrap().clone();
+        pipelines
+            .into_iter()
+            .flat_map(|(name, p)| {
+                p.heads
+                    .snapshot()
+                    .into_iter()
+                    .map(move |(tp, due)| (name.clone(), tp, due))
+            })
+            .collect()
+    }
+
+    pub fn record_pending(&self, result: Result<Vec<Pending>, String>) {
+        let mut sample = self.pending.lock().unwrap();
+        match result {
+            Ok(topics) => {
+                *sample = PendingSample {
+                    at_ms: now_ms(),
+                    topics,
+                    error: None,
+                }
+            }
+            Err(error) => sample.error = Some(error),
+        }
+    }
+
+    pub fn pending(&self) -> PendingSample {
+        self.pending.lock().unwrap().clone()
+    }
+
+    /// Tells where handler versions are read; set once, at start.
+    pub fn set_handlers(&self, read: Box<dyn Fn() -> Vec<HandlerInfo> + Send + Sync>) {
+        let _ = self.handlers.set(read);
+    }
+
+    pub fn handlers(&self) -> Vec<HandlerInfo> {
+        self.handlers.get().map(|read| read()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ready_only_when_every_pipeline_consumes() {
+        let health = Health::default();
+        assert!(!health.ready(), "nothing runs yet");
+        health.set_assignment_probe("a", Box::new(|| 2));
+        health.set_assignment_probe("b", Box::new(|| 0));
+        assert!(!health.ready(), "b has no partitions");
+        assert_eq!(health.states()[1].1, PipelineState::Starting);
+        let health = Health::default();
+        health.set_assignment_probe("a", Box::new(|| 2));
+        assert!(health.ready());
+        health.stop("a", "the DLQ is not writable");
+        assert!(!health.ready());
+        assert_eq!(
+            health.states()[0].1,
+            PipelineState::Stopped {
+                reason: "the DLQ is not writable".into()
+            }
+        );
+    }
+
+    #[test]
+    fn held_heads_come_and_go() {
+        let health = Health::default();
+        let heads = health.held_heads("orders");
+        let tp = ("orders.retry.5s".to_string(), 1);
+        heads.held(&tp, 5_000);
+        assert_eq!(
+            health.held(),
+            vec![("orders".to_string(), tp.clone(), 5_000)]
+        );
+        heads.released(&tp);
+        assert!(health.held().is_empty());
+    }
+}

@@ -1,0 +1,122 @@
+//! Gauges read at scrape time from [`Health`]: pending messages per topic,
+//! time until each held tier partition's head is due, whether each pipeline
+//! consumes, and which handler version serves each route.
+
+use crate::clock::now_ms;
+use crate::health::Health;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeGaugeValue};
+use prometheus_client::metrics::MetricType;
+use std::sync::Arc;
+
+/// The scrape-time gauges of one hopper.
+pub(super) struct Live(pub(super) Arc<Health>);
+
+impl std::fmt::Debug for Live {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Live")
+    }
+}
+
+/// One gauge family: its name, help and samples.
+fn gauge<V: EncodeGaugeValue>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(Vec<(&'static str, String)>, V)],
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (labels, value) in samples {
+        family.encode_family(labels)?.encode_gauge(value)?;
+    }
+    Ok(())
+}
+
+impl Collector for Live {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let health = &self.0;
+        let pending: Vec<_> = health
+            .pending()
+            .topics
+            .into_iter()
+            .map(|p| {
+                let labels = vec![
+                    ("pipeline", p.pipeline),
+                    ("topic", p.topic),
+                    ("kind", p.kind.to_string()),
+                ];
+                (labels, p.messages)
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_pending_messages",
+            "Messages not yet committed by the pipeline's group, per topic (high watermark minus committed offset), sampled every few seconds.",
+            &pending,
+        )?;
+
+        let now = now_ms();
+        let held: Vec<_> = health
+            .held()
+            .into_iter()
+            .map(|(pipeline, (topic, partition), due)| {
+                let labels = vec![
+                    ("pipeline", pipeline),
+                    ("topic", topic),
+                    ("partition", partition.to_string()),
+                ];
+                (labels, (due - now) as f64 / 1000.0)
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_hold_head_due_seconds",
+            "Seconds until the head of a held tier partition is due (negative: due, about to resume).",
+            &held,
+        )?;
+
+        let states: Vec<_> = health
+            .states()
+            .into_iter()
+            .map(|(pipeline, state)| (vec![("pipeline", pipeline)], state.is_consuming() as i64))
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_pipeline_consuming",
+            "1 when the pipeline's consumer has partitions and is not stopped.",
+            &states,
+        )?;
+
+        let handlers = health.handlers();
+        let info: Vec<_> = handlers
+            .iter()
+            .map(|h| {
+                let labels = vec![
+                    ("route", h.route.clone()),
+                    ("file", h.file.clone()),
+                    ("version", h.version.clone()),
+                ];
+                (labels, 1i64)
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_handler_info",
+            "The handler version (sha256 of the .wasm) serving each route.",
+            &info,
+        )?;
+        let errors: Vec<_> = handlers
+            .iter()
+            .map(|h| {
+                let labels = vec![("route", h.route.clone())];
+                (labels, h.last_reload_error.is_some() as i64)
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_handler_reload_error",
+            "1 while the handler file on disk could not be loaded and an older version serves.",
+            &errors,
+        )
+    }
+}
