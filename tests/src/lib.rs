@@ -432,3 +432,73 @@ pub async fn next_matching<T>(
         }
     }
 }
+
+/// One HTTP/1.1 exchange with hopper's admin server, over a plain TCP
+/// connection (no client library of hopper's own): the status code and the
+/// body.
+pub async fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {addr}: {e}"));
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(token) = token {
+        request.push_str(&format!("Authorization: Bearer {token}\r\n"));
+    }
+    let body = body.unwrap_or_default();
+    if !body.is_empty() {
+        request.push_str("Content-Type: application/json\r\n");
+    }
+    request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut response))
+        .await
+        .expect("the admin server answers within 60s")
+        .unwrap();
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("an HTTP response");
+    let head = String::from_utf8_lossy(&response[..split]).into_owned();
+    let body = &response[split + 4..];
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_vec()
+    };
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// The body of a chunked HTTP response.
+fn dechunk(mut body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(line) = body.windows(2).position(|w| w == b"\r\n") {
+        let size = std::str::from_utf8(&body[..line]).unwrap_or("0");
+        let size = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if size == 0 {
+            break;
+        }
+        let rest = &body[line + 2..];
+        out.extend_from_slice(&rest[..size]);
+        body = &rest[(size + 2).min(rest.len())..];
+    }
+    out
+}
+
+/// `GET path` as JSON, expecting 200.
+pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
+    let (status, body) = http(addr, "GET", path, None, None).await;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
+}

@@ -1,0 +1,337 @@
+//! The admin server against a real broker: `/metrics` after a known mix of
+//! outcomes, the bearer token, and where it listens.
+
+use hopper_tests::*;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "s3cret-token";
+
+/// `[admin]` on an ephemeral loopback port, with the test token.
+fn admin(extra: &str) -> String {
+    format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n{extra}")
+}
+
+/// The scrape at `addr`, parsed by a Prometheus text parser: sample values
+/// by metric name and labels (`name{k=v,...}`, labels sorted).
+async fn scrape(addr: SocketAddr) -> HashMap<String, f64> {
+    let (status, body) = http(addr, "GET", "/metrics", None, None).await;
+    assert_eq!(status, 200, "{body}");
+    for line in body
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        // The parser below skips what it cannot read; check every line is a
+        // sample: a metric name, optional labels, and a number.
+        let (series, value) = line.rsplit_once(' ').expect("a sample line");
+        let name = series.split('{').next().unwrap();
+        assert!(
+            !name.is_empty()
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name in {line:?}"
+        );
+        assert!(
+            matches!(value, "+Inf" | "-Inf" | "NaN") || value.parse::<f64>().is_ok(),
+            "bad value in {line:?}"
+        );
+    }
+    let lines = body.lines().map(|l| Ok(l.to_string()));
+    let scrape = prometheus_parse::Scrape::parse(lines).expect("valid Prometheus text");
+    scrape
+        .samples
+        .into_iter()
+        .filter_map(|s| {
+            let mut labels: Vec<String> =
+                s.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            labels.sort();
+            let value = match s.value {
+                prometheus_parse::Value::Counter(v)
+                | prometheus_parse::Value::Gauge(v)
+                | prometheus_parse::Value::Untyped(v) => v,
+                // Their `_count` and `_sum` are samples of their own.
+                prometheus_parse::Value::Histogram(_) | prometheus_parse::Value::Summary(_) => {
+                    return None;
+                }
+            };
+            Some((format!("{}{{{}}}", s.metric, labels.join(",")), value))
+        })
+        .collect()
+}
+
+/// Scrapes until `done` accepts the samples, for up to a minute.
+async fn scrape_until(
+    addr: SocketAddr,
+    mut done: impl FnMut(&HashMap<String, f64>) -> bool,
+) -> HashMap<String, f64> {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let samples = scrape(addr).await;
+        if done(&samples) {
+            return samples;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "metrics never settled: {samples:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_parse_as_prometheus_text_and_count_a_known_mix_of_outcomes() {
+    init_tracing();
+    let handler = plugin("scripted");
+    let route = TestRoute::new(
+        &handler,
+        &format!("retry = [\"1s\"]\nmax_attempts = 2\n{}", admin("")),
+    );
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().expect("the admin server runs");
+    let producer = producer();
+    // 3 ok, 2 fatal, 1 always retryable: 8 calls in all (the retryable one
+    // twice), 1 retry, 3 dead letters.
+    for payload in ["ok", "ok", "ok", "fatal", "fatal", "retry"] {
+        produce(&producer, &route.input, None, payload, &[]).await;
+    }
+    let r = route.name.as_str();
+    let key = |name: &str, labels: &str| format!("{name}{{{labels}}}");
+    let dead = |reason: &str| {
+        key(
+            "hopper_dead_lettered_total",
+            &format!("reason={reason},route={r}"),
+        )
+    };
+    let samples = scrape_until(addr, |s| {
+        s.get(&dead("RETRIES_EXHAUSTED")) == Some(&1.0)
+            && s.get(&dead("FATAL")) == Some(&2.0)
+            && s.get(&key(
+                "hopper_handler_outcomes_total",
+                &format!("outcome=ok,route={r}"),
+            )) == Some(&3.0)
+    })
+    .await;
+    let outcome = |o: &str| {
+        samples[&key(
+            "hopper_handler_outcomes_total",
+            &format!("outcome={o},route={r}"),
+        )]
+    };
+    assert_eq!(outcome("ok"), 3.0);
+    assert_eq!(outcome("fatal"), 2.0);
+    assert_eq!(outcome("retryable"), 2.0);
+    assert_eq!(outcome("trap"), 0.0);
+    assert_eq!(
+        samples[&key("hopper_messages_consumed_total", &format!("route={r}"))],
+        7.0,
+        "6 from the input, 1 from the retry tier"
+    );
+    assert_eq!(
+        samples[&key(
+            "hopper_retries_scheduled_total",
+            &format!("route={r},tier={r}.retry.1s")
+        )],
+        1.0
+    );
+    assert_eq!(
+        samples[&dead("HANDLER_TRAP")],
+        0.0,
+        "every reason exists from the start"
+    );
+    assert_eq!(
+        samples[&key(
+            "hopper_handler_duration_seconds_count",
+            &format!("route={r}")
+        )],
+        7.0,
+        "one observation per call"
+    );
+    let version = sha256_hex(&std::fs::read(&handler).unwrap());
+    let info = samples
+        .iter()
+        .find(|(k, _)| k.starts_with("hopper_handler_info{") && k.contains(&format!("route={r}")))
+        .expect("handler info");
+    assert!(info.0.contains(&format!("version={version}")), "{info:?}");
+    assert_eq!(
+        samples[&key("hopper_pipeline_consuming", &format!("pipeline={r}"))],
+        1.0
+    );
+    // No label is a key or an id.
+    let (_, body) = http(addr, "GET", "/metrics", None, None).await;
+    assert!(
+        !body.contains(&format!("{}-0-", route.input)),
+        "a message id leaked into a label"
+    );
+
+    // Lag: the input is drained, and the sampler says so.
+    let pending = key(
+        "hopper_pending_messages",
+        &format!("kind=input,pipeline={r},topic={}", route.input),
+    );
+    scrape_until(addr, |s| s.get(&pending) == Some(&0.0)).await;
+
+    // Prometheus text 0.0.4 unless the scraper asks for OpenMetrics.
+    let (status, body) = http(addr, "GET", "/metrics", None, None).await;
+    assert_eq!(status, 200);
+    assert!(!body.contains("# EOF"), "plain Prometheus text by default");
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_held_retry_partition_reports_when_its_head_is_due() {
+    init_tracing();
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        &format!("retry = [\"1h\"]\n{}", admin("")),
+    );
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    produce(&producer(), &route.input, None, "retry", &[]).await;
+    let tier = format!("{}.retry.1h", route.name);
+    let samples = scrape_until(addr, |s| {
+        s.keys()
+            .any(|k| k.starts_with("hopper_hold_head_due_seconds{") && k.contains(&tier))
+    })
+    .await;
+    let (_, due) = samples
+        .iter()
+        .find(|(k, _)| k.starts_with("hopper_hold_head_due_seconds{"))
+        .unwrap();
+    assert!(*due > 3500.0 && *due <= 3600.0, "due in {due}s");
+    let routes = get_json(addr, "/api/routes").await;
+    let held = &routes[0]["held"][0];
+    assert_eq!(held["topic"], tier.as_str());
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_changing_calls_need_the_token_and_reads_answer_on_loopback() {
+    init_tracing();
+    let route = TestRoute::new(&plugin("scripted"), &admin(""));
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let body = r#"{"filter": {}, "dry_run": true}"#;
+    for token in [
+        None,
+        Some("wrong"),
+        Some("s3cret-toke"),
+        Some("s3cret-tokenX"),
+    ] {
+        let (status, answer) = http(addr, "POST", "/api/replay", token, Some(body)).await;
+        assert_eq!(status, 401, "token {token:?}: {answer}");
+        assert!(answer.contains("token"), "{answer}");
+    }
+    let (status, answer) = http(addr, "POST", "/api/replay", Some(TOKEN), Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/api/replay",
+        Some(TOKEN),
+        Some("{\"dry_run\": 1}"),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.contains("dry_run"),
+        "a bad body names the field: {answer}"
+    );
+
+    let health = get_json(addr, "/health").await;
+    assert_eq!(health["status"], "ok");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (status, ready) = http(addr, "GET", "/ready", None, None).await;
+        if status == 200 {
+            assert!(ready.contains("consuming"), "{ready}");
+            break;
+        }
+        assert_eq!(status, 503);
+        assert!(Instant::now() < deadline, "never ready: {ready}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let handlers = get_json(addr, "/api/handlers").await;
+    assert_eq!(handlers[0]["route"], route.name.as_str());
+    assert!(handlers[0]["last_reload_error"].is_null());
+    let (status, answer) = http(addr, "GET", "/api/dlq/some.topic/0/0", None, None).await;
+    assert_eq!(status, 404, "only dead-letter topics can be read: {answer}");
+    assert!(
+        answer.contains("`some.topic` is not a dead-letter topic"),
+        "{answer}"
+    );
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_configured_token_nothing_can_change_state() {
+    init_tracing();
+    let route = TestRoute::new(&plugin("scripted"), "\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
+        return; // the environment gives a token; this case cannot be set up
+    }
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/api/replay",
+        Some("anything"),
+        Some(r#"{"filter": {}, "dry_run": true}"#),
+    )
+    .await;
+    assert_eq!(status, 401);
+    assert!(answer.contains("none is configured"), "{answer}");
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_server_is_not_reachable_off_loopback_unless_configured() {
+    init_tracing();
+    // Bound to 127.0.0.1: another loopback address of this host, 127.0.0.2,
+    // finds nothing at the port. Bound to every address (as configured
+    // below), it does.
+    let route = TestRoute::new(&plugin("scripted"), &admin(""));
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    assert_eq!(addr.ip().to_string(), "127.0.0.1");
+    let elsewhere = SocketAddr::new("127.0.0.2".parse().unwrap(), addr.port());
+    assert!(
+        tokio::net::TcpStream::connect(elsewhere).await.is_err(),
+        "reachable at {elsewhere}"
+    );
+    hopper.stop().await;
+
+    let open = TestRoute::new(
+        &plugin("scripted"),
+        &format!("\n[admin]\nlisten = \"0.0.0.0:0\"\ntoken = \"{TOKEN}\"\n"),
+    );
+    let hopper = open.start().await;
+    let port = hopper.admin_addr().unwrap().port();
+    let elsewhere = SocketAddr::new("127.0.0.2".parse().unwrap(), port);
+    let (status, _) = http(elsewhere, "GET", "/health", None, None).await;
+    assert_eq!(status, 200);
+    // Reachable from elsewhere: reads need the token too.
+    let (status, _) = http(elsewhere, "GET", "/api/routes", None, None).await;
+    assert_eq!(status, 401);
+    let (status, _) = http(elsewhere, "GET", "/api/routes", Some(TOKEN), None).await;
+    assert_eq!(status, 200);
+    hopper.stop().await;
+}
+
+#[test]
+fn a_non_loopback_listen_without_a_token_is_refused_at_load() {
+    let config = TestConfig::new("[delay]\n\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
+    if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
+        return;
+    }
+    let error = hopper::config::Config::load(&config.path)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error
+            .contains("admin.listen `0.0.0.0:9464` is reachable from other hosts; set admin.token"),
+        "{error}"
+    );
+}
