@@ -51,7 +51,7 @@ pub struct Outcome {
     pub failed: Option<String>,
 }
 
-/// What a replay did, record by record.
+/// What a replay did, record by record; for a dry run, what it would do.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub dry_run: bool,

@@ -1,0 +1,287 @@
+//! Replay against a real broker: a dry run changes nothing, a replay is
+//! handled again and counted per record, the loop guard trips at its limit,
+//! and the rate limit holds.
+
+use hopper::events::Event;
+use hopper::kafka::Cluster;
+use hopper_tests::*;
+use rdkafka::Message;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "replay-token";
+
+/// A route whose handler fails (`fatal`) every message `config:fixed=yes`
+/// until its config says `fixed = "yes"`: the cause, and the fix.
+fn broken_route(max_replays: u32, rate: u32) -> TestRoute {
+    TestRoute::new(
+        &plugin("scripted"),
+        &format!(
+            "\n[route.config]\nfixed = \"no\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n[replay]\nmax_replays = {max_replays}\nrate = {rate}\n"
+        ),
+    )
+}
+
+fn fix(route: &TestRoute) {
+    let text = std::fs::read_to_string(&route.config_path).unwrap();
+    std::fs::write(
+        &route.config_path,
+        text.replace("fixed = \"no\"", "fixed = \"yes\""),
+    )
+    .unwrap();
+}
+
+fn cluster() -> Cluster {
+    Cluster {
+        brokers: brokers(),
+        kafka: Default::default(),
+    }
+}
+
+fn size(topic: &str) -> i64 {
+    hopper::lag::topic_size(&cluster(), topic).unwrap()
+}
+
+/// `topic:partition:offset` of a record.
+fn at(m: &rdkafka::message::OwnedMessage) -> String {
+    format!("{}:{}:{}", m.topic(), m.partition(), m.offset())
+}
+
+async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/api/replay",
+        Some(TOKEN),
+        Some(&body.to_string()),
+    )
+    .await;
+    assert_eq!(status, 200, "{answer}");
+    serde_json::from_str(&answer).unwrap()
+}
+
+/// The DLQ listing of `route` through the admin API.
+async fn listing(addr: std::net::SocketAddr, route: &str) -> Value {
+    get_json(addr, &format!("/api/dlq?route={route}")).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
+    init_tracing();
+    let route = broken_route(3, 100);
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let producer = producer();
+    for id in ["d1", "d2"] {
+        produce(
+            &producer,
+            &route.input,
+            None,
+            "config:fixed=yes",
+            &[("hopper-id", id)],
+        )
+        .await;
+    }
+    consume(&route.dlq, 2, PATIENCE).await;
+    let report = replay(
+        addr,
+        json!({ "filter": { "route": route.name }, "dry_run": true }),
+    )
+    .await;
+    assert_eq!(report["dry_run"], true);
+    let outcomes = report["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 2, "{report}");
+    for o in outcomes {
+        assert_eq!(o["action"], "replay");
+        assert_eq!(o["to"], route.input.as_str());
+        assert_eq!(o["replay"], 1);
+    }
+    assert_eq!(report["replayed"], 2, "a dry run counts what it would do");
+    // Give a stray produce time to land before counting.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(size(&route.input), 2, "the input is untouched");
+    assert_eq!(size(&route.dlq), 2, "the DLQ is untouched");
+    assert_eq!(
+        size(&format!("{}.replays", route.dlq)),
+        0,
+        "no replay recorded"
+    );
+    let list = listing(addr, &route.name).await;
+    assert!(
+        list["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["replayed"] == 0)
+    );
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replayed_record_is_handled_again_and_each_replay_is_counted_on_it() {
+    init_tracing();
+    let route = broken_route(5, 100);
+    let hopper = route.start().await;
+    let producer = producer();
+    let (_, origin_offset) = produce(
+        &producer,
+        &route.input,
+        Some("k1"),
+        "config:fixed=yes",
+        &[("hopper-id", "r1"), ("x-trace", "t-9")],
+    )
+    .await;
+    let dead = consume(&route.dlq, 1, PATIENCE).await.remove(0);
+    hopper.stop().await;
+
+    // The cause is fixed; replay the record.
+    fix(&route);
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let mut events = hopper.events();
+    for round in 1..=2u32 {
+        let report = replay(addr, json!({ "records": [at(&dead)] })).await;
+        assert_eq!(report["replayed"], 1, "{report}");
+        let (attempt, verdict) = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled {
+                    id,
+                    attempt,
+                    verdict,
+                    ..
+                } if id == "r1" => Some((*attempt, *verdict)),
+                _ => None,
+            },
+        )
+        .await;
+        assert_eq!((attempt, verdict), (1, "ok"), "attempts start over");
+        let list = listing(addr, &route.name).await;
+        assert_eq!(
+            list["records"][0]["replayed"], round,
+            "round {round}: {list}"
+        );
+    }
+    let replayed = consume(&route.input, 3, PATIENCE).await;
+    let (h, counts) = header_map(&replayed[1]);
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    assert_eq!(replayed[1].key(), Some(&b"k1"[..]));
+    assert_eq!(h["hopper-id"], "r1");
+    assert_eq!(h["hopper-replay-count"], "1");
+    assert_eq!(h["hopper-trail"], "dlq,replay");
+    assert_eq!(h["hopper-origin-topic"], route.input);
+    assert_eq!(h["hopper-origin-offset"], origin_offset.to_string());
+    assert_eq!(h["hopper-replayed-from"], at(&dead));
+    assert_eq!(h["x-trace"], "t-9", "the producer's headers are kept");
+    assert!(!h.contains_key("hopper-reason") && !h.contains_key("hopper-attempt"));
+    assert_eq!(size(&route.dlq), 1, "the DLQ is never changed");
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_loop_guard_sends_a_record_past_its_limit_back_with_replay_loop() {
+    init_tracing();
+    let route = broken_route(1, 100);
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let mut events = hopper.events();
+    // Keyed, so every record of it lands in one partition, in order.
+    produce(
+        &producer(),
+        &route.input,
+        Some("loop-key"),
+        "config:fixed=yes",
+        &[("hopper-id", "loop")],
+    )
+    .await;
+    let first = consume(&route.dlq, 1, PATIENCE).await.remove(0);
+
+    // Replay 1 of 1 is allowed; the handler is still broken.
+    let report = replay(addr, json!({ "records": [at(&first)] })).await;
+    assert_eq!(report["replayed"], 1, "{report}");
+    let second = consume(&route.dlq, 2, PATIENCE).await.remove(1);
+    let (h, _) = header_map(&second);
+    assert_eq!(h["hopper-replay-count"], "1");
+    assert_eq!(h["hopper-trail"], "dlq,replay,dlq");
+    assert_eq!(h["hopper-reason"], "FATAL");
+
+    // Replaying its new dead letter, or the first one again, is one too many.
+    for record in [&second, &first] {
+        let report = replay(addr, json!({ "records": [at(record)] })).await;
+        assert_eq!(report["looped"], 1, "{report}");
+        assert_eq!(report["outcomes"][0]["action"], "loop");
+    }
+    let looped = consume(&route.dlq, 4, PATIENCE).await;
+    for record in &looped[2..] {
+        let (h, _) = header_map(record);
+        assert_eq!(h["hopper-reason"], "REPLAY_LOOP");
+        assert_eq!(h["hopper-id"], "loop");
+        assert_eq!(h["hopper-replay-count"], "1");
+        assert!(
+            h["hopper-last-error"].contains("replay.max_replays"),
+            "{h:?}"
+        );
+    }
+    assert_eq!(size(&route.input), 2, "the loop guard replays nothing");
+    // The handler saw the message twice: once, and once replayed.
+    let mut calls = 0;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
+    while let Ok(Ok(event)) = tokio::time::timeout_at(deadline, events.recv()).await {
+        calls += matches!(&event, Event::Handled { id, .. } if id == "loop") as u32;
+    }
+    assert_eq!(calls, 2);
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_holds_its_rate_limit() {
+    init_tracing();
+    let route = broken_route(3, 5);
+    let hopper = route.start().await;
+    let producer = producer();
+    for i in 0..11 {
+        produce(
+            &producer,
+            &route.input,
+            None,
+            "config:fixed=yes",
+            &[("hopper-id", &format!("rate-{i}"))],
+        )
+        .await;
+    }
+    consume(&route.dlq, 11, PATIENCE).await;
+    hopper.stop().await;
+
+    let config = route.config();
+    let cluster = cluster();
+    let (c, k) = (config.clone(), cluster.clone());
+    let selected = tokio::task::spawn_blocking(move || {
+        hopper::dlq::Dlq {
+            cluster: &k,
+            config: &c,
+        }
+        .select(&Default::default(), 100)
+    })
+    .await
+    .unwrap()
+    .unwrap();
+    assert_eq!(selected.len(), 11);
+    let dlq = hopper::dlq::Dlq {
+        cluster: &cluster,
+        config: &config,
+    };
+    let pacer = hopper::dlq::Pacer::new(config.replay.rate);
+    let started = Instant::now();
+    let report = dlq
+        .replay(selected, 3, false, &pacer, |_| {})
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(report.replayed, 11);
+    // 11 produces at 5 a second: the first at once, then one every 200 ms.
+    assert!(
+        took >= Duration::from_millis(2000),
+        "11 replays took {took:?}"
+    );
+}
