@@ -1,0 +1,310 @@
+//! `hopper dlq ls|show|replay`, `hopper status` and the log formats, run
+//! as a user runs them: the `hopper` binary against a real broker.
+
+use hopper_tests::*;
+use rdkafka::Message;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn hopper(args: &[&str]) -> std::process::Output {
+    Command::new(hopper_bin())
+        .args(args)
+        .env_remove("HOPPER_BROKERS")
+        .env_remove("HOPPER_LOG_FORMAT")
+        .output()
+        .unwrap()
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_ls_show_and_status_read_straight_from_the_brokers() {
+    init_tracing();
+    let route = TestRoute::new(&plugin("scripted"), "");
+    let hopper_run = route.start().await;
+    let producer = producer();
+    // A hostile key: a terminal escape sequence and a newline.
+    let hostile = "\u{1b}[31mred\nkey";
+    produce(
+        &producer,
+        &route.input,
+        Some(hostile),
+        "fatal",
+        &[("hopper-id", "cli-1")],
+    )
+    .await;
+    produce(
+        &producer,
+        &route.input,
+        Some("k2"),
+        "trap",
+        &[("hopper-id", "cli-2")],
+    )
+    .await;
+    let records = consume(&route.dlq, 2, PATIENCE).await;
+    // ls and show need no running hopper.
+    hopper_run.stop().await;
+    let config = route.config_path.to_str().unwrap();
+
+    let out = hopper(&["dlq", "ls", "--config", config]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let table = stdout(&out);
+    assert!(table.starts_with("RECORD"), "{table}");
+    assert!(
+        table.contains("cli-1") && table.contains("cli-2"),
+        "{table}"
+    );
+    assert!(
+        table.contains("FATAL") && table.contains("HANDLER_TRAP"),
+        "{table}"
+    );
+    assert!(
+        !table.contains('\u{1b}'),
+        "an escape sequence reached the terminal: {table:?}"
+    );
+    assert!(table.contains("\\u{1b}[31mred\\nkey"), "{table}");
+    assert!(table.contains("2 matching of 2"), "{table}");
+
+    let out = hopper(&[
+        "dlq", "ls", "--config", config, "--reason", "FATAL", "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(page["total"], 1);
+    assert_eq!(page["records"][0]["id"], "cli-1");
+    assert_eq!(page["records"][0]["key"], hostile);
+
+    let fatal = records
+        .iter()
+        .find(|r| r.key() == Some(hostile.as_bytes()))
+        .unwrap();
+    let at = format!("{}:{}:{}", fatal.topic(), fatal.partition(), fatal.offset());
+    let out = hopper(&["dlq", "show", &at, "--config", config]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = stdout(&out);
+    for expected in [
+        "hopper-reason",
+        "FATAL",
+        "hopper-last-error",
+        "told to fail",
+        "payload (5 bytes):\nfatal",
+    ] {
+        assert!(shown.contains(expected), "missing {expected:?} in {shown}");
+    }
+    assert!(!shown.contains('\u{1b}'), "{shown:?}");
+    let out = hopper(&[
+        "dlq",
+        "show",
+        &format!("{}:0:999999", route.dlq),
+        "--config",
+        config,
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("does not exist"), "{}", stderr(&out));
+    let out = hopper(&["dlq", "show", "nonsense", "--config", config]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`nonsense` is not a record as topic:partition:offset"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = hopper(&["status", "--config", config]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let status = stdout(&out);
+    assert!(
+        status.contains(&route.input) && status.contains("input"),
+        "{status}"
+    );
+    assert!(status.contains(&format!("{}  2", route.dlq)), "{status}");
+    let out = hopper(&["status", "--config", config, "--json"]);
+    let status: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let input = status["pending"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["topic"] == route.input.as_str())
+        .unwrap();
+    assert_eq!(input["messages"], 0, "hopper committed both");
+
+    let out = hopper(&["dlq", "replay", "--config", config]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("nothing selected"),
+        "{}",
+        stderr(&out)
+    );
+    let out = hopper(&["dlq", "ls", "--config", config, "--route", "nope"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("route `nope` is not in the config"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delay_relays_dead_letters_replay_once_the_target_exists() {
+    init_tracing();
+    let inbox = rand_name("inbox");
+    let config = TestConfig::new(&format!("[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n"));
+    let hopper_run = config.start().await;
+    let target = rand_name("late-target");
+    produce(
+        &producer(),
+        &inbox,
+        Some("d-key"),
+        "scheduled payload",
+        &[
+            ("hopper-target", &target),
+            ("hopper-delay", "1s"),
+            ("hopper-id", "relay-1"),
+        ],
+    )
+    .await;
+    let dead = consume(&format!("{inbox}.dlq"), 1, PATIENCE)
+        .await
+        .remove(0);
+    let (h, _) = header_map(&dead);
+    assert!(h["hopper-last-error"].contains("does not exist"), "{h:?}");
+
+    // The cause is fixed: the target exists now.
+    create_topics(&[&target]).await;
+    let path = config.path.to_str().unwrap();
+    let out = hopper(&[
+        "dlq",
+        "replay",
+        "--config",
+        path,
+        "--route",
+        "delay",
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("1 of 1 record(s) would be replayed"),
+        "{}",
+        stdout(&out)
+    );
+    let out = hopper(&["dlq", "replay", "--config", path, "--route", "delay"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("Replayed 1 of 1"), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!("-> {inbox}")),
+        "progress: {}",
+        stderr(&out)
+    );
+
+    let delivered = consume(&target, 1, PATIENCE).await.remove(0);
+    assert_eq!(delivered.payload(), Some(&b"scheduled payload"[..]));
+    assert_eq!(delivered.key(), Some(&b"d-key"[..]));
+    let (h, _) = header_map(&delivered);
+    assert_eq!(h["hopper-id"], "relay-1");
+    assert_eq!(h["hopper-replay-count"], "1");
+    hopper_run.stop().await;
+}
+
+/// Starts `hopper run` with stderr piped and reads its log lines until
+/// `until` accepts one; returns every line read. Kills the process.
+fn run_until(
+    config: &str,
+    format: Option<&str>,
+    mut until: impl FnMut(&str) -> bool,
+) -> Vec<String> {
+    let mut command = Command::new(hopper_bin());
+    command
+        .args(["run", "--config", config])
+        .env("HOPPER_CACHE_DIR", cache_dir())
+        .env_remove("HOPPER_LOG_FORMAT")
+        .env_remove("HOPPER_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    if let Some(format) = format {
+        command.env("HOPPER_LOG_FORMAT", format);
+    }
+    let mut child = command.spawn().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let lines = BufReader::new(child.stderr.take().unwrap());
+    std::thread::spawn(move || {
+        for line in lines.lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(line) => {
+                let done = until(&line);
+                seen.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(_) => {
+                let _ = child.kill();
+                panic!(
+                    "the expected log line never came; saw:\n{}",
+                    seen.join("\n")
+                );
+            }
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_json_lines_with_message_fields_or_plain_text_without_colour_in_a_pipe() {
+    init_tracing();
+    let handler = plugin("scripted");
+    let route = TestRoute::new(&handler, "");
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        "fatal",
+        &[("hopper-id", "log-1")],
+    )
+    .await;
+    let config = route.config_path.to_str().unwrap();
+    let lines = run_until(config, Some("json"), |l| {
+        l.contains("Message dead-lettered.")
+    });
+    for line in &lines {
+        let parsed: Result<serde_json::Value, _> = serde_json::from_str(line);
+        assert!(parsed.is_ok(), "not a JSON line: {line}");
+    }
+    let dead: serde_json::Value = serde_json::from_str(lines.last().unwrap()).unwrap();
+    assert_eq!(dead["level"], "WARN");
+    assert_eq!(dead["route"], route.name.as_str());
+    assert_eq!(dead["id"], "log-1");
+    assert_eq!(dead["attempt"], 1);
+    let version = sha256_hex(&std::fs::read(&handler).unwrap());
+    assert_eq!(dead["version"], &version[..12]);
+    assert_eq!(dead["reason"], "FATAL");
+
+    // Text, into a pipe: no colour codes.
+    let other = TestRoute::new(&handler, "");
+    let lines = run_until(other.config_path.to_str().unwrap(), None, |l| {
+        l.contains("Route started.")
+    });
+    assert!(lines.iter().any(|l| l.contains("Route started.")));
+    for line in &lines {
+        assert!(
+            !line.contains('\u{1b}'),
+            "an escape code in a piped log line: {line:?}"
+        );
+    }
+}
