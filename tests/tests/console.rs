@@ -1,0 +1,346 @@
+//! The web console end to end, in headless Chromium driven over WebDriver:
+//! dead letters from a real route, filters, a record's detail, an XSS probe
+//! that must render as text, and a replay that gets handled.
+//!
+//! Needs Debian's `chromium` and `chromium-driver` (`./dev` installs them).
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use hopper::events::Event;
+use hopper_tests::*;
+use rdkafka::Message;
+use serde_json::json;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TOKEN: &str = "console-token";
+/// Markup that runs script if it is ever parsed as HTML.
+const XSS_KEY: &str = "<img src=x onerror=\"window.__xss='key'\">";
+const XSS_PAYLOAD: &str =
+    "<script>window.__xss='script'</script><img src=x onerror=\"window.__xss='payload'\">";
+
+/// chromedriver on a free loopback port; killed on drop.
+struct Driver {
+    child: Child,
+    url: String,
+    _profile: tempfile::TempDir,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let binary = ["/usr/bin/chromedriver", "/usr/lib/chromium/chromedriver"]
+            .into_iter()
+            .find(|p| std::path::Path::new(p).is_file())
+            .expect("chromedriver is missing: install Debian's chromium and chromium-driver (./dev does)");
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = Command::new(binary)
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Driver {
+            child,
+            url: format!("http://{addr}"),
+            _profile: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    async fn browser(&self) -> Client {
+        let profile = self._profile.path().display();
+        let capabilities = json!({
+            "goog:chromeOptions": {
+                "binary": "/usr/bin/chromium",
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu",
+                    "--disable-background-networking", "--disable-component-update",
+                    "--disable-sync", "--no-first-run",
+                    format!("--user-data-dir={profile}"),
+                ],
+            }
+        });
+        let capabilities = match capabilities {
+            serde_json::Value::Object(map) => map,
+            _ => unreachable!(),
+        };
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        ClientBuilder::new(connector)
+            .capabilities(capabilities)
+            .connect(&self.url)
+            .await
+            .expect("chromium starts under chromedriver")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Waits until `check` holds in the page, failing after a minute.
+async fn until<T>(
+    browser: &Client,
+    what: &str,
+    mut check: impl AsyncFnMut(&Client) -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = check(browser).await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn rows(browser: &Client) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in browser
+        .find_all(Locator::Css("#dlq-rows tr"))
+        .await
+        .unwrap()
+    {
+        out.push(row.text().await.unwrap());
+    }
+    out
+}
+
+async fn search(browser: &Client, text: &str) {
+    let input = browser.find(Locator::Id("filter-text")).await.unwrap();
+    input.clear().await.unwrap();
+    input.send_keys(text).await.unwrap();
+    browser
+        .find(Locator::Id("search"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+}
+
+async fn text_of(browser: &Client, id: &str) -> String {
+    browser
+        .find(Locator::Id(id))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
+    init_tracing();
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        &format!(
+            "\n[route.config]\nfixed = \"no\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
+        ),
+    );
+    let hopper = route.start().await;
+    let producer = producer();
+    for id in ["console-1", "console-2"] {
+        produce(
+            &producer,
+            &route.input,
+            Some(id),
+            "config:fixed=yes",
+            &[("hopper-id", id)],
+        )
+        .await;
+    }
+    produce(
+        &producer,
+        &route.input,
+        Some(XSS_KEY),
+        XSS_PAYLOAD,
+        &[("hopper-id", "xss")],
+    )
+    .await;
+    let dead = consume(&route.dlq, 3, PATIENCE).await;
+    hopper.stop().await;
+    // The cause is fixed; the console replays.
+    let text = std::fs::read_to_string(&route.config_path).unwrap();
+    std::fs::write(
+        &route.config_path,
+        text.replace("fixed = \"no\"", "fixed = \"yes\""),
+    )
+    .unwrap();
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let console = format!("http://{}/", hopper.admin_addr().unwrap());
+
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser.goto(&console).await.unwrap();
+    until(&browser, "3 dead letters", async |b| {
+        (rows(b).await.len() == 3).then_some(())
+    })
+    .await;
+    until(&browser, "the handler's version", async |b| {
+        text_of(b, "handlers")
+            .await
+            .contains(&route.name)
+            .then_some(())
+    })
+    .await;
+    let histogram = browser
+        .find_all(Locator::Css("#histogram svg rect"))
+        .await
+        .unwrap();
+    assert!(!histogram.is_empty(), "a histogram of reasons");
+
+    // Filter on the error text.
+    search(&browser, "config fixed").await;
+    let found = until(&browser, "2 matches", async |b| {
+        let rows = rows(b).await;
+        (rows.len() == 2).then_some(rows)
+    })
+    .await;
+    assert!(
+        found
+            .iter()
+            .all(|r| r.contains("FATAL") && r.contains("console-")),
+        "{found:?}"
+    );
+
+    // The XSS probe: shown as text in the list and the detail, never run.
+    search(&browser, "unknown command").await;
+    until(&browser, "the probe", async |b| {
+        (rows(b).await.len() == 1).then_some(())
+    })
+    .await;
+    let row = browser.find(Locator::Css("#dlq-rows tr")).await.unwrap();
+    assert!(row.text().await.unwrap().contains(XSS_KEY));
+    row.click().await.unwrap();
+    let payload = until(&browser, "the payload", async |b| {
+        let text = text_of(b, "payload").await;
+        (!text.is_empty()).then_some(text)
+    })
+    .await;
+    assert_eq!(payload, XSS_PAYLOAD);
+    let injected = browser
+        .execute("return [document.querySelectorAll('img, script:not([src])').length, window.__xss === undefined];", vec![])
+        .await
+        .unwrap();
+    assert_eq!(
+        injected,
+        json!([0, true]),
+        "markup from a record was parsed as HTML"
+    );
+    browser
+        .find(Locator::Css("button[data-view=hex]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert!(
+        text_of(&browser, "payload")
+            .await
+            .starts_with("3c 73 63 72"),
+        "hex of `<scr`"
+    );
+    browser
+        .find(Locator::Css("button[data-view=json]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    assert_eq!(text_of(&browser, "payload").await, "(not JSON)");
+
+    // Select one record and replay it: first with a wrong token.
+    search(&browser, "config fixed").await;
+    until(&browser, "2 matches", async |b| {
+        (rows(b).await.len() == 2).then_some(())
+    })
+    .await;
+    let first = browser
+        .find(Locator::Css("#dlq-rows tr input.select"))
+        .await
+        .unwrap();
+    let chosen = first.attr("data-ref").await.unwrap().unwrap();
+    first.click().await.unwrap();
+    let token = browser.find(Locator::Id("token")).await.unwrap();
+    token.send_keys("not-the-token").await.unwrap();
+    browser
+        .find(Locator::Id("replay"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let refused = until(&browser, "a refusal", async |b| {
+        let text = text_of(b, "replay-result").await;
+        text.starts_with("refused").then_some(text)
+    })
+    .await;
+    assert!(refused.contains("token is wrong"), "{refused}");
+    token.clear().await.unwrap();
+    token.send_keys(TOKEN).await.unwrap();
+    browser
+        .find(Locator::Id("replay"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let result = until(&browser, "the replay", async |b| {
+        let text = text_of(b, "replay-result").await;
+        text.starts_with("replayed").then_some(text)
+    })
+    .await;
+    assert!(result.starts_with("replayed 1,"), "{result}");
+
+    // Hopper handles it again, and the console counts the replay.
+    let id = dead
+        .iter()
+        .find(|m| format!("{}:{}:{}", m.topic(), m.partition(), m.offset()) == chosen)
+        .map(|m| String::from_utf8(m.key().unwrap().to_vec()).unwrap())
+        .expect("the chosen record is one of the dead letters");
+    let verdict = next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::Handled {
+                id: got, verdict, ..
+            } if *got == id => Some(*verdict),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!(verdict, "ok");
+    // The list reloads after a replay; its `replayed` column says 1.
+    until(&browser, "the replay count", async |b| {
+        let cells = b
+            .execute(
+                "return [...document.querySelectorAll('#dlq-rows tr')].map(r => [r.children[4].textContent, r.children[7].textContent]);",
+                vec![],
+            )
+            .await
+            .unwrap();
+        cells
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|c| c[0] == id.as_str() && c[1] == "1")
+            .then_some(())
+    })
+    .await;
+    browser.close().await.unwrap();
+    hopper.stop().await;
+}
