@@ -7,6 +7,8 @@
 //!   the Rust ones with cargo, the Python, JavaScript and C ones with pinned
 //!   toolchains it installs on first use (see `polyglot.rs`).
 //! - `broker`: starts the test broker and prints its address, until Ctrl-C.
+//! - `promtool`: unpacks Debian's promtool (for the alert-rules test) and
+//!   prints its path.
 
 use anyhow::{Context, Result, bail};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -30,10 +32,11 @@ fn main() -> Result<()> {
         "demo" => demo(rest),
         "test" => test(rest),
         "broker" => broker(),
+        "promtool" => ensure_promtool().map(|p| println!("{}", p.display())),
         "bench" => bench(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  bench NAME     run a benchmark: throughput, delay, handler, handlers (BENCHMARKS.md)"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers (BENCHMARKS.md)"
             );
             if command == "help" {
                 Ok(())
@@ -181,6 +184,7 @@ fn test(rest: &[String]) -> Result<()> {
         .current_dir(root())
         .args(["test", "--workspace", "--no-run"]);
     run(build, "building the tests")?;
+    let promtool = ensure_promtool()?;
     let broker = Broker::start(&nisshi)?;
     step(&format!(
         "running the tests against nisshi at {}",
@@ -190,6 +194,7 @@ fn test(rest: &[String]) -> Result<()> {
     tests
         .current_dir(root())
         .env("HOPPER_TEST_BROKERS", &broker.address)
+        .env("HOPPER_PROMTOOL", &promtool)
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(rest)
         .stdout(Stdio::piped());
@@ -312,6 +317,52 @@ fn ensure_nisshi() -> Result<PathBuf> {
             installed.display()
         )
     }
+}
+
+/// Debian's promtool, which checks the alert rules in docs/operations.md:
+/// on PATH, or unpacked from the `prometheus` package into the target dir's
+/// tools (not installed: the package would also start a Prometheus server).
+fn ensure_promtool() -> Result<PathBuf> {
+    if let Some(found) = which("promtool") {
+        return Ok(found);
+    }
+    let dir = target_dir().join("tools/prometheus");
+    let promtool = dir.join("usr/bin/promtool");
+    if promtool.is_file() {
+        return Ok(promtool);
+    }
+    step("unpacking promtool from Debian's prometheus package");
+    let download = TempDir::new()?;
+    let fetch = || {
+        Command::new("apt-get")
+            .args(["download", "prometheus"])
+            .current_dir(&download.0)
+            .status()
+    };
+    if !fetch().is_ok_and(|s| s.success()) {
+        run(
+            {
+                let mut update = Command::new("apt-get");
+                update.arg("update");
+                update
+            },
+            "apt-get update",
+        )?;
+        if !fetch()?.success() {
+            bail!("apt-get download prometheus failed");
+        }
+    }
+    let deb = std::fs::read_dir(&download.0)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|e| e == "deb"))
+        .context("apt-get download left no .deb")?;
+    let mut unpack = Command::new("dpkg-deb");
+    unpack.arg("-x").arg(&deb).arg(&dir);
+    run(unpack, "unpacking the prometheus package")?;
+    if !promtool.is_file() {
+        bail!("the prometheus package has no {}", promtool.display());
+    }
+    Ok(promtool)
 }
 
 fn which(name: &str) -> Option<PathBuf> {
