@@ -1,7 +1,8 @@
 //! Named events: each one writes its log line, bumps its counter and is
 //! broadcast to observers (the demo's live view and tests).
 //!
-//! Which metric an event bumps is decided in one place, [`Metrics::record`].
+//! Which metric an event bumps is decided in one place: the match in
+//! [`Telemetry::emit`], one arm per event.
 //! Counter labels stay low-cardinality: route, tier, reason, outcome — never a
 //! key or an id. Ids appear only in log lines and broadcast events.
 
@@ -159,12 +160,13 @@ impl Telemetry {
         self.metrics.tier_hop(tier);
     }
 
-    /// Logs `event`, counts it ([`Metrics::record`]) and sends it to
-    /// observers.
+    /// Logs `event`, counts it in its metric family and sends it to
+    /// observers. Each arm is the one place its event's log line and
+    /// counter are decided.
     pub fn emit(&self, event: Event) {
         match &event {
-            // Logged where the call is made (route.rs); only counted and
-            // broadcast here.
+            // Logged and counted where the call is made (route.rs, which
+            // holds its counters); only broadcast here.
             Event::Handled { .. } => {}
             Event::RetryScheduled {
                 route,
@@ -185,6 +187,7 @@ impl Telemetry {
                     reason = reason.as_str(),
                     "Retry scheduled."
                 );
+                self.metrics.retry_scheduled(route, topic);
             }
             Event::DeadLettered {
                 route,
@@ -205,6 +208,7 @@ impl Telemetry {
                     error,
                     "Message dead-lettered."
                 );
+                self.metrics.dead_lettered(route, *reason);
             }
             Event::Delivered {
                 id,
@@ -228,6 +232,7 @@ impl Telemetry {
                         "Delayed message delivered late."
                     );
                 }
+                self.metrics.delivered(*deliver_at);
             }
             Event::HandlerReloaded {
                 route,
@@ -246,6 +251,7 @@ impl Telemetry {
                     cached,
                     "Handler reloaded."
                 );
+                self.metrics.reloaded(route, true);
             }
             Event::HandlerReloadFailed {
                 route,
@@ -258,9 +264,9 @@ impl Telemetry {
                     error,
                     "Handler reload failed; the old version keeps serving."
                 );
+                self.metrics.reloaded(route, false);
             }
         }
-        self.metrics.record(&event);
         // No subscribers is fine.
         let _ = self.events.send(event);
     }

@@ -1,6 +1,6 @@
-//! Prometheus metrics: every family hopper exports, the handles hot paths
-//! hold, and the one place where an [`Event`] becomes a count
-//! ([`Metrics::record`]).
+//! Prometheus metrics: every family hopper exports, and the handles hot
+//! paths hold. Which event bumps which family is decided in one place,
+//! `Telemetry::emit` (events.rs), through the methods here.
 //!
 //! Hot paths never look a metric up by name and never format a label: a
 //! route's processor holds its counters and histogram from the start, and
@@ -18,7 +18,6 @@ pub use histogram::{CALL_BUCKETS, Histogram, LATENESS_BUCKETS};
 
 use crate::clock::now_ms;
 use crate::config::{Config, RELAY_ROUTE};
-use crate::events::Event;
 use crate::headers::Reason;
 use crate::health::Health;
 use prometheus_client::metrics::counter::Counter as PromCounter;
@@ -324,49 +323,46 @@ impl Metrics {
         )
     }
 
-    /// Counts `event` in its family. Every event maps to its metrics here,
-    /// and only here.
-    pub fn record(&self, event: &Event) {
-        match event {
-            // Counted by the route's processor, which holds its counters.
-            Event::Handled { .. } => {}
-            Event::RetryScheduled { route, topic, .. } => {
-                if let Some(counter) = self.routes.get(route).and_then(|r| r.retries.get(topic)) {
-                    counter.inc();
-                }
+    /// A message went up retry tier `tier` of `route`.
+    pub fn retry_scheduled(&self, route: &str, tier: &str) {
+        if let Some(counter) = self.routes.get(route).and_then(|r| r.retries.get(tier)) {
+            counter.inc();
+        }
+    }
+
+    /// A message of `route` was dead-lettered for `reason`.
+    pub fn dead_lettered(&self, route: &str, reason: Reason) {
+        if let Some(counter) = self
+            .routes
+            .get(route)
+            .and_then(|r| r.dead_lettered.get(&reason))
+        {
+            counter.inc();
+        }
+    }
+
+    /// The relay forwarded a message due at `deliver_at` (epoch ms), now.
+    pub fn delivered(&self, deliver_at: i64) {
+        if let Some(relay) = &self.relay {
+            relay.delivered.inc();
+            let late_ms = now_ms() - deliver_at;
+            if late_ms < 0 {
+                relay.early.inc();
+            } else if self.enabled {
+                relay
+                    .lateness
+                    .observe(Duration::from_millis(late_ms as u64));
             }
-            Event::DeadLettered { route, reason, .. } => {
-                if let Some(counter) = self
-                    .routes
-                    .get(route)
-                    .and_then(|r| r.dead_lettered.get(reason))
-                {
-                    counter.inc();
-                }
-            }
-            Event::Delivered { deliver_at, .. } => {
-                if let Some(relay) = &self.relay {
-                    relay.delivered.inc();
-                    let late_ms = now_ms() - deliver_at;
-                    if late_ms < 0 {
-                        relay.early.inc();
-                    } else if self.enabled {
-                        relay
-                            .lateness
-                            .observe(Duration::from_millis(late_ms as u64));
-                    }
-                }
-            }
-            Event::HandlerReloaded { route, .. } => {
-                if let Some(route) = self.routes.get(route) {
-                    route.reloads_ok.inc();
-                }
-            }
-            Event::HandlerReloadFailed { route, .. } => {
-                if let Some(route) = self.routes.get(route) {
-                    route.reloads_failed.inc();
-                }
-            }
+        }
+    }
+
+    /// A reload of `route`'s handler succeeded (`ok`) or failed.
+    pub fn reloaded(&self, route: &str, ok: bool) {
+        if let Some(route) = self.routes.get(route) {
+            match ok {
+                true => route.reloads_ok.inc(),
+                false => route.reloads_failed.inc(),
+            };
         }
     }
 
