@@ -7,7 +7,10 @@
 //! On the broker in `HOPPER_TEST_BROKERS` (see `cargo xtask bench`), or with
 //! `--mock` on librdkafka's in-process mock cluster, so that a broker in
 //! another process is out of the picture. `--only` runs some contenders:
-//! `bare`, `noop`, `fresh`, `json`, `sized`, `hop`, `storm`.
+//! `bare`, `noop`, `metrics`, `fresh`, `json`, `sized`, `hop`, `storm`.
+//! `noop` runs without an admin server, so with metrics off; `metrics` is the
+//! same route with `[admin]` (metrics on: call timing, the consumed counter,
+//! the lag sampler) and `/metrics` scraped every second while it runs.
 //!
 //! Every contender reads a preloaded 2-partition topic with a consumer group
 //! of its own, from the beginning, and is timed from its first message read
@@ -44,7 +47,11 @@ const PARTITIONS: i32 = 2;
 /// No contender may take longer than this.
 const TIME_LIMIT: Duration = Duration::from_secs(600);
 
-const CONTENDERS: [&str; 7] = ["bare", "noop", "fresh", "json", "sized", "hop", "storm"];
+const CONTENDERS: [&str; 8] = [
+    "bare", "noop", "metrics", "fresh", "json", "sized", "hop", "storm",
+];
+/// The admin server of the `metrics` contender, appended after its route.
+const METRICS_ON: &str = "\n[admin]\nlisten = \"127.0.0.1:0\"\n";
 
 #[tokio::main]
 async fn main() {
@@ -409,6 +416,17 @@ impl Bench {
                 plugin(handler).display()
             ))
             .await;
+        // With an admin server, scrape it every second, as a hurried
+        // Prometheus would.
+        let scraper = hopper.admin_addr().map(|addr| {
+            tokio::spawn(async move {
+                loop {
+                    let (status, _) = http(addr, "GET", "/metrics", None, None).await;
+                    assert_eq!(status, 200, "scraping {addr}");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            })
+        });
         let figures = self
             .time(
                 n,
@@ -417,6 +435,9 @@ impl Bench {
                 || done(&hopper, &name),
             )
             .await;
+        if let Some(scraper) = scraper {
+            scraper.abort();
+        }
         hopper.stop().await;
         (figures, name)
     }
@@ -443,7 +464,10 @@ impl Bench {
             }
         };
         const BARE: &str = "bare relay (consume -> produce, acks=all)";
-        const NOOP: &str = "hopper, no-op handler, warm (ok: consume -> handler -> commit)";
+        const NOOP: &str =
+            "hopper, no-op handler, warm, metrics off (ok: consume -> handler -> commit)";
+        const METRICS: &str =
+            "hopper, no-op handler, warm, metrics on (admin server, /metrics scraped every second)";
         const FRESH: &str = "hopper, no-op handler, fresh instance per message";
         const JSON: &str = "hopper, order-timeout handler (parses JSON, decides ok), warm";
         const SIZED: &str = "bare relay producing hopper's dead-letter headers (15 headers)";
@@ -454,6 +478,10 @@ impl Bench {
             record(BARE, self.bare_relay(&ok, n, None).await);
             if self.runs("noop") {
                 record(NOOP, self.hopper_route(&ok, "noop", "", n).await);
+            }
+            if self.runs("metrics") {
+                let on = self.hopper_route(&ok, "noop", METRICS_ON, n).await;
+                record(METRICS, on);
             }
             if self.runs("fresh") {
                 let fresh = self
@@ -497,10 +525,16 @@ impl Bench {
         println!("-- medians of {rounds} rounds");
         let bare = median(BARE).expect("the bare relay ran");
         println!("{BARE}: {bare:.0} msg/s{}", cpu(BARE));
-        for name in [NOOP, FRESH, JSON, SIZED, HOP] {
+        for name in [NOOP, METRICS, FRESH, JSON, SIZED, HOP] {
             if let Some(rate) = median(name) {
                 println!("{name}: {rate:.0} msg/s = {:.2}x{}", rate / bare, cpu(name));
             }
+        }
+        if let (Some(on), Some(off)) = (median(METRICS), median(NOOP)) {
+            println!(
+                "hopper's no-op route with metrics on against metrics off: {:.3}x",
+                on / off
+            );
         }
         if let (Some(hop), Some(sized)) = (median(HOP), median(SIZED)) {
             println!(
