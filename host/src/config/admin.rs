@@ -140,3 +140,57 @@ impl ReplayConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(text: &str) -> Result<Admin, Vec<String>> {
+        let admin: AdminConfig = toml::from_str(text).map_err(|e| vec![e.to_string()])?;
+        let mut problems = Vec::new();
+        let resolved = admin.resolve(&mut problems);
+        if problems.is_empty() {
+            Ok(resolved.unwrap())
+        } else {
+            Err(problems)
+        }
+    }
+
+    #[test]
+    fn the_default_listens_on_loopback_only() {
+        let admin = resolve("").unwrap();
+        assert_eq!(admin.listen.to_string(), "127.0.0.1:9464");
+        assert!(!admin.remote());
+        assert!(admin.metrics);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let problems = resolve("listen = \"localhost\"\ntoken = \" \"\n").unwrap_err();
+        assert_eq!(
+            problems,
+            vec![
+                "admin.listen `localhost` is not an address and port such as 127.0.0.1:9464",
+                "admin.token is empty; remove it or give a token",
+            ]
+        );
+        let remote = resolve("listen = \"0.0.0.0:9464\"\ntoken = \"t\"\n").unwrap();
+        assert!(remote.remote(), "reachable from other hosts, with a token");
+        let err = toml::from_str::<AdminConfig>("listne = \"x\"").unwrap_err();
+        assert!(err.to_string().contains("unknown field `listne`"), "{err}");
+    }
+
+    #[test]
+    fn replay_limits_are_checked() {
+        let replay: ReplayConfig = toml::from_str("rate = 0\nmax_records = 0").unwrap();
+        let mut problems = Vec::new();
+        replay.check(&mut problems);
+        assert_eq!(
+            problems,
+            vec![
+                "replay.rate must be between 1 and 100000 records per second, not 0",
+                "replay.max_records must be at least 1",
+            ]
+        );
+    }
+}

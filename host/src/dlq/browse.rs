@@ -50,6 +50,8 @@ pub enum DlqError {
         read: usize,
         expected: i64,
     },
+    #[error("{matched} records match; replay.max_records allows {max}: narrow the selection")]
+    TooMany { matched: usize, max: usize },
     #[error("cannot create the replay producer: {0}")]
     Producer(String),
     #[error(transparent)]
@@ -186,9 +188,12 @@ impl Dlq<'_> {
         })
     }
 
-    /// Every match of `filter`, as the records themselves, oldest first.
+    /// Every match of `filter`, as the records themselves, in offset order
+    /// per partition. More than `max` matches is an error: a replay takes
+    /// all of its selection or nothing.
     pub fn select(&self, filter: &DlqFilter, max: usize) -> Result<Vec<OwnedMessage>, DlqError> {
         let mut out = Vec::new();
+        let mut matched = 0;
         for topic in self.topics(filter.route.as_deref())? {
             let replayed = replay_counts(self.cluster, &topic)?;
             read_all(self.cluster, &topic, MAX_SCAN, |m| {
@@ -198,10 +203,16 @@ impl Dlq<'_> {
                     offset: m.offset(),
                 };
                 let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
-                if out.len() < max && filter.matches(&summary) {
-                    out.push(m);
+                if filter.matches(&summary) {
+                    matched += 1;
+                    if out.len() < max {
+                        out.push(m);
+                    }
                 }
             })?;
+        }
+        if matched > max {
+            return Err(DlqError::TooMany { matched, max });
         }
         Ok(out)
     }
