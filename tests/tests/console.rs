@@ -106,16 +106,17 @@ async fn until<T>(
     }
 }
 
+/// The text of each row of the DLQ table, read in one script run so a
+/// re-render between reads cannot leave a stale element.
 async fn rows(browser: &Client) -> Vec<String> {
-    let mut out = Vec::new();
-    for row in browser
-        .find_all(Locator::Css("#dlq-rows tr"))
+    let rows = browser
+        .execute(
+            "return [...document.querySelectorAll('#dlq-rows tr')].map(r => r.innerText);",
+            vec![],
+        )
         .await
-        .unwrap()
-    {
-        out.push(row.text().await.unwrap());
-    }
-    out
+        .unwrap();
+    serde_json::from_value(rows).unwrap()
 }
 
 async fn search(browser: &Client, text: &str) {
@@ -132,13 +133,14 @@ async fn search(browser: &Client, text: &str) {
 }
 
 async fn text_of(browser: &Client, id: &str) -> String {
-    browser
-        .find(Locator::Id(id))
+    let text = browser
+        .execute(
+            "return document.getElementById(arguments[0]).innerText;",
+            vec![json!(id)],
+        )
         .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+        .unwrap();
+    text.as_str().unwrap_or_default().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

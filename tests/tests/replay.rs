@@ -83,14 +83,18 @@ async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
         .await;
     }
     consume(&route.dlq, 2, PATIENCE).await;
-    let report = replay(
-        addr,
-        json!({ "filter": { "route": route.name }, "dry_run": true }),
-    )
-    .await;
+    // Someone else's record in the DLQ: skipped, and the reason says why.
+    produce(&producer, &route.dlq, None, "not hopper's", &[]).await;
+    let report = replay(addr, json!({ "filter": {}, "dry_run": true })).await;
     assert_eq!(report["dry_run"], true);
     let outcomes = report["outcomes"].as_array().unwrap();
-    assert_eq!(outcomes.len(), 2, "{report}");
+    assert_eq!(outcomes.len(), 3, "{report}");
+    let (skipped, outcomes): (Vec<_>, Vec<_>) =
+        outcomes.iter().partition(|o| o["action"] == "skip");
+    assert_eq!(
+        skipped[0]["problem"],
+        "not a hopper dead-letter record: header hopper-id: is missing"
+    );
     for o in outcomes {
         assert_eq!(o["action"], "replay");
         assert_eq!(o["to"], route.input.as_str());
@@ -107,6 +111,7 @@ async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
         "no replay recorded"
     );
     let list = listing(addr, &route.name).await;
+    assert_eq!(list["total"], 2, "the foreign record has no route: {list}");
     assert!(
         list["records"]
             .as_array()

@@ -149,6 +149,26 @@ function drawHistogram(buckets, width) {
     }
   });
   box.appendChild(svg);
+  // Legend: the reasons present, in their colours.
+  const present = new Set(buckets.flatMap((b) => Object.keys(b.counts)));
+  const legend = el("p", null, { class: "legend" });
+  for (const reason of present) {
+    const index = REASONS.indexOf(reason);
+    const swatch = document.createElementNS(NS, "svg");
+    swatch.setAttribute("width", "10");
+    swatch.setAttribute("height", "10");
+    const square = document.createElementNS(NS, "rect");
+    square.setAttribute("width", "10");
+    square.setAttribute("height", "10");
+    square.setAttribute("fill", COLORS[index < 0 ? COLORS.length - 1 : index]);
+    swatch.appendChild(square);
+    legend.appendChild(swatch);
+    legend.appendChild(el("span", ` ${reason} `));
+  }
+  const first = buckets[0].start_ms;
+  const last = buckets[buckets.length - 1].start_ms + width;
+  legend.appendChild(el("span", `— ${time(first)} to ${time(last)}, ${width / 1000}s per bar`, { class: "muted" }));
+  box.appendChild(legend);
 }
 
 async function showRecord(summary) {

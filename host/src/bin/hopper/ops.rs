@@ -366,7 +366,7 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
     })
     .await?;
     let live = match &config.admin {
-        Some(admin) => Some(live_status(admin.listen).await),
+        Some(admin) => Some(live_status(admin.listen, admin.token.as_deref()).await),
         None => None,
     };
     if target.json {
@@ -428,11 +428,19 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
 }
 
 /// `GET /api/status` of a running hopper's admin server.
-async fn live_status(addr: std::net::SocketAddr) -> Result<serde_json::Value, String> {
+/// With the admin token, when the config has one: a server listening
+/// beyond loopback needs it for reads too.
+async fn live_status(
+    addr: std::net::SocketAddr,
+    token: Option<&str>,
+) -> Result<serde_json::Value, String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let exchange = async {
         let mut stream = tokio::net::TcpStream::connect(addr).await?;
-        let request = format!("GET /api/status HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+        let authorization = token
+            .map(|t| format!("Authorization: Bearer {t}\r\n"))
+            .unwrap_or_default();
+        let request = format!("GET /api/status HTTP/1.0\r\nHost: {addr}\r\n{authorization}\r\n");
         stream.write_all(request.as_bytes()).await?;
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await?;
