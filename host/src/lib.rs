@@ -15,6 +15,7 @@ pub mod clock;
 pub mod config;
 pub mod delay;
 pub mod dlq;
+pub mod egress;
 pub mod embedded;
 pub mod events;
 pub mod headers;
@@ -187,8 +188,11 @@ impl Hopper {
             .map(|r| r.memory_bytes)
             .max()
             .unwrap_or(64 << 20);
-        let mut runtime =
-            plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+        let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
+        let telemetry = Telemetry::for_config(&config, metrics_on);
+        let mut runtime = plugin::Runtime::new(max_memory)
+            .context("starting the WebAssembly runtime")?
+            .with_telemetry(telemetry.clone());
         if let Some(dir) = &options.cache_dir {
             runtime = runtime.with_cache(dir.clone())?;
         }
@@ -219,8 +223,6 @@ impl Hopper {
             tracing::info!(topics = created.join(","), "Topics created.");
         }
 
-        let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
-        let telemetry = Telemetry::for_config(&config, metrics_on);
         let shutdown = CancellationToken::new();
         let loops = TaskTracker::new();
         let mut slots = HashMap::new();

@@ -61,6 +61,10 @@ struct RouteCounters {
     reloads_failed: Counter,
     replayed: Counter,
     looped: Counter,
+    /// `hopper_emitted_records_total{result=produced}`.
+    emitted: Counter,
+    /// `hopper_emitted_records_total{result=discarded}`.
+    emits_discarded: Counter,
 }
 
 /// The delay relay's counters.
@@ -243,6 +247,16 @@ impl Metrics {
                     "hopper_replays",
                     vec![("route", route.into()), ("result", "loop".into())],
                 ),
+                emitted: metrics.register(
+                    &metrics.emits,
+                    "hopper_emitted_records",
+                    vec![("route", route.into()), ("result", "produced".into())],
+                ),
+                emits_discarded: metrics.register(
+                    &metrics.emits,
+                    "hopper_emitted_records",
+                    vec![("route", route.into()), ("result", "discarded".into())],
+                ),
             };
             metrics.routes.insert(route.to_string(), counters);
         }
@@ -313,14 +327,35 @@ impl Metrics {
         }
     }
 
-    /// The counters of outbound HTTP requests and of emitted records of a
-    /// route, by result, for the processor that makes them to hold.
-    pub fn http_and_emits(&self, route: &str, result: &str) -> (Counter, Counter) {
+    /// The counter of `route`'s outbound HTTP requests with `result`: a
+    /// status class (`2xx`, ...), `error` (no response) or `denied` (refused
+    /// by the route's grants). For the route's grants to hold: registered
+    /// once per route and result, when its handler is first loaded.
+    pub fn http_requests(&self, route: &str, result: &str) -> Counter {
         let labels = vec![("route", route.to_string()), ("result", result.to_string())];
-        (
-            self.register(&self.http_requests, "hopper_http_requests", labels.clone()),
-            self.register(&self.emits, "hopper_emitted_records", labels),
-        )
+        self.register(&self.http_requests, "hopper_http_requests", labels)
+    }
+
+    /// The counter of records `route`'s handler tried to emit and the
+    /// route's grants refused, for the route's grants to hold.
+    pub fn emits_refused(&self, route: &str) -> Counter {
+        let labels = vec![("route", route.to_string()), ("result", "refused".into())];
+        self.register(&self.emits, "hopper_emitted_records", labels)
+    }
+
+    /// A record `route`'s handler emitted was produced and acknowledged.
+    pub fn emitted(&self, route: &str) {
+        if let Some(route) = self.routes.get(route) {
+            route.emitted.inc();
+        }
+    }
+
+    /// `count` records `route`'s handler emitted were dropped: the verdict
+    /// was not `ok`.
+    pub fn emits_discarded(&self, route: &str, count: u64) {
+        if let Some(route) = self.routes.get(route) {
+            route.emits_discarded.inc_by(count);
+        }
     }
 
     /// A message went up retry tier `tier` of `route`.
