@@ -16,6 +16,9 @@
 //!   requests are in flight.
 //! - **bare client**: hyper-util's pooled client, P tasks each making its
 //!   share of the requests one after another, reading each body.
+//! - **transport**: hopper's own HTTP client for a route
+//!   (`hopper::egress::Transport`), driven like the bare client, without a
+//!   handler: what the transport costs apart from WebAssembly.
 //! - **noop**: the same route with the no-op handler, for what Kafka and
 //!   the handler call cost without the request.
 //!
@@ -24,7 +27,8 @@
 //!
 //! Each row gives msg/s, this process's CPU µs per message, and the
 //! connections the server accepted per 10,000 messages. Rounds run the
-//! contenders in the same order; the summary gives medians and their ratio.
+//! contenders in the same order; the summary gives medians, and the median
+//! of each round's ratio to the bare client in that round.
 
 use bytes::Bytes;
 use hopper::Hopper;
@@ -218,13 +222,21 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
     const BARE: &str = "bare hyper client, one request loop per partition";
     const HOPPER: &str = "hopper, fetch handler: one GET per message, warm";
     const NOOP: &str = "hopper, no-op handler (no request), warm";
-    let mut results: Vec<(&str, Vec<Figures>)> =
-        vec![(BARE, vec![]), (HOPPER, vec![]), (NOOP, vec![])];
+    const TRANSPORT: &str = "hopper's transport alone, one request loop per partition";
+    let mut results: Vec<(&str, Vec<Figures>)> = vec![
+        (BARE, vec![]),
+        (TRANSPORT, vec![]),
+        (HOPPER, vec![]),
+        (NOOP, vec![]),
+    ];
     for round in 1..=rounds {
         println!("-- round {round}");
         let bare = bare_client(&mut server, messages, partitions as u64).await;
         bare.row(BARE);
         results[0].1.push(bare);
+        let transport = transport_alone(&mut server, messages, partitions as u64).await;
+        transport.row(TRANSPORT);
+        results[1].1.push(transport);
         let route = format!("[route.config]\nurl = \"{}\"\n", server.url);
         let hosts = format!("allowed_hosts = [\"{}\"]\n", server.origin);
         let fetch = hopper_route(
@@ -236,29 +248,32 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         )
         .await;
         fetch.row(HOPPER);
-        results[1].1.push(fetch);
+        results[2].1.push(fetch);
         let noop = hopper_route(&mut server, &input, "noop", "", messages).await;
         noop.row(NOOP);
-        results[2].1.push(noop);
+        results[3].1.push(noop);
     }
     println!("-- medians over {rounds} rounds");
-    let median = |all: &[Figures], f: fn(&Figures) -> f64| {
-        let mut v: Vec<f64> = all.iter().map(f).collect();
+    let median = |mut v: Vec<f64>| {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
-    let base = median(&results[0].1, |f| f.rate);
+    let bare = &results[0].1;
     for (name, all) in &results {
-        let rate = median(all, |f| f.rate);
+        // Each round's rate against the bare client's in the same round:
+        // the machine's load moves both alike.
+        let ratios: Vec<f64> = all.iter().zip(bare).map(|(f, b)| f.rate / b.rate).collect();
         println!(
-            "{name}: {rate:.0} msg/s = {:.2}x the bare client (cpu {:.1} µs/msg, {:.1} connections per 10,000 messages; rounds {})",
-            rate / base,
-            median(all, |f| f.cpu_us),
-            median(all, |f| f.connections_per_10k),
-            all.iter()
-                .map(|f| format!("{:.2}x", f.rate / base))
+            "{name}: {:.0} msg/s, {:.2}x the bare client (rounds {}); cpu {:.1} µs/msg, {:.1} connections per 10,000 messages",
+            median(all.iter().map(|f| f.rate).collect()),
+            median(ratios.clone()),
+            ratios
+                .iter()
+                .map(|r| format!("{r:.2}x"))
                 .collect::<Vec<_>>()
-                .join(" ")
+                .join(" "),
+            median(all.iter().map(|f| f.cpu_us).collect()),
+            median(all.iter().map(|f| f.connections_per_10k).collect()),
         );
     }
 }
@@ -310,6 +325,53 @@ async fn bare_client(server: &mut Server, n: u64, loops: u64) -> Figures {
                     let response = client.get(uri.clone()).await.unwrap();
                     assert!(response.status().is_success());
                     response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let figures = meter.finish(n, 0);
+    let (connections_after, requests_after) = server.stats();
+    assert_eq!(requests_after - requests, n);
+    Figures {
+        connections_per_10k: (connections_after - connections) as f64 * 10_000.0 / n as f64,
+        ..figures
+    }
+}
+
+/// Like [`bare_client`], through a route's `Transport` instead of a plain
+/// hyper-util client.
+async fn transport_alone(server: &mut Server, n: u64, loops: u64) -> Figures {
+    let allow = hopper::egress::AllowList::parse(&[server.origin.as_str()]).unwrap();
+    let settings = hopper::egress::TransportSettings {
+        connect_timeout: Duration::from_secs(2),
+        max_idle_per_host: 16,
+        idle_timeout: Duration::from_secs(30),
+        ca_file: None,
+    };
+    let transport = std::sync::Arc::new(
+        hopper::egress::Transport::<Empty<Bytes>>::new(allow, &settings).unwrap(),
+    );
+    let uri: http::Uri = server.url.parse().unwrap();
+    let (connections, requests) = server.stats();
+    let meter = Meter::start();
+    let tasks: Vec<_> = (0..loops)
+        .map(|i| {
+            let (transport, uri) = (transport.clone(), uri.clone());
+            let share = n / loops + u64::from(i < n % loops);
+            tokio::spawn(async move {
+                for _ in 0..share {
+                    let request = http::Request::get(uri.clone()).body(Empty::new()).unwrap();
+                    let response = transport
+                        .send(request, Duration::from_secs(5))
+                        .await
+                        .unwrap();
+                    assert!(response.status().is_success());
+                    let body =
+                        hopper::egress::LimitedBody::new(response.into_body(), 1 << 20, None);
+                    body.collect().await.unwrap();
                 }
             })
         })
