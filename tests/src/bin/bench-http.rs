@@ -19,6 +19,9 @@
 //! - **transport**: hopper's own HTTP client for a route
 //!   (`hopper::egress::Transport`), driven like the bare client, without a
 //!   handler: what the transport costs apart from WebAssembly.
+//! - **denied**: the `fetch` route without `allowed_hosts`, its handler
+//!   told to take the refusal as `ok`: what `wasi:http` costs the handler
+//!   and the host without any network I/O.
 //! - **noop**: the same route with the no-op handler, for what Kafka and
 //!   the handler call cost without the request.
 //!
@@ -223,10 +226,12 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
     const HOPPER: &str = "hopper, fetch handler: one GET per message, warm";
     const NOOP: &str = "hopper, no-op handler (no request), warm";
     const TRANSPORT: &str = "hopper's transport alone, one request loop per partition";
+    const DENIED: &str = "hopper, fetch handler, every request denied (no I/O), warm";
     let mut results: Vec<(&str, Vec<Figures>)> = vec![
         (BARE, vec![]),
         (TRANSPORT, vec![]),
         (HOPPER, vec![]),
+        (DENIED, vec![]),
         (NOOP, vec![]),
     ];
     for round in 1..=rounds {
@@ -249,9 +254,13 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         .await;
         fetch.row(HOPPER);
         results[2].1.push(fetch);
+        let refused = format!("{route}ok-on-error = \"true\"\n");
+        let denied = hopper_route(&mut server, &input, "fetch", &refused, messages).await;
+        denied.row(DENIED);
+        results[3].1.push(denied);
         let noop = hopper_route(&mut server, &input, "noop", "", messages).await;
         noop.row(NOOP);
-        results[3].1.push(noop);
+        results[4].1.push(noop);
     }
     println!("-- medians over {rounds} rounds");
     let median = |mut v: Vec<f64>| {
@@ -429,7 +438,7 @@ async fn hopper_route(
     let figures = meter.finish(n, 0);
     hopper.stop().await;
     let (connections_after, requests_after) = server.stats();
-    if handler == "fetch" {
+    if extra.contains("allowed_hosts") {
         assert_eq!(requests_after - requests, n, "one request per message");
     }
     Figures {
