@@ -123,6 +123,11 @@ impl WasiHttpHooks for HttpHooks {
         .unwrap_or(remaining);
         let between_bytes = options.and_then(|o| o.between_bytes_timeout);
         let max_body = limits.max_response_bytes;
+        // wasmtime-wasi-http runs this future as a task of its own. It holds
+        // the guest info and the route's transport by `Arc`, never the store,
+        // and is aborted when the guest drops its future-incoming-response,
+        // or when the store goes with a call that ran out of time; dropping
+        // it mid-request closes that connection instead of pooling it.
         Box::new(async move {
             let started = Instant::now();
             let transport = report
