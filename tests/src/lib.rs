@@ -122,6 +122,19 @@ pub fn plugin(name: &str) -> PathBuf {
     path.canonicalize().unwrap()
 }
 
+/// The four builds of the order-timeout handler (plugins/order-timeout*),
+/// by file stem in plugins/dist; the Rust one, the reference, first.
+pub const ORDER_TIMEOUT_BUILDS: [&str; 4] = [
+    "order_timeout",
+    "order_timeout_py",
+    "order_timeout_js",
+    "order_timeout_c",
+];
+
+/// Prefix of the order-timeout handlers' reason for a payload that is not an
+/// order; the rest is the JSON parser's own words, which differ by language.
+pub const NOT_AN_ORDER: &str = "payload is not an order: ";
+
 /// A one-route config around `handler`, with unique topic and group names.
 /// `extra` is appended inside the route table.
 pub struct TestRoute {
