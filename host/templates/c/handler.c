@@ -1,12 +1,13 @@
 // {{name}}: a hopper handler. Hopper calls `handle` once per delivery of a
 // Kafka message and routes the message on by the outcome.
 //
-// Besides deciding, it does the two things a handler may be granted: one
+// Besides deciding, it shows the two things a handler may be granted: one
 // HTTP call (wasi:http, through wit-bindgen's C bindings) and one emitted
-// record. Route config values, and the grants they need:
-// - `lookup-url`: a URL to GET for each message (`allowed_hosts`);
-// - `out-topic`: where the message goes on (`emit_topics`), by default
-//   `{{name}}.out`.
+// record. Each happens only when the route's config asks for it:
+// - `lookup-url`: a URL to GET for each message; the route must grant its
+//   host in `allowed_hosts`;
+// - `out-topic`: a topic to pass the message on to, with the lookup's status
+//   in a header; the route must grant it in `emit_topics`.
 //
 // handler_http.h is generated from wit/ by `wit-bindgen c` (build.sh). Every
 // resource the bindings hand out is this code's to drop, children before
@@ -117,51 +118,53 @@ static void handle(handler_http_message_t *message, handler_http_outcome_t *ret)
     fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "a tombstone has nothing to handle");
     return;
   }
+  // One HTTP call. A service that does not answer, or answers 5xx, may be
+  // back later: retryable. Any other failure is fatal.
+  uint16_t status = 0;
   char url[512];
-  if (!config_value("lookup-url", url, sizeof url)) {
-    fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "route config sets no `lookup-url`");
-    return;
+  if (config_value("lookup-url", url, sizeof url)) {
+    status = get(url);
+    if (status == 0 || status >= 500) {
+      fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_RETRYABLE, "%s unavailable (HTTP %u)", url, status);
+      return;
+    }
+    if (status < 200 || status >= 300) {
+      fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "%s answered HTTP %u", url, status);
+      return;
+    }
   }
-  // A service that does not answer, or answers 5xx, may be back later.
-  uint16_t status = get(url);
-  if (status == 0 || status >= 500) {
-    fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_RETRYABLE, "%s unavailable (HTTP %u)", url, status);
-    return;
+  // One emitted record. It is produced only if this call returns `ok`,
+  // before the message's offset is committed.
+  char topic[256];
+  if (config_value("out-topic", topic, sizeof topic)) {
+    char status_text[8];
+    snprintf(status_text, sizeof status_text, "%u", status);
+    hopper_handler_emit_header_t header;
+    handler_http_string_set(&header.key, "lookup-status");
+    header.value.ptr = (uint8_t *)status_text;
+    header.value.len = strlen(status_text);
+    hopper_handler_emit_outgoing_t record = {
+        .key = {.is_some = message->key.is_some, .val = message->key.val},
+        .payload = {.is_some = true, .val = message->payload.val},
+        .headers = {&header, status != 0 ? 1 : 0},
+        .delay_ms = {.is_some = false},
+    };
+    handler_http_string_set(&record.topic, topic);
+    handler_http_string_t id;
+    hopper_handler_emit_emit_error_t err;
+    if (!hopper_handler_emit_publish(&record, &id, &err)) {
+      fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "cannot emit to %s (error %u)", topic,
+           (unsigned)err.tag);
+      hopper_handler_emit_emit_error_free(&err);
+      return;
+    }
+    handler_http_string_free(&id);
   }
-  if (status < 200 || status >= 300) {
-    fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "%s answered HTTP %u", url, status);
-    return;
-  }
-  // Produced only if this call returns `ok`, before the message's offset is
-  // committed.
-  char topic[256] = "{{name}}.out";
-  config_value("out-topic", topic, sizeof topic);
-  char status_text[8];
-  snprintf(status_text, sizeof status_text, "%u", status);
-  hopper_handler_emit_header_t header;
-  handler_http_string_set(&header.key, "lookup-status");
-  header.value.ptr = (uint8_t *)status_text;
-  header.value.len = strlen(status_text);
-  hopper_handler_emit_outgoing_t record = {
-      .key = {.is_some = message->key.is_some, .val = message->key.val},
-      .payload = {.is_some = true, .val = message->payload.val},
-      .headers = {&header, 1},
-      .delay_ms = {.is_some = false},
-  };
-  handler_http_string_set(&record.topic, topic);
-  handler_http_string_t id;
-  hopper_handler_emit_emit_error_t err;
-  if (!hopper_handler_emit_publish(&record, &id, &err)) {
-    fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "cannot emit to %s (error %u)", topic,
-         (unsigned)err.tag);
-    hopper_handler_emit_emit_error_free(&err);
-    return;
-  }
-  char line[512];
-  snprintf(line, sizeof line, "Passed message %.*s on to %s as %.*s.", (int)message->id.len,
-           (const char *)message->id.ptr, topic, (int)id.len, (const char *)id.ptr);
+  char line[256];
+  snprintf(line, sizeof line, "Handled message %.*s (%zu bytes) on attempt %u.",
+           (int)message->id.len, (const char *)message->id.ptr, message->payload.val.len,
+           (unsigned)message->attempt);
   log_line(HOPPER_HANDLER_LOG_LEVEL_INFO, line);
-  handler_http_string_free(&id);
   ret->tag = HOPPER_HANDLER_TYPES_OUTCOME_OK;
 }
 

@@ -1,12 +1,13 @@
 // {{name}}: a hopper handler. Hopper calls `handle` once per delivery of a
 // Kafka message and routes the message on by the outcome.
 //
-// Besides deciding, it does the two things a handler may be granted: one
+// Besides deciding, it shows the two things a handler may be granted: one
 // HTTP call (`fetch`, from componentize-js's `http` feature) and one emitted
-// record. Route config values, and the grants they need:
-// - `lookup-url`: a URL to GET for each message (`allowed_hosts`);
-// - `out-topic`: where the message goes on (`emit_topics`), by default
-//   `{{name}}.out`.
+// record. Each happens only when the route's config asks for it:
+// - `lookup-url`: a URL to GET for each message; the route must grant its
+//   host in `allowed_hosts`;
+// - `out-topic`: a topic to pass the message on to, with the lookup's status
+//   in a header; the route must grant it in `emit_topics`.
 //
 // `handle` is async because `fetch` is: componentize-js runs the event loop
 // until the promise settles, behind the synchronous WIT export. A promise
@@ -30,40 +31,42 @@ export async function handle(message) {
   if (message.payload === undefined) {
     return fatal("a tombstone has nothing to handle");
   }
-  const url = get("lookup-url");
-  if (url === undefined) {
-    return fatal("route config sets no `lookup-url`");
-  }
-  // A service that does not answer, or answers 5xx, may be back later. A
-  // host the route does not grant rejects the fetch too.
+  // One HTTP call. A service that does not answer (a host the route does not
+  // grant rejects the fetch too), or answers 5xx, may be back later:
+  // retryable. Any other failure is fatal.
   let status;
-  try {
-    status = (await fetch(url)).status;
-  } catch (err) {
-    return retryable(`${url} unreachable: ${err.message}`);
+  const url = get("lookup-url");
+  if (url !== undefined) {
+    try {
+      status = (await fetch(url)).status;
+    } catch (err) {
+      return retryable(`${url} unreachable: ${err.message}`);
+    }
+    if (status >= 500) {
+      return retryable(`${url} answered HTTP ${status}`);
+    }
+    if (status < 200 || status >= 300) {
+      return fatal(`${url} answered HTTP ${status}`);
+    }
   }
-  if (status >= 500) {
-    return retryable(`${url} answered HTTP ${status}`);
+  // One emitted record. It is produced only if this call returns `ok`,
+  // before the message's offset is committed.
+  const topic = get("out-topic");
+  if (topic !== undefined) {
+    const headers =
+      status === undefined
+        ? []
+        : [{ key: "lookup-status", value: new TextEncoder().encode(String(status)) }];
+    try {
+      publish({ topic, key: message.key, payload: message.payload, headers, delayMs: undefined });
+    } catch (err) {
+      const refused = err?.payload ?? err;
+      return fatal(`cannot emit to ${topic}: ${refused.tag} ${refused.val ?? ""}`);
+    }
   }
-  if (status < 200 || status >= 300) {
-    return fatal(`${url} answered HTTP ${status}`);
-  }
-  // Produced only if this call returns `ok`, before the message's offset is
-  // committed.
-  const topic = get("out-topic") ?? "{{name}}.out";
-  let id;
-  try {
-    id = publish({
-      topic,
-      key: message.key,
-      payload: message.payload,
-      headers: [{ key: "lookup-status", value: new TextEncoder().encode(String(status)) }],
-      delayMs: undefined,
-    });
-  } catch (err) {
-    const refused = err?.payload ?? err;
-    return fatal(`cannot emit to ${topic}: ${refused.tag} ${refused.val ?? ""}`);
-  }
-  log("info", `Passed message ${message.id} on to ${topic} as ${id}.`);
+  log(
+    "info",
+    `Handled message ${message.id} (${message.payload.length} bytes) on attempt ${message.attempt}.`,
+  );
   return { tag: "ok" };
 }

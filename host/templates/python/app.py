@@ -1,12 +1,13 @@
 """{{name}}: a hopper handler. Hopper calls `handle` once per delivery of a
 Kafka message and routes the message on by the outcome.
 
-Besides deciding, it does the two things a handler may be granted: one HTTP
+Besides deciding, it shows the two things a handler may be granted: one HTTP
 call (through wasi:http, with componentize-py's `poll_loop`) and one emitted
-record. Route config values, and the grants they need:
-- `lookup-url`: a URL to GET for each message (`allowed_hosts`);
-- `out-topic`: where the message goes on (`emit_topics`), by default
-  `{{name}}.out`.
+record. Each happens only when the route's config asks for it:
+- `lookup-url`: a URL to GET for each message; the route must grant its host
+  in `allowed_hosts`;
+- `out-topic`: a topic to pass the message on to, with the lookup's status
+  in a header; the route must grant it in `emit_topics`.
 
 The world is `handler-http`, which has two interfaces called `types`
 (hopper's and wasi:http's): componentize-py names them
@@ -83,31 +84,40 @@ class WitWorld(wit_world.WitWorld):
     def handle(self, message: Message) -> Outcome:
         if message.payload is None:
             return fatal("a tombstone has nothing to handle")
+        # One HTTP call. A service that does not answer, or answers 5xx, may
+        # be back later: retryable. Any other failure is fatal.
+        status = None
         url = config.get("lookup-url")
-        if url is None:
-            return fatal("route config sets no `lookup-url`")
-        # A service that does not answer, or answers 5xx, may be back later.
-        try:
-            status = get(url)
-        except Err as err:
-            return retryable(f"{url} unreachable: {type(err.value).__name__}")
-        if status >= 500:
-            return retryable(f"{url} answered HTTP {status}")
-        if not 200 <= status < 300:
-            return fatal(f"{url} answered HTTP {status}")
-        # Produced only if this call returns `ok`, before the message's
-        # offset is committed.
-        topic = config.get("out-topic") or "{{name}}.out"
-        record = emit.Outgoing(
-            topic=topic,
-            key=message.key,
-            payload=message.payload,
-            headers=[Header(key="lookup-status", value=str(status).encode())],
-            delay_ms=None,
+        if url is not None:
+            try:
+                status = get(url)
+            except Err as err:
+                return retryable(f"{url} unreachable: {type(err.value).__name__}")
+            if status >= 500:
+                return retryable(f"{url} answered HTTP {status}")
+            if not 200 <= status < 300:
+                return fatal(f"{url} answered HTTP {status}")
+        # One emitted record. It is produced only if this call returns `ok`,
+        # before the message's offset is committed.
+        topic = config.get("out-topic")
+        if topic is not None:
+            headers = []
+            if status is not None:
+                headers.append(Header(key="lookup-status", value=str(status).encode()))
+            record = emit.Outgoing(
+                topic=topic,
+                key=message.key,
+                payload=message.payload,
+                headers=headers,
+                delay_ms=None,
+            )
+            try:
+                emit.publish(record)
+            except Err as err:
+                return fatal(f"cannot emit to {topic}: {err.value}")
+        log.log(
+            Level.INFO,
+            f"Handled message {message.id} ({len(message.payload)} bytes)"
+            f" on attempt {message.attempt}.",
         )
-        try:
-            id = emit.publish(record)
-        except Err as err:
-            return fatal(f"cannot emit to {topic}: {err.value}")
-        log.log(Level.INFO, f"Passed message {message.id} on to {topic} as {id}.")
         return Outcome_Ok()

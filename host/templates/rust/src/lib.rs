@@ -1,12 +1,13 @@
 //! {{name}}: a hopper handler. Hopper calls `handle` once per delivery of a
 //! Kafka message and routes the message on by the outcome.
 //!
-//! Besides deciding, it does the two things a handler may be granted: one
+//! Besides deciding, it shows the two things a handler may be granted: one
 //! HTTP call (through `wasi:http`, with the `wasip2` crate) and one emitted
-//! record. Route config values, and the grants they need:
-//! - `lookup-url`: a URL to GET for each message (`allowed_hosts`);
-//! - `out-topic`: where the message goes on (`emit_topics`), by default
-//!   `{{name}}.out`.
+//! record. Each happens only when the route's config asks for it:
+//! - `lookup-url`: a URL to GET for each message; the route must grant its
+//!   host in `allowed_hosts`;
+//! - `out-topic`: a topic to pass the message on to, with the lookup's
+//!   status in a header; the route must grant it in `emit_topics`.
 
 wit_bindgen::generate!({
     path: "wit",
@@ -27,43 +28,49 @@ impl Guest for Handler {
         let Some(payload) = message.payload else {
             return fatal("a tombstone has nothing to handle".into());
         };
-        let Some(url) = config::get("lookup-url") else {
-            return fatal("route config sets no `lookup-url`".into());
-        };
-        // A service that does not answer, or answers 5xx, may be back later.
-        let status = match get(&url) {
-            Ok(status) => status,
-            Err(why) => return retryable(format!("{url} unreachable: {why}")),
-        };
-        if status >= 500 {
-            return retryable(format!("{url} answered HTTP {status}"));
-        }
-        if !(200..300).contains(&status) {
-            return fatal(format!("{url} answered HTTP {status}"));
-        }
-        // Produced only if this call returns `ok`, before the message's
-        // offset is committed.
-        let topic = config::get("out-topic").unwrap_or_else(|| "{{name}}.out".into());
-        let record = Outgoing {
-            topic: topic.clone(),
-            key: message.key,
-            payload: Some(payload),
-            headers: vec![Header {
-                key: "lookup-status".into(),
-                value: status.to_string().into_bytes(),
-            }],
-            delay_ms: None,
-        };
-        match emit::publish(&record) {
-            Ok(id) => {
-                log(
-                    Level::Info,
-                    &format!("Passed message {} on to {topic} as {id}.", message.id),
-                );
-                Outcome::Ok
+        // One HTTP call. A service that does not answer, or answers 5xx,
+        // may be back later: retryable. Any other failure is fatal.
+        let mut status = None;
+        if let Some(url) = config::get("lookup-url") {
+            match get(&url) {
+                Ok(code) if (200..300).contains(&code) => status = Some(code),
+                Ok(code) if code >= 500 => {
+                    return retryable(format!("{url} answered HTTP {code}"));
+                }
+                Ok(code) => return fatal(format!("{url} answered HTTP {code}")),
+                Err(why) => return retryable(format!("{url} unreachable: {why}")),
             }
-            Err(err) => fatal(format!("cannot emit to {topic}: {err:?}")),
         }
+        // One emitted record. It is produced only if this call returns
+        // `ok`, before the message's offset is committed.
+        if let Some(topic) = config::get("out-topic") {
+            let record = Outgoing {
+                topic: topic.clone(),
+                key: message.key,
+                payload: Some(payload.clone()),
+                headers: status
+                    .map(|code| Header {
+                        key: "lookup-status".into(),
+                        value: code.to_string().into_bytes(),
+                    })
+                    .into_iter()
+                    .collect(),
+                delay_ms: None,
+            };
+            if let Err(err) = emit::publish(&record) {
+                return fatal(format!("cannot emit to {topic}: {err:?}"));
+            }
+        }
+        log(
+            Level::Info,
+            &format!(
+                "Handled message {} ({} bytes) on attempt {}.",
+                message.id,
+                payload.len(),
+                message.attempt
+            ),
+        );
+        Outcome::Ok
     }
 }
 
