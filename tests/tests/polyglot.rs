@@ -321,6 +321,7 @@ async fn edge_case_payloads_get_the_rust_verdict_in_every_language() {
         config: service
             .map(|s| BTreeMap::from([("order-service".to_string(), s.to_string())]))
             .unwrap_or_default(),
+        grants: Default::default(),
     };
     let mut verdicts: Vec<Vec<Verdict>> = Vec::new();
     for stem in HANDLERS {
