@@ -240,3 +240,164 @@ async fn limits_per_call_have_their_documented_errors() {
     let report = acting.report(json!([{"get": server.url("/hello")}])).await;
     assert!(report.ends_with("200 hello"), "{report}");
 }
+
+/// A route around the `acting` fixture on the test broker, calling `server`.
+fn route_calling(server: &TestServer, extra: &str) -> TestRoute {
+    TestRoute::new(
+        &plugin("acting"),
+        &format!("{}\n{extra}", hosts(&[server.origin()])),
+    )
+}
+
+fn script(steps: serde_json::Value, verdict: &str) -> String {
+    json!({"steps": steps, "verdict": verdict}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
+    init_tracing();
+    let server = TestServer::start();
+    let route = route_calling(&server, "");
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let payload = script(json!([{"get": server.url("/status/201")}]), "fatal");
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        &payload,
+        &[("hopper-id", "g1")],
+    )
+    .await;
+
+    let dlq = consume(&route.dlq, 1, PATIENCE).await;
+    let (h, _) = header_map(&dlq[0]);
+    assert_eq!(
+        h["hopper-last-error"],
+        format!("GET {} -> 201 status 201", server.url("/status/201"))
+    );
+    let (status, id, url) = next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::HttpRequest {
+                status, id, url, ..
+            } => Some((*status, id.clone(), url.clone())),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!((status, id.as_str()), (Some(201), "g1"));
+    assert_eq!(url, server.url("/status/201"));
+    let counters = hopper.telemetry().counters();
+    let key = format!(
+        "hopper_http_requests_total{{route={},status=2xx}}",
+        route.name
+    );
+    assert_eq!(counters.get(&key), Some(&1), "{counters:?}");
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_retried() {
+    init_tracing();
+    let server = TestServer::start();
+    let route = route_calling(
+        &server,
+        "timeout = \"300ms\"\nretry = [\"1s\"]\nmax_attempts = 2",
+    );
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let payload = script(json!([{"get": server.url("/slow/5000")}]), "ok");
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        &payload,
+        &[("hopper-id", "s1")],
+    )
+    .await;
+
+    let mut verdicts = Vec::new();
+    let mut retried = None;
+    while verdicts.len() < 2 {
+        let event = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled { id, .. } | Event::RetryScheduled { id, .. } if id == "s1" => {
+                    Some(e.clone())
+                }
+                _ => None,
+            },
+        )
+        .await;
+        match event {
+            Event::Handled {
+                attempt, verdict, ..
+            } => verdicts.push((attempt, verdict)),
+            Event::RetryScheduled { reason, .. } => retried = Some(reason),
+            _ => unreachable!(),
+        }
+    }
+    assert_eq!(verdicts, vec![(1, "timeout"), (2, "timeout")]);
+    assert_eq!(retried, Some(hopper::headers::Reason::HandlerTimeout));
+    let dlq = consume(&route.dlq, 1, PATIENCE).await;
+    let (h, _) = header_map(&dlq[0]);
+    assert_eq!(h["hopper-reason"], "RETRIES_EXHAUSTED");
+    assert!(
+        h["hopper-last-error"].starts_with("HANDLER_TIMEOUT"),
+        "{}",
+        h["hopper-last-error"]
+    );
+    hopper.stop().await;
+}
+
+/// The server counts its TCP connections: a thousand messages, each making
+/// one request, share one pooled connection per partition working at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_requests_reuse_one_connection_per_partition() {
+    init_tracing();
+    const MESSAGES: usize = 1000;
+    let server = TestServer::start();
+    let route = route_calling(&server, "");
+    let partitions = route.config().kafka.partitions as u64;
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let payload = script(json!([{"get": server.url("/hello")}]), "ok");
+    let producer = producer();
+    let pending: Vec<_> = (0..MESSAGES)
+        .map(|i| {
+            let key = i.to_string();
+            let record = rdkafka::producer::FutureRecord::to(&route.input)
+                .key(&key)
+                .payload(&payload);
+            producer.send_result(record).map_err(|(e, _)| e).unwrap()
+        })
+        .collect();
+    for delivery in pending {
+        delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+    }
+
+    let mut ok = 0;
+    while ok < MESSAGES {
+        let verdict = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled { verdict, .. } => Some(*verdict),
+                _ => None,
+            },
+        )
+        .await;
+        assert_eq!(verdict, "ok");
+        ok += 1;
+    }
+    assert_eq!(server.requests(), MESSAGES as u64);
+    assert!(
+        server.connections() <= partitions + 2,
+        "{} connections for {MESSAGES} requests over {partitions} partitions",
+        server.connections()
+    );
+    hopper.stop().await;
+}
