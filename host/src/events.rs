@@ -75,6 +75,55 @@ pub enum Event {
         version: String,
         error: String,
     },
+    /// A handler's HTTP request got a response head, or failed to.
+    HttpRequest {
+        route: String,
+        /// The message being handled.
+        id: String,
+        /// sha256 of the handler version that sent it.
+        version: String,
+        method: String,
+        /// `scheme://authority/path`: no query, secrets redacted.
+        url: String,
+        /// The response status; `None` when no response came.
+        status: Option<u16>,
+        /// Why no response came.
+        error: Option<String>,
+        /// From sending the request to its response head.
+        took: Duration,
+    },
+    /// A handler's HTTP request was refused by the route's grants: a host
+    /// not in `allowed_hosts`, a guarded address, or one request past
+    /// `http.max_requests`.
+    HttpDenied {
+        route: String,
+        id: String,
+        version: String,
+        method: String,
+        url: String,
+        reason: String,
+    },
+    /// A record a handler emitted was produced and acknowledged.
+    Emitted {
+        route: String,
+        /// The emitted record's own id: `<message id>/emit/<index>`.
+        id: String,
+        /// The topic it is for (the delay relay's inbox holds it until
+        /// `deliver_at` when delayed).
+        topic: String,
+        /// Epoch ms, for a delayed record.
+        deliver_at: Option<i64>,
+    },
+    /// Records a handler emitted were dropped, because its verdict was not
+    /// `ok`.
+    EmitsDiscarded {
+        route: String,
+        /// The message whose call emitted them.
+        id: String,
+        count: usize,
+        /// The verdict label (`retryable`, `fatal`, `timeout`, ...).
+        verdict: &'static str,
+    },
 }
 
 /// One counter, registered once and bumped without a lookup: hot paths
@@ -84,7 +133,11 @@ pub struct Counter(Arc<AtomicU64>);
 
 impl Counter {
     pub fn inc(&self) {
-        self.0.fetch_add(1, Ordering::Relaxed);
+        self.add(1);
+    }
+
+    pub fn add(&self, n: u64) {
+        self.0.fetch_add(n, Ordering::Relaxed);
     }
 }
 
@@ -176,9 +229,38 @@ impl Telemetry {
 
     pub fn emit(&self, event: Event) {
         match &event {
-            // Logged and counted where the call is made (route.rs), which
-            // holds its counters; only broadcast here.
-            Event::Handled { .. } => {}
+            // Logged and counted where the call or the request is made
+            // (route.rs, plugin/http.rs), which hold their counters; only
+            // broadcast here.
+            Event::Handled { .. } | Event::HttpRequest { .. } | Event::HttpDenied { .. } => {}
+            Event::Emitted {
+                route,
+                id,
+                topic,
+                deliver_at,
+            } => {
+                tracing::debug!(route, id, topic, deliver_at, "Emitted record produced.");
+                self.count(
+                    "hopper_emitted_total",
+                    &[("route", route), ("topic", topic)],
+                );
+            }
+            Event::EmitsDiscarded {
+                route,
+                id,
+                count,
+                verdict,
+            } => {
+                tracing::debug!(
+                    route,
+                    id,
+                    count,
+                    verdict,
+                    "Emitted records discarded: the verdict is not ok."
+                );
+                self.counter("hopper_emits_discarded_total", &[("route", route)])
+                    .add(*count as u64);
+            }
             Event::RetryScheduled {
                 route,
                 id,

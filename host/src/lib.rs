@@ -14,6 +14,7 @@ pub mod clock;
 pub mod config;
 pub mod delay;
 pub mod dlq;
+pub mod egress;
 pub mod embedded;
 pub mod events;
 pub mod headers;
@@ -163,8 +164,10 @@ impl Hopper {
             .map(|r| r.memory_bytes)
             .max()
             .unwrap_or(64 << 20);
-        let mut runtime =
-            plugin::Runtime::new(max_memory).context("starting the WebAssembly runtime")?;
+        let telemetry = Telemetry::new();
+        let mut runtime = plugin::Runtime::new(max_memory)
+            .context("starting the WebAssembly runtime")?
+            .with_telemetry(telemetry.clone());
         if let Some(dir) = &options.cache_dir {
             runtime = runtime.with_cache(dir.clone())?;
         }
@@ -195,7 +198,6 @@ impl Hopper {
             tracing::info!(topics = created.join(","), "Topics created.");
         }
 
-        let telemetry = Telemetry::new();
         let shutdown = CancellationToken::new();
         let loops = TaskTracker::new();
         let mut slots = HashMap::new();

@@ -8,17 +8,22 @@
 
 mod cache;
 mod call;
+mod emit;
 mod fit;
+mod grants;
+mod http;
 mod instance;
 mod output;
 mod state;
 
 pub use cache::{ArtifactCache, CacheError};
-pub use call::{Handler, HandlerSlot};
-
-pub use fit::Fit;
+pub use call::{Handled, Handler, HandlerSlot};
+pub use emit::Emitted;
+pub use fit::{Fit, Grant};
 
 use crate::config::Route;
+use crate::egress::TransportError;
+use crate::events::Telemetry;
 use crate::headers::Reason;
 use call::GuestInfo;
 use output::LineBudget;
@@ -119,15 +124,20 @@ pub enum LoadError {
     Compile { path: PathBuf, detail: String },
     #[error("handler {path} does not fit the {WORLD} world: {detail}")]
     WrongWorld { path: PathBuf, detail: String },
+    #[error("cannot set up outbound HTTP: {0}")]
+    Transport(#[from] TransportError),
 }
 
-/// The per-process WebAssembly runtime: one engine, one linker, and the
-/// optional cache of compiled artifacts.
+/// The per-process WebAssembly runtime: one engine, one linker, the
+/// optional cache of compiled artifacts, and every route's grants.
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
     linker: Arc<Linker<GuestState>>,
     cache: Option<Arc<ArtifactCache>>,
+    grants: Arc<grants::Registry>,
+    /// Where handlers' HTTP requests and refused emits are reported.
+    telemetry: Telemetry,
 }
 
 impl Runtime {
@@ -154,6 +164,9 @@ impl Runtime {
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(wasm_error)?;
+        // Every handler may import wasi:http; only the route's grants decide
+        // whether a request goes anywhere (plugin/http.rs).
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(wasm_error)?;
         bindings::Handler::add_to_linker::<_, HasSelf<_>>(&mut linker, |s: &mut GuestState| s)
             .map_err(wasm_error)?;
 
@@ -172,7 +185,16 @@ impl Runtime {
             engine,
             linker: Arc::new(linker),
             cache: None,
+            grants: Arc::default(),
+            telemetry: Telemetry::new(),
         })
+    }
+
+    /// Reports handlers' HTTP requests and refused emits to `telemetry`
+    /// (by default, to a `Telemetry` of the runtime's own).
+    pub fn with_telemetry(mut self, telemetry: Telemetry) -> Runtime {
+        self.telemetry = telemetry;
+        self
     }
 
     /// Keeps compiled artifacts in `dir`, and looks there before compiling.
@@ -194,7 +216,8 @@ impl Runtime {
     }
 
     /// Compiles (or takes from the cache) and validates the handler whose
-    /// file `path` held `bytes`.
+    /// file `path` held `bytes`. Every version of a route's handler shares
+    /// the route's grants, its HTTP connections included.
     pub fn load_bytes(
         &self,
         path: &Path,
@@ -203,6 +226,7 @@ impl Runtime {
     ) -> Result<Handler, LoadError> {
         let started = Instant::now();
         let prepared = self.prepare(path, bytes)?;
+        let grants = self.grants.for_route(route, &self.telemetry)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
@@ -217,6 +241,7 @@ impl Runtime {
                 version: prepared.version,
                 config: route.config.clone(),
                 budget: LineBudget::new(),
+                grants,
             },
             route,
             (prepared.cached, started.elapsed()),

@@ -8,9 +8,9 @@ use crate::events::{Counter, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
-use crate::plugin::{Delivery, Handler, HandlerSlot, Verdict};
+use crate::plugin::{Delivery, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
-use rdkafka::message::{BorrowedMessage, Headers, Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +54,15 @@ impl Processor for RouteProcessor {
     fn hop_topics(&self) -> Vec<String> {
         let mut topics: Vec<String> = self.tiers.keys().cloned().collect();
         topics.push(self.route.dlq.clone());
+        let grants = &self.route.grants;
+        topics.extend(grants.emit_topics.iter().cloned());
+        if let Some(relay) = grants
+            .delay
+            .as_ref()
+            .filter(|_| !grants.emit_topics.is_empty())
+        {
+            topics.push(relay.inbox.clone());
+        }
         topics
     }
 
@@ -63,16 +72,15 @@ impl Processor for RouteProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
-        match handle(self, message).await {
-            None => Action::Done,
-            Some(hop) => Action::Hop(hop),
-        }
+        handle(self, message).await
     }
 }
 
-/// Handles one message: reads its envelope, calls the handler, and plans the
-/// next hop. `None` means the message is done and needs no hop.
-async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<PlannedHop> {
+/// Handles one message: reads its envelope, calls the handler, and plans
+/// what to produce next: a retry or dead-letter record, or on `ok` the
+/// records the handler emitted (the offset is done once all of them are
+/// acknowledged), or nothing.
+async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     let route = &shared.route;
     let incoming = Incoming {
         topic: message.topic(),
@@ -109,7 +117,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
                 reason: Reason::InvalidEnvelope,
                 error: problem.to_string(),
             };
-            return Some(plan(shared, message, &envelope, 0, None, decision));
+            return Action::Hop(plan(shared, message, &envelope, 0, None, decision));
         }
     };
     let attempt = envelope.attempts_made + 1;
@@ -133,7 +141,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
         attempt,
         route: route.name.clone(),
     };
-    let verdict = handler.call(delivery).await;
+    let handled = handler.run(delivery).await;
+    let verdict = handled.verdict;
     let label = verdict.label();
     if let Some(counter) = shared.handled.get(label) {
         counter.inc();
@@ -171,11 +180,23 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
             "Handler call failed."
         );
     }
+    if handled.discarded > 0 {
+        shared.telemetry.emit(Event::EmitsDiscarded {
+            route: route.name.clone(),
+            id: envelope.id.clone(),
+            count: handled.discarded,
+            verdict: label,
+        });
+    }
     let decision = decide(route, attempt, &verdict);
     if decision == Decision::Commit {
-        return None;
+        if handled.emitted.is_empty() {
+            return Action::Done;
+        }
+        let hops = handled.emitted.into_iter();
+        return Action::Hops(hops.map(|e| emitted_hop(route, e)).collect());
     }
-    Some(plan(
+    Action::Hop(plan(
         shared,
         message,
         &envelope,
@@ -183,6 +204,55 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Option<Plann
         Some(&handler),
         decision,
     ))
+}
+
+/// The record of one emitted record: its own headers, then `hopper-id` and
+/// `hopper-route`; a delayed one goes to the delay relay's inbox with
+/// `hopper-target` and `hopper-deliver-at` (docs/headers.md).
+fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
+    let Emitted {
+        id,
+        topic,
+        key,
+        payload,
+        headers: own,
+        deliver_at,
+    } = emitted;
+    let mut out = Vec::with_capacity(own.len() + 4);
+    out.extend(own);
+    out.push((headers::ID.to_string(), id.clone().into_bytes()));
+    out.push((headers::ROUTE.to_string(), route.name.clone().into_bytes()));
+    let destination = match (deliver_at, &route.grants.delay) {
+        (Some(at), Some(relay)) => {
+            out.push((headers::TARGET.to_string(), topic.clone().into_bytes()));
+            out.push((headers::DELIVER_AT.to_string(), at.to_string().into_bytes()));
+            relay.inbox.clone()
+        }
+        // The emit import refuses a delay without a relay.
+        _ => topic.clone(),
+    };
+    let mut owned = OwnedHeaders::new_with_capacity(out.len());
+    for (key, value) in &out {
+        owned = owned.insert(Header {
+            key,
+            value: Some(value),
+        });
+    }
+    PlannedHop {
+        record: OutRecord {
+            topic: destination,
+            key,
+            payload,
+            headers: owned,
+            timestamp: now_ms(),
+        },
+        event: Some(Event::Emitted {
+            route: route.name.clone(),
+            id,
+            topic,
+            deliver_at,
+        }),
+    }
 }
 
 /// Builds the record of the next hop and the event that reports it.

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 4] = ["order-timeout", "noop", "scripted", "wrong-world"];
+const PLUGINS: [&str; 5] = ["order-timeout", "noop", "scripted", "wrong-world", "acting"];
 const NISSHI_VERSION: &str = "0.8.1";
 
 fn main() -> Result<()> {

@@ -7,14 +7,18 @@
 //! docs/config.md.
 
 mod delay;
+mod grants;
 mod kafka;
 mod route;
 
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay};
+pub use grants::{
+    DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits, Secret, Secrets,
+};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
 pub use route::{
-    DEFAULT_RETRY_LADDER, DEFAULT_WARM_MAX_CALLS, InstanceMode, InstancePolicy, MAX_WARM_MAX_CALLS,
-    Route, RouteConfig, TrapPolicy,
+    DEFAULT_IO_TIMEOUT, DEFAULT_RETRY_LADDER, DEFAULT_TIMEOUT, DEFAULT_WARM_MAX_CALLS,
+    InstanceMode, InstancePolicy, MAX_WARM_MAX_CALLS, Route, RouteConfig, TrapPolicy,
 };
 
 use serde::Deserialize;
@@ -110,9 +114,18 @@ impl ConfigFile {
         route::check_topic_overlap(&routes, &mut problems);
         let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
         if let Some(relay) = &delay {
-            for route in &routes {
+            for route in &mut routes {
+                route.grants.delay = Some(DelayGrant {
+                    inbox: relay.inbox.clone(),
+                    max_delay: relay.max_delay,
+                });
                 for topic in route.all_topics() {
-                    if relay.all_topics().contains(&topic) {
+                    if topic == relay.inbox && route.grants.emit_topics.contains(&topic) {
+                        problems.push(format!(
+                            "route `{}`: emit topic `{topic}` is the delay relay's inbox; emit with a delay instead, which goes through the inbox",
+                            route.name
+                        ));
+                    } else if relay.all_topics().contains(&topic) {
                         problems.push(format!(
                             "route `{}`: topic `{topic}` is also a topic of the delay relay",
                             route.name

@@ -1,6 +1,7 @@
 //! `[[route]]`: a route as written, and resolved with every default filled
 //! in.
 
+use super::grants::{self, EmitConfig, Grants, HttpConfig, RawGrants};
 use super::{HumanDuration, check_name, compact_duration};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -42,9 +43,10 @@ pub struct RouteConfig {
     /// What a guest trap does: `dead-letter` (default) or `retry`.
     #[serde(default)]
     pub on_trap: TrapPolicy,
-    /// Wall-clock limit of one handler call. Default 1s.
-    #[serde(default = "default_timeout", with = "humantime_serde")]
-    pub timeout: Duration,
+    /// Wall-clock limit of one handler call, time waiting on HTTP included.
+    /// Default 1s, or 5s when the route grants `allowed_hosts`.
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
     /// Linear-memory limit of one handler instance, in MiB. Default 64.
     #[serde(default = "default_memory_mib")]
     pub memory_mib: u64,
@@ -57,6 +59,23 @@ pub struct RouteConfig {
     /// Values the handler reads through the `config` import.
     #[serde(default)]
     pub config: BTreeMap<String, String>,
+    /// Hosts the handler may call over HTTP, in Spin's syntax
+    /// (`https://api.example.com`, `http://127.0.0.1:8080`). Default none.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Limits of the route's outbound HTTP.
+    #[serde(default)]
+    pub http: HttpConfig,
+    /// Topics the handler may emit records to. Default none.
+    #[serde(default)]
+    pub emit_topics: Vec<String>,
+    /// Limits of the records one call may emit.
+    #[serde(default)]
+    pub emit: EmitConfig,
+    /// Secrets the handler may read, by name: `env:VARIABLE` or
+    /// `file:PATH` (relative to the config file). Read once at startup.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, String>,
 }
 
 /// How a route's handler calls get their instance, as written in the config.
@@ -103,9 +122,15 @@ pub enum TrapPolicy {
     Retry,
 }
 
-fn default_timeout() -> Duration {
-    Duration::from_secs(1)
-}
+/// Default `timeout` of a handler that only computes: a no-op call takes
+/// microseconds, so a second means a bug, and a partition is not held up
+/// for long by one.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Default `timeout` of a route that grants `allowed_hosts`: room for a
+/// connect (2s at most by default) and a slow answer from a service under
+/// load, short enough that a hung service holds a partition for seconds,
+/// not minutes; the retry ladder is the place to wait longer.
+pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(5);
 fn default_memory_mib() -> u64 {
     64
 }
@@ -126,6 +151,8 @@ pub struct Route {
     pub memory_bytes: usize,
     pub instance: InstancePolicy,
     pub config: BTreeMap<String, String>,
+    /// What the handler may do besides computing: HTTP, emits, secrets.
+    pub grants: Grants,
 }
 
 impl Route {
@@ -148,11 +175,17 @@ impl Route {
             .collect()
     }
 
-    /// Every topic this route reads or writes.
+    /// Every topic this route reads or writes, the topics its handler may
+    /// emit to included.
     pub fn all_topics(&self) -> Vec<String> {
         let mut topics = self.topics.clone();
         topics.extend(self.tiers().into_iter().map(|(_, t)| t));
         topics.push(self.dlq.clone());
+        for topic in &self.grants.emit_topics {
+            if !topics.contains(topic) {
+                topics.push(topic.clone());
+            }
+        }
         topics
     }
 }
@@ -212,9 +245,26 @@ pub(super) fn resolve_route(
             "{label}: max_attempts is {max_attempts} but the retry ladder is empty"
         ));
     }
-    if raw.timeout.is_zero() {
+    let timeout = raw.timeout.unwrap_or(if raw.allowed_hosts.is_empty() {
+        DEFAULT_TIMEOUT
+    } else {
+        DEFAULT_IO_TIMEOUT
+    });
+    if timeout.is_zero() {
         problems.push(format!("{label}: timeout must be more than 0s"));
     }
+    let grants = grants::resolve(
+        RawGrants {
+            allowed_hosts: &raw.allowed_hosts,
+            http: &raw.http,
+            emit_topics: &raw.emit_topics,
+            emit: &raw.emit,
+            secrets: &raw.secrets,
+        },
+        label,
+        base,
+        problems,
+    );
     if raw.memory_mib == 0 || raw.memory_mib > 4096 {
         problems.push(format!(
             "{label}: memory_mib must be between 1 and 4096, not {}",
@@ -265,10 +315,11 @@ pub(super) fn resolve_route(
         group,
         retry_topic_prefix,
         on_trap: raw.on_trap,
-        timeout: raw.timeout,
+        timeout,
         memory_bytes: (raw.memory_mib as usize) << 20,
         instance,
         config: raw.config.clone(),
+        grants,
     })
 }
 
@@ -331,6 +382,16 @@ pub(super) fn check_topic_overlap(routes: &[Route], problems: &mut Vec<String>) 
             {
                 problems.push(format!(
                     "route `{}`: input topic `{topic}` is the {kind} of route `{other}`",
+                    route.name
+                ));
+            }
+        }
+        // A record emitted into a tier or a DLQ would skip the headers
+        // hopper writes there.
+        for topic in &route.grants.emit_topics {
+            if let Some((other, kind)) = owners.get(topic) {
+                problems.push(format!(
+                    "route `{}`: emit topic `{topic}` is the {kind} of route `{other}`; hopper writes those itself",
                     route.name
                 ));
             }

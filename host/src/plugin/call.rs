@@ -2,12 +2,15 @@
 //! how whatever the guest did becomes a [`Verdict`].
 
 use super::bindings::{self, hopper::handler::types};
+use super::emit::Emitted;
+use super::grants::RouteGrants;
 use super::instance::{Guest, Pool};
 use super::output::LineBudget;
 use super::state::GuestState;
 use super::{Delivery, EPOCH_TICK, Verdict, root_cause};
-use crate::config::{InstancePolicy, Route};
+use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -63,6 +66,20 @@ pub(super) struct GuestInfo {
     pub(super) short_version: String,
     pub(super) config: BTreeMap<String, String>,
     pub(super) budget: LineBudget,
+    /// The route's grants, shared by every version of its handler.
+    pub(super) grants: Arc<RouteGrants>,
+}
+
+/// What one handler call came to: the verdict, and the records the handler
+/// emitted, which the route produces only on `ok`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    pub verdict: Verdict,
+    /// The records to produce: empty unless the verdict is `ok`.
+    pub emitted: Vec<Emitted>,
+    /// Records the handler emitted that are dropped because the verdict is
+    /// not `ok`.
+    pub discarded: usize,
 }
 
 impl Handler {
@@ -104,16 +121,22 @@ impl Handler {
         (self.inner.cached, self.inner.load_time)
     }
 
+    /// Calls the guest once and returns only its verdict; records it
+    /// emitted are dropped. For tools that check verdicts.
+    pub async fn call(&self, delivery: Delivery) -> Verdict {
+        self.run(delivery).await.verdict
+    }
+
     /// Calls the guest once: in a fresh instance, or in a warm one when the
     /// route's policy allows and one is idle.
-    pub async fn call(&self, delivery: Delivery) -> Verdict {
+    pub async fn run(&self, delivery: Delivery) -> Handled {
         let inner = &*self.inner;
         let mut guest = match inner.policy {
             InstancePolicy::Warm { .. } => inner.pool.take(),
             InstancePolicy::Fresh => None,
         }
         .unwrap_or_else(|| Guest::new(&inner.engine, &inner.guest, inner.memory_bytes));
-        guest.begin(inner.timeout);
+        guest.begin(inner.timeout, &delivery.id);
 
         let message = to_wit(delivery);
         // The epoch deadline stops guest code; this timeout also covers time
@@ -123,17 +146,19 @@ impl Handler {
             guest.call(&inner.pre, &message),
         )
         .await;
-        let state = guest.store.data();
+        let state = guest.store.data_mut();
+        let emitted = state.emits.take();
         // Read before the flush empties it: a panicking guest says why here.
         let stderr_summary = state.stderr.summary();
         state.stdout.flush_to_log();
         state.stderr.flush_to_log();
+        let secrets = &inner.guest.grants.config.secrets;
         let verdict = match result {
             Err(_) => Verdict::Failed {
                 class: Reason::HandlerTimeout,
                 error: format!("handler ran past its {:?} limit", inner.timeout),
             },
-            Ok(Ok(outcome)) => from_wit(outcome),
+            Ok(Ok(outcome)) => from_wit(outcome, secrets),
             Ok(Err(error)) => classify(&error, &guest.store, stderr_summary, inner.timeout),
         };
         // Only a guest whose call returned may be entered again.
@@ -143,7 +168,19 @@ impl Handler {
         {
             inner.pool.put(guest);
         }
-        verdict
+        if verdict == Verdict::Ok {
+            Handled {
+                verdict,
+                emitted,
+                discarded: 0,
+            }
+        } else {
+            Handled {
+                verdict,
+                emitted: Vec::new(),
+                discarded: emitted.len(),
+            }
+        }
     }
 }
 
@@ -202,13 +239,21 @@ fn to_wit(d: Delivery) -> types::Message {
     }
 }
 
-fn from_wit(outcome: types::Outcome) -> Verdict {
+/// The verdict of an outcome. A reason that quotes a secret's value gets
+/// the secret's name in its place: reasons go into logs and headers.
+fn from_wit(outcome: types::Outcome, secrets: &Secrets) -> Verdict {
+    let redact = |reason: String| match secrets.redact(&reason) {
+        Cow::Borrowed(_) => reason,
+        Cow::Owned(redacted) => redacted,
+    };
     match outcome {
         types::Outcome::Ok => Verdict::Ok,
         types::Outcome::Retryable(f) => Verdict::Retryable {
-            reason: f.reason,
+            reason: redact(f.reason),
             retry_after: f.retry_after_ms.map(Duration::from_millis),
         },
-        types::Outcome::Fatal(f) => Verdict::Fatal { reason: f.reason },
+        types::Outcome::Fatal(f) => Verdict::Fatal {
+            reason: redact(f.reason),
+        },
     }
 }

@@ -1,6 +1,6 @@
 //! `hopper plugin check`: how a file compares with the handler world, item by
 //! item, so a user sees everything that is missing or extra at once rather
-//! than the linker's first complaint.
+//! than the linker's first complaint, and which grants its imports need.
 
 use super::{LoadError, Runtime, WORLD, read, root_cause, version_of};
 use std::fmt;
@@ -17,15 +17,56 @@ const WORLD_IMPORTS: [&str; 5] = [
     "hopper:handler/emit",
     "hopper:handler/secrets",
 ];
-/// WASI 0.2 packages hopper links, with an empty context.
-const WASI_PACKAGES: [&str; 6] = [
+/// WASI 0.2 packages hopper links: stdio, clocks and randomness work, the
+/// filesystem and sockets are empty, and wasi:http goes through the route's
+/// `allowed_hosts`.
+const WASI_PACKAGES: [&str; 7] = [
     "wasi:io/",
     "wasi:clocks/",
     "wasi:random/",
     "wasi:cli/",
     "wasi:filesystem/",
     "wasi:sockets/",
+    "wasi:http/",
 ];
+
+/// A grant a route must give for a handler's import to do anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grant {
+    /// `wasi:http/outgoing-handler`: hosts in `allowed_hosts`.
+    Http,
+    /// `hopper:handler/emit`: topics in `emit_topics`.
+    Emit,
+    /// `hopper:handler/secrets`: names in `[route.secrets]`.
+    Secrets,
+}
+
+impl Grant {
+    /// The grant an import needs, if any.
+    fn of_import(name: &str) -> Option<Grant> {
+        let interface = name.split_once('@').map_or(name, |(i, _)| i);
+        match interface {
+            "wasi:http/outgoing-handler" => Some(Grant::Http),
+            "hopper:handler/emit" => Some(Grant::Emit),
+            "hopper:handler/secrets" => Some(Grant::Secrets),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Grant::Http => {
+                "HTTP (wasi:http/outgoing-handler): the hosts in the route's `allowed_hosts`"
+            }
+            Grant::Emit => "emit (hopper:handler/emit): the topics in the route's `emit_topics`",
+            Grant::Secrets => {
+                "secrets (hopper:handler/secrets): the names in the route's `[route.secrets]`"
+            }
+        })
+    }
+}
 
 /// A component's imports and exports against the handler world.
 #[derive(Debug)]
@@ -41,6 +82,9 @@ pub struct Fit {
     pub extra: Vec<String>,
     /// Exports hopper ignores.
     pub ignored: Vec<String>,
+    /// Grants the component's imports need to do anything; without them
+    /// every request is denied, every emit refused, every secret `none`.
+    pub grants: Vec<Grant>,
     /// Why hopper would refuse the file, when it would.
     pub error: Option<String>,
 }
@@ -85,6 +129,9 @@ impl Runtime {
             .map(|name| format!("import `{name}`"))
             .collect();
         let ignored = exports.iter().filter(|e| *e != EXPORT).cloned().collect();
+        let mut grants: Vec<Grant> = imports.iter().filter_map(|i| Grant::of_import(i)).collect();
+        grants.sort_by_key(|g| *g as u8);
+        grants.dedup();
         let error = self
             .linker
             .instantiate_pre(&component)
@@ -99,6 +146,7 @@ impl Runtime {
             missing,
             extra,
             ignored,
+            grants,
             error,
         })
     }
@@ -150,6 +198,12 @@ impl fmt::Display for Fit {
         )?;
         writeln!(f, "  imports from the world: {}", list(&world))?;
         writeln!(f, "  other imports: {}", list(&wasi))?;
+        if self.grants.is_empty() {
+            writeln!(f, "  grants needed: none")?;
+        }
+        for grant in &self.grants {
+            writeln!(f, "  grant needed: {grant}")?;
+        }
         for item in &self.missing {
             writeln!(f, "  missing: {item}")?;
         }

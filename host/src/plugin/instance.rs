@@ -54,11 +54,11 @@ impl Guest {
     /// Resets the per-call state a previous call may have left behind, and
     /// arms the deadline. Guest output was already taken by the previous
     /// call's flush.
-    pub(super) fn begin(&mut self, timeout: Duration) {
+    pub(super) fn begin(&mut self, timeout: Duration, message_id: &str) {
         self.calls += 1;
-        let state = self.store.data_mut();
-        state.deadline = Instant::now() + timeout;
-        state.limits.denied = None;
+        self.store
+            .data_mut()
+            .begin(message_id, Instant::now() + timeout);
         self.store.set_epoch_deadline(YIELD_EVERY_TICKS);
     }
 

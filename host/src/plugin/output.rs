@@ -64,7 +64,8 @@ impl GuestOutput {
             .filter(|l| !l.is_empty() && !l.starts_with("note: run with"))
             .take(3)
             .collect();
-        (!lines.is_empty()).then(|| crate::headers::shorten(&lines.join(" "), 512))
+        let secrets = &self.guest.grants.config.secrets;
+        (!lines.is_empty()).then(|| crate::headers::shorten(&secrets.redact(&lines.join(" ")), 512))
     }
 
     /// Logs what the call wrote, within the handler's line budget.
@@ -76,8 +77,10 @@ impl GuestOutput {
         let g = &self.guest;
         let (route, handler, version, stream) =
             (&g.route, &g.handler, &g.short_version, self.stream);
+        let secrets = &g.grants.config.secrets;
         for line in String::from_utf8_lossy(&capture.kept).lines() {
             if g.budget.take() {
+                let line = secrets.redact(line);
                 tracing::info!(route, handler, version, stream, "{line}");
             }
         }

@@ -1,28 +1,36 @@
 //! What a store holds for one guest, and the host functions the guest may
-//! call: logging and its route's config values. Emitting records and
-//! reading secrets are refused until a route grants them.
+//! call: logging, its route's config values, and what the route grants:
+//! emitting records ([`super::emit`]), reading secrets, and outbound HTTP
+//! ([`super::http`]).
 
 use super::GuestInfo;
 use super::bindings::hopper::handler::{
     config as wit_config, emit as wit_emit, log as wit_log, secrets as wit_secrets, types,
 };
+use super::emit::Emits;
+use super::http::HttpHooks;
 use super::output::GuestOutput;
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
-/// Per-store state: the (empty) WASI context, the limits, the captured
-/// output, the current call's deadline, and the guest info the host
-/// functions tag their output with.
+/// Per-store state: the WASI context (stdio, clocks and randomness only),
+/// the limits, the captured output, the current call's deadline and
+/// emitted records, and the guest info the host functions tag their output
+/// with.
 pub(super) struct GuestState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    hooks: HttpHooks,
     table: ResourceTable,
     pub(super) limits: Limits,
     guest: Arc<GuestInfo>,
     /// When the call in progress must stop. Read by the epoch callback, and
     /// set again before every call, since a warm store serves many calls.
     pub(super) deadline: Instant,
+    pub(super) emits: Emits,
     pub(super) stdout: GuestOutput,
     pub(super) stderr: GuestOutput,
 }
@@ -31,14 +39,19 @@ impl GuestState {
     pub(super) fn new(guest: &Arc<GuestInfo>, memory_bytes: usize) -> GuestState {
         let stdout = GuestOutput::new(guest.clone(), "stdout");
         let stderr = GuestOutput::new(guest.clone(), "stderr");
-        // No args, environment, preopened directories, network or clock
-        // grants: only stdout and stderr, and both go to the log.
+        // No args, environment, preopened directories or sockets: stdout and
+        // stderr go to the log, and the clocks and randomness every language
+        // runtime expects are the host's (docs/operations.md, grants). HTTP
+        // goes through `wasi:http` and the route's allow-list, never through
+        // sockets.
         let wasi = WasiCtx::builder()
             .stdout(stdout.clone())
             .stderr(stderr.clone())
             .build();
         GuestState {
             wasi,
+            http: WasiHttpCtx::new(),
+            hooks: HttpHooks::new(guest.clone()),
             table: ResourceTable::new(),
             limits: Limits {
                 inner: StoreLimitsBuilder::new()
@@ -50,9 +63,20 @@ impl GuestState {
             },
             guest: guest.clone(),
             deadline: Instant::now(),
+            emits: Emits::default(),
             stdout,
             stderr,
         }
+    }
+
+    /// Arms the state for a call on message `message_id` that must end by
+    /// `deadline`.
+    pub(super) fn begin(&mut self, message_id: &str, deadline: Instant) {
+        let message_id: Arc<str> = Arc::from(message_id);
+        self.deadline = deadline;
+        self.limits.denied = None;
+        self.hooks.begin(message_id.clone(), deadline);
+        self.emits.begin(message_id);
     }
 }
 
@@ -61,6 +85,16 @@ impl WasiView for GuestState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for GuestState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.hooks,
         }
     }
 }
@@ -119,7 +153,7 @@ impl wit_log::Host for GuestState {
         if !g.budget.take() {
             return;
         }
-        let message = crate::headers::shorten(&message, 4096);
+        let message = crate::headers::shorten(&g.grants.config.secrets.redact(&message), 4096);
         let (route, handler, version) = (&g.route, &g.handler, &g.short_version);
         match level {
             wit_log::Level::Trace => {
@@ -152,15 +186,26 @@ impl wit_config::Host for GuestState {
 }
 
 impl wit_emit::Host for GuestState {
-    /// No route grants a topic yet: every record is refused.
     fn publish(&mut self, emitted: wit_emit::Outgoing) -> Result<String, wit_emit::EmitError> {
-        Err(wit_emit::EmitError::TopicNotGranted(emitted.topic))
+        self.emits.publish(&self.guest, emitted)
     }
 }
 
 impl wit_secrets::Host for GuestState {
-    /// No route grants a secret yet.
-    fn get(&mut self, _name: String) -> Option<String> {
-        None
+    /// The secret's value, when the route grants one of that name. Never
+    /// logged: only the name of a secret that is not granted is.
+    fn get(&mut self, name: String) -> Option<String> {
+        let g = &self.guest;
+        let value = g.grants.config.secrets.get(&name);
+        if value.is_none() {
+            tracing::debug!(
+                route = g.route,
+                handler = g.handler,
+                version = g.short_version,
+                secret = name,
+                "Handler asked for a secret the route does not grant."
+            );
+        }
+        value.map(|s| s.expose().to_string())
     }
 }

@@ -53,6 +53,7 @@ async fn main() -> anyhow::Result<()> {
         // The per-language figures are for a fresh instance per call.
         instance: hopper::config::InstancePolicy::Fresh,
         config: BTreeMap::from([("order-service".into(), "orders-api".into())]),
+        grants: Default::default(),
     };
     let runtime = Runtime::new(route.memory_bytes)?;
     let delivery = Delivery {

@@ -306,7 +306,7 @@ pub async fn run(
                 Ok(Event::HandlerReloadFailed { error, .. }) => {
                     println!("{} handler reload failed, the old version keeps serving: {error}", stamp());
                 }
-                Err(_) => {}
+                _ => {}
             },
             record = dlq.recv() => {
                 if let Ok(record) = record {

@@ -1,0 +1,499 @@
+//! What a route's handler may touch beyond computing a verdict: outbound
+//! HTTP to `allowed_hosts`, records to `emit_topics`, and `[route.secrets]`.
+//! Everything is off unless the route grants it (docs/config.md, grants).
+
+use super::check_name;
+use crate::egress::AllowList;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `[route.http]` as written: limits of the route's outbound HTTP.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Requests one handler call may make, redirects included. Default 16.
+    pub max_requests: Option<u32>,
+    /// Largest response body a handler may read, in bytes. Default 1 MiB.
+    pub max_response_bytes: Option<u64>,
+    /// Longest wait for a TCP connection. Default 2s.
+    #[serde(default, with = "humantime_serde")]
+    pub connect_timeout: Option<Duration>,
+    /// Longest wait from sending a request to its response head. Default:
+    /// whatever is left of the call's `timeout`.
+    #[serde(default, with = "humantime_serde")]
+    pub first_byte_timeout: Option<Duration>,
+    /// Idle keep-alive connections kept per host. Default 16.
+    pub max_idle_per_host: Option<usize>,
+    /// How long an idle connection is kept. Default 30s.
+    #[serde(default, with = "humantime_serde")]
+    pub idle_timeout: Option<Duration>,
+    /// PEM file of extra CA certificates to trust besides the system's
+    /// roots, relative to the config file.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// `[route.emit]` as written: limits of the records one call may emit.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmitConfig {
+    /// Records one call may emit. Default 100.
+    pub max_records: Option<u32>,
+    /// Bytes one call may emit: keys, payloads, header names and values.
+    /// Default 1 MiB.
+    pub max_bytes: Option<u64>,
+}
+
+pub const DEFAULT_MAX_REQUESTS: u32 = 16;
+pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+pub const DEFAULT_MAX_IDLE_PER_HOST: usize = 16;
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const DEFAULT_MAX_EMIT_RECORDS: u32 = 100;
+pub const DEFAULT_MAX_EMIT_BYTES: u64 = 1 << 20;
+/// Upper bounds of the limits, so one call cannot be granted unbounded
+/// memory in the host.
+const MAX_RESPONSE_BYTES: u64 = 1 << 30;
+const MAX_EMIT_RECORDS: u32 = 10_000;
+const MAX_EMIT_BYTES: u64 = 64 << 20;
+
+/// A route's grants, resolved: what its handler may do besides computing.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Grants {
+    /// Hosts the handler may call. Empty: no outbound HTTP at all.
+    pub allowed_hosts: AllowList,
+    pub http: HttpLimits,
+    /// Topics the handler may emit records to. Empty: no emits.
+    pub emit_topics: Vec<String>,
+    pub emit: EmitLimits,
+    /// Where delayed emits go: the delay relay of the same config, if any.
+    pub delay: Option<DelayGrant>,
+    pub secrets: Secrets,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    pub max_requests: u32,
+    pub max_response_bytes: u64,
+    pub connect_timeout: Duration,
+    pub first_byte_timeout: Option<Duration>,
+    pub max_idle_per_host: usize,
+    pub idle_timeout: Duration,
+    pub ca_file: Option<PathBuf>,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            max_requests: DEFAULT_MAX_REQUESTS,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            first_byte_timeout: None,
+            max_idle_per_host: DEFAULT_MAX_IDLE_PER_HOST,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            ca_file: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EmitLimits {
+    pub max_records: u32,
+    pub max_bytes: u64,
+}
+
+impl Default for EmitLimits {
+    fn default() -> Self {
+        EmitLimits {
+            max_records: DEFAULT_MAX_EMIT_RECORDS,
+            max_bytes: DEFAULT_MAX_EMIT_BYTES,
+        }
+    }
+}
+
+/// The delay relay, as far as a delayed emit needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DelayGrant {
+    pub inbox: String,
+    pub max_delay: Duration,
+}
+
+/// A secret's value. Its `Debug` never shows the value, so a config
+/// printed for debugging leaks nothing.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(Arc<str>);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+/// The secrets a route grants, by name, read once at startup.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Secrets(BTreeMap<String, Secret>);
+
+impl Secrets {
+    pub fn get(&self, name: &str) -> Option<&Secret> {
+        self.0.get(name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.keys().map(String::as_str)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// `text` with every secret value in it replaced by `[secret NAME]`.
+    /// Borrows when there is nothing to replace, which is the common case.
+    pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        let mut out = std::borrow::Cow::Borrowed(text);
+        for (name, secret) in &self.0 {
+            if out.contains(secret.expose()) {
+                out = out
+                    .replace(secret.expose(), &format!("[secret {name}]"))
+                    .into();
+            }
+        }
+        out
+    }
+}
+
+/// The grant keys of a route as written.
+pub(super) struct RawGrants<'a> {
+    pub allowed_hosts: &'a [String],
+    pub http: &'a HttpConfig,
+    pub emit_topics: &'a [String],
+    pub emit: &'a EmitConfig,
+    pub secrets: &'a BTreeMap<String, String>,
+}
+
+/// Resolves a route's grants, adding every problem to `problems`.
+pub(super) fn resolve(
+    raw: RawGrants<'_>,
+    label: &str,
+    base: &Path,
+    problems: &mut Vec<String>,
+) -> Grants {
+    let allowed_hosts = AllowList::parse(raw.allowed_hosts).unwrap_or_else(|found| {
+        problems.extend(found.into_iter().map(|p| format!("{label}: {p}")));
+        AllowList::default()
+    });
+    let http = resolve_http(raw.http, label, base, problems);
+    let mut emit_topics: Vec<String> = Vec::new();
+    for topic in raw.emit_topics {
+        if let Err(e) = check_name(topic) {
+            problems.push(format!("{label}: emit topic `{topic}` {e}"));
+        } else if emit_topics.contains(topic) {
+            problems.push(format!("{label}: emit topic `{topic}` is listed twice"));
+        } else {
+            emit_topics.push(topic.clone());
+        }
+    }
+    let emit = EmitLimits {
+        max_records: bounded(
+            raw.emit.max_records,
+            DEFAULT_MAX_EMIT_RECORDS,
+            MAX_EMIT_RECORDS,
+            &format!("{label}: emit.max_records"),
+            problems,
+        ),
+        max_bytes: bounded(
+            raw.emit.max_bytes,
+            DEFAULT_MAX_EMIT_BYTES,
+            MAX_EMIT_BYTES,
+            &format!("{label}: emit.max_bytes"),
+            problems,
+        ),
+    };
+    let mut secrets = BTreeMap::new();
+    for (name, source) in raw.secrets {
+        match read_secret(name, source, base) {
+            Ok(value) => {
+                secrets.insert(name.clone(), Secret(value.into()));
+            }
+            Err(problem) => problems.push(format!("{label}: secret `{name}`: {problem}")),
+        }
+    }
+    Grants {
+        allowed_hosts,
+        http,
+        emit_topics,
+        emit,
+        delay: None,
+        secrets: Secrets(secrets),
+    }
+}
+
+fn resolve_http(
+    raw: &HttpConfig,
+    label: &str,
+    base: &Path,
+    problems: &mut Vec<String>,
+) -> HttpLimits {
+    let max_requests = bounded(
+        raw.max_requests,
+        DEFAULT_MAX_REQUESTS,
+        u32::MAX,
+        &format!("{label}: http.max_requests"),
+        problems,
+    );
+    let max_response_bytes = bounded(
+        raw.max_response_bytes,
+        DEFAULT_MAX_RESPONSE_BYTES,
+        MAX_RESPONSE_BYTES,
+        &format!("{label}: http.max_response_bytes"),
+        problems,
+    );
+    for (key, value) in [
+        ("connect_timeout", raw.connect_timeout),
+        ("first_byte_timeout", raw.first_byte_timeout),
+        ("idle_timeout", raw.idle_timeout),
+    ] {
+        if value.is_some_and(|d| d.is_zero()) {
+            problems.push(format!("{label}: http.{key} must be more than 0s"));
+        }
+    }
+    let ca_file = raw.ca_file.as_ref().map(|f| base.join(f));
+    if let Some(file) = &ca_file
+        && !file.is_file()
+    {
+        problems.push(format!(
+            "{label}: http.ca_file {} does not exist or is not a file",
+            file.display()
+        ));
+    }
+    HttpLimits {
+        max_requests,
+        max_response_bytes,
+        connect_timeout: raw.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+        first_byte_timeout: raw.first_byte_timeout,
+        max_idle_per_host: raw.max_idle_per_host.unwrap_or(DEFAULT_MAX_IDLE_PER_HOST),
+        idle_timeout: raw.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
+        ca_file,
+    }
+}
+
+/// `value`, or `default` when unset; a problem when it is 0 or above `max`.
+fn bounded<T>(value: Option<T>, default: T, max: T, what: &str, problems: &mut Vec<String>) -> T
+where
+    T: Copy + PartialOrd + From<u8> + fmt::Display,
+{
+    let value = value.unwrap_or(default);
+    if value < T::from(1) || value > max {
+        problems.push(format!("{what} must be between 1 and {max}, not {value}"));
+    }
+    value
+}
+
+/// Reads a secret from `env:VARIABLE` or `file:PATH`. A problem names the
+/// variable or file, never the value.
+fn read_secret(name: &str, source: &str, base: &Path) -> Result<String, String> {
+    if name.is_empty()
+        || !name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+    {
+        return Err("a secret name has only ASCII letters, digits, `-`, `_` and `.`".into());
+    }
+    let value = if let Some(var) = source.strip_prefix("env:") {
+        match std::env::var(var) {
+            Ok(value) => value,
+            Err(std::env::VarError::NotPresent) => {
+                return Err(format!("environment variable {var} is not set"));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!("environment variable {var} is not UTF-8"));
+            }
+        }
+    } else if let Some(path) = source.strip_prefix("file:") {
+        let path = base.join(path);
+        let bytes = std::fs::read(&path)
+            .map_err(|e| format!("cannot read file {}: {e}", path.display()))?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| format!("file {} is not UTF-8 text", path.display()))?;
+        // Files written by editors and `echo` end with a newline that is not
+        // part of the secret.
+        let trimmed = text.strip_suffix('\n').unwrap_or(&text);
+        trimmed.strip_suffix('\r').unwrap_or(trimmed).to_string()
+    } else {
+        return Err(format!(
+            "source `{source}` is neither `env:VARIABLE` nor `file:PATH`"
+        ));
+    };
+    if value.is_empty() {
+        return Err(format!("{source} is empty"));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::{ConfigFile, DEFAULT_IO_TIMEOUT, DEFAULT_TIMEOUT, Route};
+    use std::path::Path;
+    use std::time::Duration;
+
+    fn resolve(dir: &Path, text: &str) -> Result<Vec<Route>, Vec<String>> {
+        std::fs::write(dir.join("h.wasm"), b"not checked here").unwrap();
+        let config = ConfigFile::parse(text).unwrap();
+        config.resolve(dir).map(|c| c.routes)
+    }
+
+    #[test]
+    fn grants_resolve_with_their_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), "s3cr3t-value\n").unwrap();
+        let routes = resolve(
+            dir.path(),
+            r#"
+            [[route]]
+            name = "plain"
+            topics = ["a"]
+            handler = "h.wasm"
+
+            [[route]]
+            name = "acting"
+            topics = ["b"]
+            handler = "h.wasm"
+            allowed_hosts = ["http://127.0.0.1:8080", "https://*.example.com"]
+            emit_topics = ["closed"]
+
+            [route.secrets]
+            token = "file:token"
+            path = "env:PATH"
+
+            [route.http]
+            max_requests = 4
+            first_byte_timeout = "300ms"
+
+            [route.emit]
+            max_records = 3
+
+            [delay]
+            "#,
+        )
+        .unwrap();
+        let (plain, acting) = (&routes[0], &routes[1]);
+        assert!(plain.grants.allowed_hosts.is_empty());
+        assert!(plain.grants.emit_topics.is_empty() && plain.grants.secrets.is_empty());
+        assert_eq!(plain.timeout, DEFAULT_TIMEOUT);
+        assert_eq!(acting.timeout, DEFAULT_IO_TIMEOUT, "a route that calls out");
+
+        let g = &acting.grants;
+        assert_eq!(
+            g.allowed_hosts.to_string(),
+            "http://127.0.0.1:8080, https://*.example.com:443"
+        );
+        assert_eq!(g.http.max_requests, 4);
+        assert_eq!(g.http.first_byte_timeout, Some(Duration::from_millis(300)));
+        assert_eq!(g.http.connect_timeout, super::DEFAULT_CONNECT_TIMEOUT);
+        assert_eq!(g.http.max_response_bytes, super::DEFAULT_MAX_RESPONSE_BYTES);
+        assert_eq!(g.emit_topics, vec!["closed"]);
+        assert_eq!(g.emit.max_records, 3);
+        assert_eq!(g.emit.max_bytes, super::DEFAULT_MAX_EMIT_BYTES);
+        let relay = g.delay.as_ref().expect("the config's relay");
+        assert_eq!(relay.inbox, "hopper.delay");
+        assert!(acting.all_topics().contains(&"closed".to_string()));
+
+        let token = g.secrets.get("token").unwrap();
+        assert_eq!(
+            token.expose(),
+            "s3cr3t-value",
+            "the file's newline is not part of it"
+        );
+        assert_eq!(
+            g.secrets.get("path").unwrap().expose(),
+            std::env::var("PATH").unwrap()
+        );
+        assert!(!format!("{acting:?}").contains("s3cr3t-value"));
+        assert_eq!(
+            g.secrets.redact("token s3cr3t-value sent"),
+            "token [secret token] sent"
+        );
+    }
+
+    #[test]
+    fn every_grant_problem_is_reported_with_its_route() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("empty"), "").unwrap();
+        let problems = resolve(
+            dir.path(),
+            r#"
+            [[route]]
+            name = "orders"
+            topics = ["in"]
+            handler = "h.wasm"
+            retry = ["5s"]
+
+            [[route]]
+            name = "sneaky"
+            topics = ["in2"]
+            handler = "h.wasm"
+            emit_topics = ["orders.retry.5s", "hopper.delay"]
+
+            [[route]]
+            name = "bad"
+            topics = ["in3"]
+            handler = "h.wasm"
+            allowed_hosts = ["example.com", "http://127.0.0.1:8080"]
+            emit_topics = ["closed", "closed", "bad topic"]
+
+            [route.secrets]
+            missing = "env:HOPPER_TEST_SURELY_UNSET_VARIABLE"
+            gone = "file:no-such-file"
+            blank = "file:empty"
+            odd = "vault:kv/token"
+
+            [route.http]
+            max_requests = 0
+            connect_timeout = "0s"
+            ca_file = "no-ca.pem"
+
+            [route.emit]
+            max_bytes = 0
+
+            [delay]
+            "#,
+        )
+        .unwrap_err();
+        let text = problems.join("\n");
+        for expected in [
+            "route `bad`: allowed_hosts entry `example.com`: no scheme",
+            "route `bad`: emit topic `closed` is listed twice",
+            "route `bad`: emit topic `bad topic` has ` `",
+            "route `sneaky`: emit topic `orders.retry.5s` is the retry tier of route `orders`",
+            "route `sneaky`: emit topic `hopper.delay` is the delay relay's inbox",
+            "route `bad`: secret `missing`: environment variable HOPPER_TEST_SURELY_UNSET_VARIABLE is not set",
+            "route `bad`: secret `gone`: cannot read file",
+            "route `bad`: secret `blank`: file:empty is empty",
+            "route `bad`: secret `odd`: source `vault:kv/token` is neither",
+            "route `bad`: http.max_requests must be between 1 and",
+            "route `bad`: http.connect_timeout must be more than 0s",
+            "route `bad`: http.ca_file",
+            "route `bad`: emit.max_bytes must be between 1 and",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+        assert_eq!(problems.len(), 13, "{text}");
+    }
+
+    #[test]
+    fn unknown_grant_keys_are_rejected_by_name() {
+        let err = ConfigFile::parse(
+            "[[route]]\nname = \"r\"\ntopics = [\"a\"]\nhandler = \"h.wasm\"\n[route.http]\nmax_request = 3\n",
+        )
+        .unwrap_err();
+        assert!(err.contains("unknown field `max_request`"), "{err}");
+    }
+}

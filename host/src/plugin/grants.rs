@@ -1,0 +1,113 @@
+//! A route's grants at run time: its resolved [`Grants`], its HTTP client,
+//! and the counters of what its handler did with them.
+//!
+//! They belong to the route, not to a handler version: every version of a
+//! route's handler shares them, so a reload keeps the pooled connections.
+//! The [`Registry`] hands each load the route's grants, built on first use.
+
+use crate::config::{Grants, Route};
+use crate::egress::{Transport, TransportError, TransportSettings};
+use crate::events::{Counter, Telemetry};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wasmtime_wasi_http::WasiBody;
+
+/// What a route's handler may do, and where it is reported.
+pub(super) struct RouteGrants {
+    pub(super) config: Grants,
+    /// `None` when the route grants no hosts: every request is denied
+    /// without a client ever being built.
+    pub(super) transport: Option<Transport<WasiBody>>,
+    pub(super) telemetry: Telemetry,
+    pub(super) counters: GrantCounters,
+}
+
+/// Counters bumped on every request or emit, registered once per route.
+pub(super) struct GrantCounters {
+    /// `hopper_http_requests_total{route,status}` by status class
+    /// (`1xx` … `5xx`, then `error` for no response).
+    pub(super) http: [Counter; 6],
+    /// `hopper_http_denied_total{route}`.
+    pub(super) http_denied: Counter,
+    /// `hopper_emits_refused_total{route}`.
+    pub(super) emits_refused: Counter,
+}
+
+/// Status-class labels of `hopper_http_requests_total`, in the order of
+/// [`GrantCounters::http`].
+pub(super) const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
+
+impl GrantCounters {
+    /// The counter for a response status, or for no response.
+    pub(super) fn http(&self, status: Option<u16>) -> &Counter {
+        let class = match status {
+            Some(s @ 100..=599) => usize::from(s / 100) - 1,
+            _ => 5,
+        };
+        &self.http[class]
+    }
+}
+
+impl RouteGrants {
+    fn new(route: &Route, telemetry: &Telemetry) -> Result<RouteGrants, TransportError> {
+        let config = route.grants.clone();
+        let transport = if config.allowed_hosts.is_empty() {
+            None
+        } else {
+            let limits = &config.http;
+            Some(Transport::new(
+                config.allowed_hosts.clone(),
+                &TransportSettings {
+                    connect_timeout: limits.connect_timeout,
+                    max_idle_per_host: limits.max_idle_per_host,
+                    idle_timeout: limits.idle_timeout,
+                    ca_file: limits.ca_file.clone(),
+                },
+            )?)
+        };
+        let name = route.name.as_str();
+        let counters = GrantCounters {
+            http: STATUS_CLASSES.map(|status| {
+                telemetry.counter(
+                    "hopper_http_requests_total",
+                    &[("route", name), ("status", status)],
+                )
+            }),
+            http_denied: telemetry.counter("hopper_http_denied_total", &[("route", name)]),
+            emits_refused: telemetry.counter("hopper_emits_refused_total", &[("route", name)]),
+        };
+        Ok(RouteGrants {
+            config,
+            transport,
+            telemetry: telemetry.clone(),
+            counters,
+        })
+    }
+}
+
+/// Every route's grants, by route name.
+#[derive(Default)]
+pub(super) struct Registry {
+    // std Mutex: held to look up or insert, never across an .await.
+    routes: Mutex<HashMap<String, Arc<RouteGrants>>>,
+}
+
+impl Registry {
+    /// The grants of `route`: the ones already built for it when its grants
+    /// are unchanged, so a reload keeps the route's connections; else new.
+    pub(super) fn for_route(
+        &self,
+        route: &Route,
+        telemetry: &Telemetry,
+    ) -> Result<Arc<RouteGrants>, TransportError> {
+        let mut routes = self.routes.lock().unwrap();
+        if let Some(grants) = routes.get(&route.name)
+            && grants.config == route.grants
+        {
+            return Ok(grants.clone());
+        }
+        let grants = Arc::new(RouteGrants::new(route, telemetry)?);
+        routes.insert(route.name.clone(), grants.clone());
+        Ok(grants)
+    }
+}

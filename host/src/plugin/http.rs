@@ -1,0 +1,306 @@
+//! `wasi:http/outgoing-handler` for handlers: every request a guest sends
+//! (each redirect hop is a new request from the guest's own client) is
+//! checked against its route's grants here, then sent on the route's pooled
+//! [`Transport`](crate::egress::Transport).
+//!
+//! A refused request gets `HTTP-request-denied` (or, past the per-call
+//! limit, `connection-limit-reached`), is logged with the route and handler
+//! version, and counted. Time waiting here counts against the call's
+//! `timeout`: a response head is awaited at most until the call's deadline.
+
+use super::GuestInfo;
+use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
+use crate::events::Event;
+use http_body_util::BodyExt;
+use std::future::Future;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+/// The per-store side of a guest's HTTP: its route's grants (through the
+/// guest info) and the current call's deadline and request count.
+pub(super) struct HttpHooks {
+    guest: Arc<GuestInfo>,
+    deadline: Instant,
+    requests: u32,
+    /// The id of the message being handled, for events.
+    message_id: Arc<str>,
+}
+
+type SendResult = Result<
+    (
+        http::Response<WasiBody>,
+        Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ),
+    Error,
+>;
+
+impl HttpHooks {
+    pub(super) fn new(guest: Arc<GuestInfo>) -> HttpHooks {
+        HttpHooks {
+            guest,
+            deadline: Instant::now(),
+            requests: 0,
+            message_id: Arc::from(""),
+        }
+    }
+
+    /// Arms the hooks for a new call.
+    pub(super) fn begin(&mut self, message_id: Arc<str>, deadline: Instant) {
+        self.message_id = message_id;
+        self.deadline = deadline;
+        self.requests = 0;
+    }
+
+    /// Why `request` may not be sent, if it may not.
+    fn refusal(&mut self, target: &Target) -> Option<(String, Error)> {
+        let grants = &self.guest.grants.config;
+        let denied = |reason: String| Some((reason, Error::HttpRequestDenied));
+        if grants.allowed_hosts.is_empty() {
+            return denied("the route grants no hosts (allowed_hosts is empty)".into());
+        }
+        let Some((scheme, host, port)) = &target.endpoint else {
+            return denied("the URL has no http or https scheme and host".into());
+        };
+        if !grants.allowed_hosts.allows(*scheme, host, *port) {
+            return denied(format!(
+                "{}://{host}:{port} is not in allowed_hosts",
+                scheme.as_str()
+            ));
+        }
+        if let Ok(ip) = host.parse::<IpAddr>()
+            && !grants.allowed_hosts.allows_address(ip)
+        {
+            return denied(format!(
+                "{ip} is a link-local or metadata address, and no allowed_hosts entry names it"
+            ));
+        }
+        self.requests += 1;
+        if self.requests > grants.http.max_requests {
+            return Some((
+                format!(
+                    "the call has made the {} requests a call may make (http.max_requests)",
+                    grants.http.max_requests
+                ),
+                Error::ConnectionLimitReached,
+            ));
+        }
+        None
+    }
+}
+
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _request_done: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        let target = Target::of(&request, &self.guest);
+        let report = Report {
+            guest: self.guest.clone(),
+            message_id: self.message_id.clone(),
+            target,
+        };
+        if let Some((reason, error)) = self.refusal(&report.target) {
+            report.denied(reason);
+            return Box::new(std::future::ready(Err(error)));
+        }
+        let limits = &self.guest.grants.config.http;
+        let remaining = self.deadline.saturating_duration_since(Instant::now());
+        let head_timeout = [
+            Some(remaining),
+            limits.first_byte_timeout,
+            options.and_then(|o| o.first_byte_timeout),
+        ]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(remaining);
+        let between_bytes = options.and_then(|o| o.between_bytes_timeout);
+        let max_body = limits.max_response_bytes;
+        Box::new(async move {
+            let started = Instant::now();
+            let transport = report
+                .guest
+                .grants
+                .transport
+                .as_ref()
+                .expect("a route with allowed hosts has a transport");
+            match transport.send(request, head_timeout).await {
+                Ok(response) => {
+                    report.answered(Ok(response.status().as_u16()), started.elapsed());
+                    let length = response
+                        .headers()
+                        .get(http::header::CONTENT_LENGTH)
+                        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+                    if length.is_some_and(|n| n > max_body) {
+                        // Refused before a byte of the body is read; the
+                        // connection closes with the response.
+                        return Err(Error::HttpResponseBodySize(Some(max_body)));
+                    }
+                    let response = response.map(|body| {
+                        LimitedBody::new(body, max_body, between_bytes)
+                            .map_err(body_error)
+                            .boxed_unsync()
+                    });
+                    let done: Box<dyn Future<Output = Result<(), Error>> + Send> =
+                        Box::new(std::future::ready(Ok(())));
+                    Ok((response, done))
+                }
+                Err(SendError::Guarded { host, addresses }) => {
+                    let addresses: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
+                    report.denied(format!(
+                        "{host} resolves only to link-local or metadata addresses ({}), and no allowed_hosts entry names them",
+                        addresses.join(", ")
+                    ));
+                    Err(Error::HttpRequestDenied)
+                }
+                Err(e) => {
+                    report.answered(Err(&e), started.elapsed());
+                    Err(send_error(e))
+                }
+            }
+        })
+    }
+}
+
+/// Where a request goes, as far as checks and logs need it.
+struct Target {
+    method: String,
+    /// `scheme://authority/path`, without the query (which may carry
+    /// tokens) and with any secret value redacted.
+    url: String,
+    endpoint: Option<(Scheme, String, u16)>,
+}
+
+impl Target {
+    fn of(request: &http::Request<WasiBody>, guest: &GuestInfo) -> Target {
+        let uri = request.uri();
+        let scheme = match uri.scheme_str() {
+            Some(s) if s.eq_ignore_ascii_case("http") => Some(Scheme::Http),
+            Some(s) if s.eq_ignore_ascii_case("https") => Some(Scheme::Https),
+            _ => None,
+        };
+        let endpoint = scheme.zip(uri.host()).map(|(scheme, host)| {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            let port = uri.port_u16().unwrap_or(scheme.default_port());
+            (scheme, host.to_ascii_lowercase(), port)
+        });
+        let url = format!(
+            "{}://{}{}",
+            uri.scheme_str().unwrap_or(""),
+            uri.authority().map_or("", |a| a.as_str()),
+            uri.path()
+        );
+        Target {
+            method: request.method().to_string(),
+            url: guest.grants.config.secrets.redact(&url).into_owned(),
+            endpoint,
+        }
+    }
+}
+
+/// Logs, counts and broadcasts what became of one request.
+struct Report {
+    guest: Arc<GuestInfo>,
+    message_id: Arc<str>,
+    target: Target,
+}
+
+impl Report {
+    fn denied(&self, reason: String) {
+        let g = &*self.guest;
+        let t = &self.target;
+        tracing::warn!(
+            route = g.route,
+            handler = g.handler,
+            version = g.short_version,
+            id = &*self.message_id,
+            method = t.method,
+            url = t.url,
+            reason,
+            "HTTP request denied."
+        );
+        g.grants.counters.http_denied.inc();
+        if g.grants.telemetry.has_observers() {
+            g.grants.telemetry.publish(Event::HttpDenied {
+                route: g.route.clone(),
+                id: self.message_id.to_string(),
+                version: g.version.clone(),
+                method: t.method.clone(),
+                url: t.url.clone(),
+                reason,
+            });
+        }
+    }
+
+    fn answered(&self, result: Result<u16, &SendError>, took: Duration) {
+        let g = &*self.guest;
+        let t = &self.target;
+        let status = result.ok();
+        let error = result.err().map(|e| e.to_string());
+        tracing::debug!(
+            route = g.route,
+            handler = g.handler,
+            version = g.short_version,
+            id = &*self.message_id,
+            method = t.method,
+            url = t.url,
+            status,
+            error,
+            took_ms = took.as_secs_f64() * 1000.0,
+            "HTTP request sent."
+        );
+        g.grants.counters.http(status).inc();
+        if g.grants.telemetry.has_observers() {
+            g.grants.telemetry.publish(Event::HttpRequest {
+                route: g.route.clone(),
+                id: self.message_id.to_string(),
+                version: g.version.clone(),
+                method: t.method.clone(),
+                url: t.url.clone(),
+                status,
+                error,
+                took,
+            });
+        }
+    }
+}
+
+/// The `wasi:http` error code a guest sees for a failed request.
+fn send_error(e: SendError) -> Error {
+    use std::io::ErrorKind;
+    match e {
+        SendError::Guarded { .. } => Error::HttpRequestDenied,
+        SendError::Dns { detail, .. } => Error::DnsError {
+            rcode: Some(detail),
+            info_code: None,
+        },
+        SendError::ConnectTimeout => Error::ConnectionTimeout,
+        SendError::Connect { kind, .. } => match kind {
+            ErrorKind::ConnectionReset | ErrorKind::ConnectionAborted => {
+                Error::ConnectionTerminated
+            }
+            ErrorKind::HostUnreachable | ErrorKind::NetworkUnreachable => {
+                Error::DestinationUnavailable
+            }
+            _ => Error::ConnectionRefused,
+        },
+        SendError::TlsCertificate(_) => Error::TlsCertificateError,
+        SendError::Tls(_) => Error::TlsProtocolError,
+        SendError::Timeout => Error::HttpResponseTimeout,
+        SendError::Protocol(_) => Error::HttpProtocolError,
+    }
+}
+
+/// The error a guest's body stream fails with. `wasi:io/error`'s
+/// `to-debug-string` gives its text.
+fn body_error(e: BodyError) -> Error {
+    match e {
+        BodyError::TooLarge { limit } => Error::HttpResponseBodySize(Some(limit)),
+        BodyError::Stalled(_) => Error::ConnectionReadTimeout,
+        BodyError::Transport(_) => Error::HttpResponseIncomplete,
+    }
+}

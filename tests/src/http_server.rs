@@ -1,0 +1,251 @@
+//! A loopback HTTP/1.1 server for tests and benchmarks: keep-alive on, and
+//! it counts the TCP connections it accepts, so a test can tell a pooled
+//! client from one that connects per request.
+//!
+//! | path                | answer                                                   |
+//! |---------------------|----------------------------------------------------------|
+//! | `/hello`            | 200 `hello`                                              |
+//! | `/status/N`         | status N, body `status N`                                |
+//! | `/redirect?to=URL`  | 302 to URL                                               |
+//! | `/slow/MS`          | 200 `slow` after MS milliseconds                         |
+//! | `/big/N`            | 200 with N zero bytes and a `content-length`             |
+//! | `/chunked/N`        | 200 with N zero bytes, chunked (no length up front)      |
+//! | `/auth`             | 200 `seen`; the `authorization` header is kept           |
+//! | anything else       | 404                                                      |
+//!
+//! It runs on a thread and runtime of its own, so a busy test runtime never
+//! slows it, and stops when dropped.
+
+use bytes::Bytes;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// What the server has seen.
+#[derive(Default)]
+pub struct Seen {
+    connections: AtomicU64,
+    requests: AtomicU64,
+    authorizations: Mutex<Vec<String>>,
+}
+
+pub struct TestServer {
+    pub addr: SocketAddr,
+    seen: Arc<Seen>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts a server on 127.0.0.1 and a free port.
+    pub fn start() -> TestServer {
+        Self::start_with_threads(1)
+    }
+
+    /// Starts a server whose runtime has `threads` worker threads.
+    pub fn start_with_threads(threads: usize) -> TestServer {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen = Arc::new(Seen::default());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let counters = seen.clone();
+        let thread = std::thread::Builder::new()
+            .name("test-http-server".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(serve(listener, counters, stopped));
+                // Connections still open are dropped with the runtime.
+                runtime.shutdown_timeout(Duration::from_millis(100));
+            })
+            .unwrap();
+        TestServer {
+            addr,
+            seen,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` followed by `path`.
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// The `allowed_hosts` entry for this server.
+    pub fn origin(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> u64 {
+        self.seen.connections.load(Ordering::SeqCst)
+    }
+
+    /// Requests answered so far.
+    pub fn requests(&self) -> u64 {
+        self.seen.requests.load(Ordering::SeqCst)
+    }
+
+    /// Every `authorization` header `/auth` received, in order.
+    pub fn authorizations(&self) -> Vec<String> {
+        self.seen.authorizations.lock().unwrap().clone()
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+async fn serve(
+    listener: std::net::TcpListener,
+    seen: Arc<Seen>,
+    mut stopped: tokio::sync::oneshot::Receiver<()>,
+) {
+    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = &mut stopped => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(_) => continue,
+            },
+        };
+        seen.connections.fetch_add(1, Ordering::SeqCst);
+        let _ = stream.set_nodelay(true);
+        let seen = seen.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |request| answer(request, seen.clone()));
+            // Errors are the client going away mid-response: expected when
+            // a test cuts a body short.
+            let _ = http1::Builder::new()
+                .keep_alive(true)
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+type AnyBody = BoxBody<Bytes, Infallible>;
+
+async fn answer(
+    request: Request<hyper::body::Incoming>,
+    seen: Arc<Seen>,
+) -> Result<Response<AnyBody>, Infallible> {
+    seen.requests.fetch_add(1, Ordering::SeqCst);
+    let path = request.uri().path().to_string();
+    let query = request.uri().query().unwrap_or("").to_string();
+    let text = |status: u16, body: String| {
+        Response::builder()
+            .status(status)
+            .body(Full::new(Bytes::from(body)).boxed())
+            .unwrap()
+    };
+    let (verb, arg) = path
+        .trim_start_matches('/')
+        .split_once('/')
+        .unwrap_or((path.trim_start_matches('/'), ""));
+    let response = match verb {
+        "hello" => text(200, "hello".into()),
+        "status" => match arg
+            .parse::<u16>()
+            .ok()
+            .and_then(|s| StatusCode::from_u16(s).ok())
+        {
+            Some(status) => text(status.as_u16(), format!("status {}", status.as_u16())),
+            None => text(400, "bad status".into()),
+        },
+        "redirect" => {
+            let to = query.strip_prefix("to=").unwrap_or("/hello");
+            Response::builder()
+                .status(302)
+                .header("location", to)
+                .body(Full::new(Bytes::new()).boxed())
+                .unwrap()
+        }
+        "slow" => {
+            let ms: u64 = arg.parse().unwrap_or(1000);
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            text(200, "slow".into())
+        }
+        "big" | "chunked" => {
+            let bytes: u64 = arg.parse().unwrap_or(0);
+            let body = Zeros {
+                left: bytes,
+                exact: verb == "big",
+            };
+            Response::builder().status(200).body(body.boxed()).unwrap()
+        }
+        "auth" => {
+            let value = request
+                .headers()
+                .get("authorization")
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .unwrap_or_default();
+            seen.authorizations.lock().unwrap().push(value);
+            text(200, "seen".into())
+        }
+        _ => text(404, format!("no such path {path}")),
+    };
+    Ok(response)
+}
+
+/// `left` zero bytes in 64 KiB frames, with an exact size (so a
+/// `content-length`) or without (so chunked).
+struct Zeros {
+    left: u64,
+    exact: bool,
+}
+
+static ZEROS: [u8; 64 << 10] = [0; 64 << 10];
+
+impl Body for Zeros {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.left == 0 {
+            return Poll::Ready(None);
+        }
+        let n = self.left.min(ZEROS.len() as u64) as usize;
+        self.left -= n as u64;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(&ZEROS[..n])))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.exact {
+            SizeHint::with_exact(self.left)
+        } else {
+            SizeHint::default()
+        }
+    }
+}

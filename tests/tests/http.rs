@@ -1,0 +1,403 @@
+//! Outbound HTTP from handlers: the `acting` fixture against a loopback
+//! server this test starts. What only the HTTP path decides (grants,
+//! redirects, guarded addresses, limits) is checked on the handler called
+//! in-process; what a route does with it (the timeout retried, connections
+//! per partition) runs against the broker.
+
+use hopper::config::Config;
+use hopper::events::{Event, Telemetry};
+use hopper::plugin::{Delivery, Handler, Runtime, Verdict};
+use hopper_tests::http_server::TestServer;
+use hopper_tests::*;
+use serde_json::json;
+
+/// A route around the `acting` fixture with `grants` (TOML inside the route
+/// table), loaded as `hopper run` would, and its handler.
+struct Acting {
+    handler: Handler,
+    telemetry: Telemetry,
+    _dir: tempfile::TempDir,
+}
+
+impl Acting {
+    fn new(grants: &str) -> Acting {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hopper.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[[route]]\nname = \"acting\"\ntopics = [\"acting.in\"]\nhandler = \"{}\"\n{grants}\n",
+                plugin("acting").display()
+            ),
+        )
+        .unwrap();
+        let config = Config::load(&path).unwrap();
+        let telemetry = Telemetry::new();
+        let runtime = Runtime::new(64 << 20)
+            .unwrap()
+            .with_cache(cache_dir())
+            .unwrap()
+            .with_telemetry(telemetry.clone());
+        let route = &config.routes[0];
+        let handler = runtime.load(&route.handler, route).unwrap();
+        Acting {
+            handler,
+            telemetry,
+            _dir: dir,
+        }
+    }
+
+    /// Runs `script` with verdict `fatal`, and returns the report.
+    async fn report(&self, steps: serde_json::Value) -> String {
+        let script = json!({"steps": steps, "verdict": "fatal"});
+        match self.handler.call(delivery(&script.to_string())).await {
+            Verdict::Fatal { reason } => reason,
+            other => panic!("expected the report in a fatal verdict, got {other:?}"),
+        }
+    }
+
+    fn counter(&self, key: &str) -> u64 {
+        self.telemetry.counters().get(key).copied().unwrap_or(0)
+    }
+}
+
+fn delivery(payload: &str) -> Delivery {
+    Delivery {
+        id: "m-1".into(),
+        topic: "acting.in".into(),
+        partition: 0,
+        offset: 0,
+        key: None,
+        payload: Some(payload.as_bytes().to_vec()),
+        headers: Vec::new(),
+        timestamp: None,
+        attempt: 1,
+        route: "acting".into(),
+    }
+}
+
+fn hosts(entries: &[String]) -> String {
+    let quoted: Vec<String> = entries.iter().map(|e| format!("\"{e}\"")).collect();
+    format!("allowed_hosts = [{}]", quoted.join(", "))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() {
+    let granted = TestServer::start();
+    let other = TestServer::start();
+    let acting = Acting::new(&hosts(&[granted.origin()]));
+    let mut events = acting.telemetry.subscribe();
+
+    let report = acting
+        .report(json!([{"get": other.url("/hello")}, {"get": granted.url("/hello")}]))
+        .await;
+    assert_eq!(
+        report,
+        format!(
+            "GET {} -> error ErrorCode::HttpRequestDenied | GET {} -> 200 hello",
+            other.url("/hello"),
+            granted.url("/hello")
+        )
+    );
+    assert_eq!(
+        other.connections(),
+        0,
+        "a denied host is never connected to"
+    );
+    assert_eq!(acting.counter("hopper_http_denied_total{route=acting}"), 1);
+    let denied = next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::HttpDenied { url, reason, .. } => Some((url.clone(), reason.clone())),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!(denied.0, other.url("/hello"));
+    assert!(denied.1.contains("is not in allowed_hosts"), "{}", denied.1);
+
+    // A route that grants nothing denies everything.
+    let none = Acting::new("");
+    let report = none.report(json!([{"get": granted.url("/hello")}])).await;
+    assert!(
+        report.ends_with("error ErrorCode::HttpRequestDenied"),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirect_to_a_host_that_is_not_granted_is_refused() {
+    let granted = TestServer::start();
+    let other = TestServer::start();
+    let acting = Acting::new(&hosts(&[granted.origin()]));
+
+    let inside = granted.url(&format!("/redirect?to={}", granted.url("/hello")));
+    let outside = granted.url(&format!("/redirect?to={}", other.url("/hello")));
+    let report = acting
+        .report(json!([{"get": inside, "follow": 2}, {"get": outside, "follow": 2}]))
+        .await;
+    assert_eq!(
+        report,
+        format!(
+            "GET {inside} -> 302 | GET {} -> 200 hello | GET {outside} -> 302 | GET {} -> error ErrorCode::HttpRequestDenied",
+            granted.url("/hello"),
+            other.url("/hello"),
+        )
+    );
+    assert_eq!(other.connections(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metadata_address_is_refused_even_under_a_wildcard() {
+    let acting = Acting::new("allowed_hosts = [\"*://*:*\"]");
+    let report = acting
+        .report(json!([
+            {"get": "http://169.254.169.254/latest/meta-data/"},
+            {"get": "http://[fd00:ec2::254]/latest/meta-data/"},
+            {"get": "http://[::ffff:169.254.169.254]/"},
+        ]))
+        .await;
+    assert_eq!(
+        report.matches("error ErrorCode::HttpRequestDenied").count(),
+        3,
+        "{report}"
+    );
+
+    // Tests send traffic to loopback only, so an entry naming the address
+    // (which lets it through) is checked in the allow-list's unit tests.
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_100_mb_response_is_cut_at_the_cap_with_the_error_the_handler_sees() {
+    let server = TestServer::start();
+    let acting = Acting::new(&hosts(&[server.origin()]));
+    const HUNDRED_MB: u64 = 100_000_000;
+
+    // Announced by its content-length: refused before the body is read.
+    let report = acting
+        .report(json!([{"get": server.url(&format!("/big/{HUNDRED_MB}"))}]))
+        .await;
+    assert!(
+        report.ends_with("error ErrorCode::HttpResponseBodySize(Some(1048576))"),
+        "{report}"
+    );
+
+    // Streamed without a length: the stream fails at the cap.
+    let report = acting
+        .report(json!([{"get": server.url(&format!("/chunked/{HUNDRED_MB}"))}]))
+        .await;
+    let (_, tail) = report.split_once("(read ").expect(&report);
+    let read: u64 = tail.split(' ').next().unwrap().parse().unwrap();
+    assert!(read <= 1 << 20, "{report}");
+    assert!(
+        report.ends_with("then HTTP response body size exceeds limit: 1048576 bytes)"),
+        "{report}"
+    );
+
+    // The limit is the route's to choose.
+    let small = Acting::new(&format!(
+        "{}\n[route.http]\nmax_response_bytes = 1000",
+        hosts(&[server.origin()])
+    ));
+    let report = small
+        .report(json!([{"get": server.url("/big/1001")}, {"get": server.url("/big/1000")}]))
+        .await;
+    assert!(
+        report.contains("error ErrorCode::HttpResponseBodySize(Some(1000)) | GET"),
+        "{report}"
+    );
+    assert!(
+        report.ends_with(&"\0".repeat(200)),
+        "the 1000 bytes are read"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_per_call_have_their_documented_errors() {
+    let server = TestServer::start();
+    let acting = Acting::new(&format!(
+        "{}\ntimeout = \"5s\"\n[route.http]\nmax_requests = 2\nfirst_byte_timeout = \"200ms\"",
+        hosts(&[server.origin()])
+    ));
+    let report = acting
+        .report(json!([
+            {"get": server.url("/slow/3000")},
+            {"get": server.url("/hello")},
+            {"get": server.url("/hello")},
+        ]))
+        .await;
+    assert_eq!(
+        report,
+        format!(
+            "GET {} -> error ErrorCode::HttpResponseTimeout | GET {} -> 200 hello | GET {} -> error ErrorCode::ConnectionLimitReached",
+            server.url("/slow/3000"),
+            server.url("/hello"),
+            server.url("/hello")
+        )
+    );
+    // The count starts again with the next call.
+    let report = acting.report(json!([{"get": server.url("/hello")}])).await;
+    assert!(report.ends_with("200 hello"), "{report}");
+}
+
+/// A route around the `acting` fixture on the test broker, calling `server`.
+fn route_calling(server: &TestServer, extra: &str) -> TestRoute {
+    TestRoute::new(
+        &plugin("acting"),
+        &format!("{}\n{extra}", hosts(&[server.origin()])),
+    )
+}
+
+fn script(steps: serde_json::Value, verdict: &str) -> String {
+    json!({"steps": steps, "verdict": verdict}).to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
+    init_tracing();
+    let server = TestServer::start();
+    let route = route_calling(&server, "");
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let payload = script(json!([{"get": server.url("/status/201")}]), "fatal");
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        &payload,
+        &[("hopper-id", "g1")],
+    )
+    .await;
+
+    let dlq = consume(&route.dlq, 1, PATIENCE).await;
+    let (h, _) = header_map(&dlq[0]);
+    assert_eq!(
+        h["hopper-last-error"],
+        format!("GET {} -> 201 status 201", server.url("/status/201"))
+    );
+    let (status, id, url) = next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::HttpRequest {
+                status, id, url, ..
+            } => Some((*status, id.clone(), url.clone())),
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!((status, id.as_str()), (Some(201), "g1"));
+    assert_eq!(url, server.url("/status/201"));
+    let counters = hopper.telemetry().counters();
+    let key = format!(
+        "hopper_http_requests_total{{route={},status=2xx}}",
+        route.name
+    );
+    assert_eq!(counters.get(&key), Some(&1), "{counters:?}");
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_retried() {
+    init_tracing();
+    let server = TestServer::start();
+    let route = route_calling(
+        &server,
+        "timeout = \"300ms\"\nretry = [\"1s\"]\nmax_attempts = 2",
+    );
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let payload = script(json!([{"get": server.url("/slow/5000")}]), "ok");
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        &payload,
+        &[("hopper-id", "s1")],
+    )
+    .await;
+
+    let mut verdicts = Vec::new();
+    let mut retried = None;
+    while verdicts.len() < 2 {
+        let event = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled { id, .. } | Event::RetryScheduled { id, .. } if id == "s1" => {
+                    Some(e.clone())
+                }
+                _ => None,
+            },
+        )
+        .await;
+        match event {
+            Event::Handled {
+                attempt, verdict, ..
+            } => verdicts.push((attempt, verdict)),
+            Event::RetryScheduled { reason, .. } => retried = Some(reason),
+            _ => unreachable!(),
+        }
+    }
+    assert_eq!(verdicts, vec![(1, "timeout"), (2, "timeout")]);
+    assert_eq!(retried, Some(hopper::headers::Reason::HandlerTimeout));
+    let dlq = consume(&route.dlq, 1, PATIENCE).await;
+    let (h, _) = header_map(&dlq[0]);
+    assert_eq!(h["hopper-reason"], "RETRIES_EXHAUSTED");
+    assert!(
+        h["hopper-last-error"].starts_with("HANDLER_TIMEOUT"),
+        "{}",
+        h["hopper-last-error"]
+    );
+    hopper.stop().await;
+}
+
+/// The server counts its TCP connections: a thousand messages, each making
+/// one request, share one pooled connection per partition working at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_requests_reuse_one_connection_per_partition() {
+    init_tracing();
+    const MESSAGES: usize = 1000;
+    let server = TestServer::start();
+    let route = route_calling(&server, "");
+    let partitions = route.config().kafka.partitions as u64;
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let payload = script(json!([{"get": server.url("/hello")}]), "ok");
+    let producer = producer();
+    let pending: Vec<_> = (0..MESSAGES)
+        .map(|i| {
+            let key = i.to_string();
+            let record = rdkafka::producer::FutureRecord::to(&route.input)
+                .key(&key)
+                .payload(&payload);
+            producer.send_result(record).map_err(|(e, _)| e).unwrap()
+        })
+        .collect();
+    for delivery in pending {
+        delivery.await.unwrap().map_err(|(e, _)| e).unwrap();
+    }
+
+    let mut ok = 0;
+    while ok < MESSAGES {
+        let verdict = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled { verdict, .. } => Some(*verdict),
+                _ => None,
+            },
+        )
+        .await;
+        assert_eq!(verdict, "ok");
+        ok += 1;
+    }
+    assert_eq!(server.requests(), MESSAGES as u64);
+    assert!(
+        server.connections() <= partitions + 2,
+        "{} connections for {MESSAGES} requests over {partitions} partitions",
+        server.connections()
+    );
+    hopper.stop().await;
+}
