@@ -47,7 +47,10 @@ const CASES: &[(Option<&[u8]>, Setup)] = &[
     // Closing is idempotent: the second close is announced too.
     (Some(br#"{"order_id":"o-1"}"#), Setup::Plain),
     // Other fields, whatever their type, are not the handler's business.
-    (Some(br#" { "status" : 5 , "order_id" : "o-2" } "#), Setup::Plain),
+    (
+        Some(br#" { "status" : 5 , "order_id" : "o-2" } "#),
+        Setup::Plain,
+    ),
     (Some(br#"{"order_id":"o-c"}"#), Setup::Plain),
     (Some(br#"{"order_id":"o-r"}"#), Setup::Plain),
     (Some(br#"{"order_id":"o-d"}"#), Setup::Plain),
@@ -105,7 +108,7 @@ fn route(handler: &Path, setup: Setup, service: &str, nowhere: &str) -> Route {
         Setup::Plain => (service, Some(service.to_string()), CLOSED),
         Setup::TrailingSlash => (service, Some(format!("{service}/")), CLOSED),
         Setup::NoService => (service, None, CLOSED),
-        Setup::NotAUrl => (service, Some(b"orders.internal:80".into()), CLOSED),
+        Setup::NotAUrl => (service, Some("orders.internal:80".into()), CLOSED),
         Setup::Refused => (nowhere, Some(nowhere.to_string()), CLOSED),
         Setup::HostNotGranted => (nowhere, Some(service.to_string()), CLOSED),
         Setup::TopicNotGranted => (service, Some(service.to_string()), "elsewhere"),
@@ -130,7 +133,13 @@ fn route(handler: &Path, setup: Setup, service: &str, nowhere: &str) -> Route {
 /// not an order cut to its prefix, and the records to produce as
 /// (id, topic, key, payload, headers).
 type Outcome = (Verdict, Vec<Emitted>);
-type Emitted = (String, String, Option<Vec<u8>>, Option<Vec<u8>>, Vec<(String, Vec<u8>)>);
+type Emitted = (
+    String,
+    String,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    Vec<(String, Vec<u8>)>,
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn edge_cases_get_the_rust_verdict_and_emits_in_every_language() {
@@ -281,7 +290,10 @@ fn check_reference(reference: &[Outcome]) {
             fatal("`order-service` is not an http(s) URL: `orders.internal:80`"),
         ),
         (Setup::Refused, retryable("order service unreachable")),
-        (Setup::HostNotGranted, retryable("order service unreachable")),
+        (
+            Setup::HostNotGranted,
+            retryable("order service unreachable"),
+        ),
         (
             Setup::TopicNotGranted,
             fatal("cannot announce order o-1 on elsewhere: topic elsewhere is not granted"),
@@ -290,8 +302,5 @@ fn check_reference(reference: &[Outcome]) {
     for (setup, verdict) in setups {
         assert_eq!(*by_case(o1, setup), (verdict, vec![]), "{setup:?}");
     }
-    assert_eq!(
-        *by_case("[]", Setup::Plain),
-        (fatal(NOT_AN_ORDER), vec![])
-    );
+    assert_eq!(*by_case("[]", Setup::Plain), (fatal(NOT_AN_ORDER), vec![]));
 }

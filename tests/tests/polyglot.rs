@@ -281,7 +281,11 @@ fn expected() -> Run {
                     payload: format!(r#"{{"order_id":"{order}","status":"closed"}}"#),
                     content_type: "application/json".into(),
                     id: format!("{order}/emit/0"),
-                    header_names: vec!["content-type".into(), "hopper-id".into()],
+                    header_names: vec![
+                        "content-type".into(),
+                        "hopper-id".into(),
+                        "hopper-route".into(),
+                    ],
                 },
             )
         })
@@ -317,8 +321,7 @@ fn expected() -> Run {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_scenario_against_the_order_service_goes_the_same_in_rust_python_javascript_and_c()
-{
+async fn one_scenario_against_the_order_service_goes_the_same_in_rust_python_javascript_and_c() {
     init_tracing();
     let runs = join_all(ORDER_TIMEOUT_BUILDS.map(run_scenario)).await;
     let expected = expected();

@@ -134,9 +134,7 @@ pub async fn run(
     let service = OrderService::start(service_orders())
         .await
         .context("starting the order service")?;
-    first
-        .config
-        .insert("order-service".into(), service.url());
+    first.config.insert("order-service".into(), service.url());
     let route = first.clone();
     let cluster = Cluster::of(&settings.kafka)?;
     let delay = settings.delay.clone();
