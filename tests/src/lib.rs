@@ -179,6 +179,23 @@ impl TestRoute {
     }
 }
 
+/// A route around `handler` named `direct`, resolved from a config file the
+/// way `hopper run` resolves it, for calling the handler without a broker.
+/// `extra` goes inside the route table.
+pub fn resolve_route(handler: &Path, extra: &str) -> hopper::config::Route {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hopper.toml");
+    let text = format!(
+        "[[route]]\nname = \"direct\"\ntopics = [\"direct.in\"]\nhandler = \"{}\"\n{extra}\n",
+        handler.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    Config::load(&path)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .routes
+        .remove(0)
+}
+
 /// The compiled-handler cache every test shares. Entries are keyed by the
 /// content of the `.wasm`, so sharing is safe, and it spares each test a
 /// compile.

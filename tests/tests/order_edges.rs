@@ -4,9 +4,9 @@
 //! verdict (its exact reason, unless the payload is not an order) and emit
 //! the same records.
 
-use hopper::config::{Config, Route};
+use hopper::config::Route;
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::{NOT_AN_ORDER, ORDER_TIMEOUT_BUILDS, plugin};
+use hopper_tests::{NOT_AN_ORDER, ORDER_TIMEOUT_BUILDS, plugin, resolve_route};
 use order_service::{Order, OrderService, Status};
 use std::path::Path;
 
@@ -101,8 +101,7 @@ fn service_orders() -> Vec<Order> {
     ]
 }
 
-/// A route around `handler` set up as `setup`, resolved from a config file
-/// the way `hopper run` resolves it.
+/// A route around `handler` set up as `setup`.
 fn route(handler: &Path, setup: Setup, service: &str, nowhere: &str) -> Route {
     let (allowed, url, topic) = match setup {
         Setup::Plain => (service, Some(service.to_string()), CLOSED),
@@ -116,17 +115,12 @@ fn route(handler: &Path, setup: Setup, service: &str, nowhere: &str) -> Route {
     let url = url
         .map(|u| format!("order-service = \"{u}\"\n"))
         .unwrap_or_default();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hopper.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[[route]]\nname = \"edge\"\ntopics = [\"edge.in\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 3\ntimeout = \"5s\"\nmemory_mib = 256\nallowed_hosts = [\"{allowed}\"]\nemit_topics = [\"{CLOSED}\"]\n\n[route.config]\n{url}closed-topic = \"{topic}\"\n",
-            handler.display()
+    resolve_route(
+        handler,
+        &format!(
+            "retry = [\"1s\"]\nmax_attempts = 3\ntimeout = \"5s\"\nmemory_mib = 256\nallowed_hosts = [\"{allowed}\"]\nemit_topics = [\"{CLOSED}\"]\n\n[route.config]\n{url}closed-topic = \"{topic}\""
         ),
     )
-    .unwrap();
-    Config::load(&path).unwrap().routes.remove(0)
 }
 
 /// What a call came to: the verdict, with the reason for a payload that is
@@ -173,7 +167,7 @@ async fn edge_cases_get_the_rust_verdict_and_emits_in_every_language() {
             let handled = handler
                 .run(Delivery {
                     id: "edge-1".into(),
-                    topic: "edge.in".into(),
+                    topic: "direct.in".into(),
                     partition: 0,
                     offset: 0,
                     key: None,
@@ -181,7 +175,7 @@ async fn edge_cases_get_the_rust_verdict_and_emits_in_every_language() {
                     headers: Vec::new(),
                     timestamp: None,
                     attempt: 1,
-                    route: "edge".into(),
+                    route: "direct".into(),
                 })
                 .await;
             if *setup == Setup::HostNotGranted {
