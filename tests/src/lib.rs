@@ -413,10 +413,15 @@ pub fn options() -> Options {
 
 /// Creates topics on the test broker.
 pub async fn create_topics(topics: &[&str]) {
+    create_topics_with(topics, 2).await
+}
+
+/// Creates topics of `partitions` partitions on the test broker.
+pub async fn create_topics_with(topics: &[&str], partitions: i32) {
     let cluster = Cluster {
         brokers: brokers(),
         kafka: hopper::config::KafkaConfig {
-            partitions: 2,
+            partitions,
             ..Default::default()
         },
     };
