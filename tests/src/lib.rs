@@ -366,6 +366,74 @@ fn load_config(path: &Path) -> Config {
     config
 }
 
+/// A one-route config around `handler`, with `extra` inside the route
+/// table, loaded as `hopper run` loads it, and its handler loaded
+/// in-process: for what only a handler call decides, no broker needed.
+pub struct InProcess {
+    pub route: hopper::config::Route,
+    pub handler: hopper::plugin::Handler,
+    /// Where the handler's HTTP requests and refused emits are reported.
+    pub telemetry: hopper::events::Telemetry,
+    _dir: tempfile::TempDir,
+}
+
+impl InProcess {
+    pub fn new(handler: &Path, extra: &str) -> InProcess {
+        Self::with_config(handler, extra, "")
+    }
+
+    /// Like [`InProcess::new`], with `rest` after the route table (a
+    /// `[delay]` table, say).
+    pub fn with_config(handler: &Path, extra: &str, rest: &str) -> InProcess {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("hopper.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[[route]]\nname = \"inproc\"\ntopics = [\"inproc.in\"]\nhandler = \"{}\"\n{extra}\n\n{rest}\n",
+                handler.display()
+            ),
+        )
+        .unwrap();
+        let mut config = Config::load(&path).unwrap();
+        let telemetry = hopper::events::Telemetry::new();
+        let runtime = hopper::plugin::Runtime::new(64 << 20)
+            .unwrap()
+            .with_cache(cache_dir())
+            .unwrap()
+            .with_telemetry(telemetry.clone());
+        let route = config.routes.remove(0);
+        let handler = runtime.load(&route.handler, &route).unwrap();
+        InProcess {
+            route,
+            handler,
+            telemetry,
+            _dir: dir,
+        }
+    }
+
+    /// A delivery of `payload` to this route, with message id `id`.
+    pub fn delivery(&self, id: &str, payload: &str) -> hopper::plugin::Delivery {
+        hopper::plugin::Delivery {
+            id: id.into(),
+            topic: "inproc.in".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            payload: Some(payload.as_bytes().to_vec()),
+            headers: Vec::new(),
+            timestamp: None,
+            attempt: 1,
+            route: self.route.name.clone(),
+        }
+    }
+
+    /// The value of counter `key` (`name{label=value,...}`), 0 if unset.
+    pub fn counter(&self, key: &str) -> u64 {
+        self.telemetry.counters().get(key).copied().unwrap_or(0)
+    }
+}
+
 /// How tests run hopper: with the shared compiled-handler cache.
 pub fn options() -> Options {
     Options {
@@ -375,10 +443,15 @@ pub fn options() -> Options {
 
 /// Creates topics on the test broker.
 pub async fn create_topics(topics: &[&str]) {
+    create_topics_with(topics, 2).await
+}
+
+/// Creates topics of `partitions` partitions on the test broker.
+pub async fn create_topics_with(topics: &[&str], partitions: i32) {
     let cluster = Cluster {
         brokers: brokers(),
         kafka: hopper::config::KafkaConfig {
-            partitions: 2,
+            partitions,
             ..Default::default()
         },
     };

@@ -4,75 +4,33 @@
 //! in-process; what a route does with it (the timeout retried, connections
 //! per partition) runs against the broker.
 
-use hopper::config::Config;
-use hopper::events::{Event, Telemetry};
-use hopper::plugin::{Delivery, Handler, Runtime, Verdict};
+use hopper::events::Event;
+use hopper::plugin::Verdict;
 use hopper_tests::http_server::TestServer;
 use hopper_tests::*;
 use serde_json::json;
 
-/// A route around the `acting` fixture with `grants` (TOML inside the route
-/// table), loaded as `hopper run` would, and its handler.
-struct Acting {
-    handler: Handler,
-    telemetry: Telemetry,
-    _dir: tempfile::TempDir,
-}
+/// The `acting` fixture, called in-process under `grants` (TOML inside
+/// the route table).
+struct Acting(InProcess);
 
 impl Acting {
     fn new(grants: &str) -> Acting {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hopper.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[[route]]\nname = \"acting\"\ntopics = [\"acting.in\"]\nhandler = \"{}\"\n{grants}\n",
-                plugin("acting").display()
-            ),
-        )
-        .unwrap();
-        let config = Config::load(&path).unwrap();
-        let telemetry = Telemetry::new();
-        let runtime = Runtime::new(64 << 20)
-            .unwrap()
-            .with_cache(cache_dir())
-            .unwrap()
-            .with_telemetry(telemetry.clone());
-        let route = &config.routes[0];
-        let handler = runtime.load(&route.handler, route).unwrap();
-        Acting {
-            handler,
-            telemetry,
-            _dir: dir,
-        }
+        Acting(InProcess::new(&plugin("acting"), grants))
     }
 
-    /// Runs `script` with verdict `fatal`, and returns the report.
+    /// Runs `steps` with verdict `fatal`, and returns the report.
     async fn report(&self, steps: serde_json::Value) -> String {
         let script = json!({"steps": steps, "verdict": "fatal"});
-        match self.handler.call(delivery(&script.to_string())).await {
+        match self
+            .0
+            .handler
+            .call(self.0.delivery("m-1", &script.to_string()))
+            .await
+        {
             Verdict::Fatal { reason } => reason,
             other => panic!("expected the report in a fatal verdict, got {other:?}"),
         }
-    }
-
-    fn counter(&self, key: &str) -> u64 {
-        self.telemetry.counters().get(key).copied().unwrap_or(0)
-    }
-}
-
-fn delivery(payload: &str) -> Delivery {
-    Delivery {
-        id: "m-1".into(),
-        topic: "acting.in".into(),
-        partition: 0,
-        offset: 0,
-        key: None,
-        payload: Some(payload.as_bytes().to_vec()),
-        headers: Vec::new(),
-        timestamp: None,
-        attempt: 1,
-        route: "acting".into(),
     }
 }
 
@@ -86,7 +44,7 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
     let granted = TestServer::start();
     let other = TestServer::start();
     let acting = Acting::new(&hosts(&[granted.origin()]));
-    let mut events = acting.telemetry.subscribe();
+    let mut events = acting.0.telemetry.subscribe();
 
     let report = acting
         .report(json!([{"get": other.url("/hello")}, {"get": granted.url("/hello")}]))
@@ -104,7 +62,10 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
         0,
         "a denied host is never connected to"
     );
-    assert_eq!(acting.counter("hopper_http_denied_total{route=acting}"), 1);
+    assert_eq!(
+        acting.0.counter("hopper_http_denied_total{route=inproc}"),
+        1
+    );
     let denied = next_matching(
         &mut events,
         |_| {},

@@ -215,3 +215,31 @@ fn plugin_check_lists_what_is_missing_and_extra() {
     assert!(text.starts_with("error: "), "{text}");
     assert!(text.contains("missing: export `handle`"), "{text}");
 }
+
+#[test]
+fn plugin_check_lists_the_grants_a_components_imports_need() {
+    let check = |stem: &str| {
+        let out = Command::new(hopper_bin())
+            .args(["plugin", "check"])
+            .arg(hopper_tests::plugin(stem))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "{text}");
+        text
+    };
+    let acting = check("acting");
+    for grant in [
+        "grant needed: HTTP (wasi:http/outgoing-handler): the hosts in the route's `allowed_hosts`",
+        "grant needed: emit (hopper:handler/emit): the topics in the route's `emit_topics`",
+        "grant needed: secrets (hopper:handler/secrets): the names in the route's `[route.secrets]`",
+    ] {
+        assert!(acting.contains(grant), "{acting}");
+    }
+    assert!(
+        !acting.contains("extra:"),
+        "wasi:http is provided: {acting}"
+    );
+    let scripted = check("scripted");
+    assert!(scripted.contains("grants needed: none"), "{scripted}");
+}

@@ -18,7 +18,14 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 5] = ["order-timeout", "noop", "scripted", "wrong-world", "acting"];
+const PLUGINS: [&str; 6] = [
+    "order-timeout",
+    "noop",
+    "scripted",
+    "wrong-world",
+    "acting",
+    "fetch",
+];
 const NISSHI_VERSION: &str = "0.8.1";
 
 fn main() -> Result<()> {
@@ -34,7 +41,7 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  bench NAME     run a benchmark: throughput, delay, handler, handlers (BENCHMARKS.md)"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http (BENCHMARKS.md)"
             );
             if command == "help" {
                 Ok(())
@@ -225,7 +232,7 @@ fn test(rest: &[String]) -> Result<()> {
 fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
-        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS]")?;
+        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES]")?;
     // The handler benchmarks call handlers in-process: no broker.
     let in_process = name == "handlers" || name == "handler";
     let nisshi = if in_process {

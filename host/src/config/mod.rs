@@ -10,16 +10,16 @@ mod delay;
 mod grants;
 mod kafka;
 mod route;
+mod secrets;
 
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay};
-pub use grants::{
-    DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits, Secret, Secrets,
-};
+pub use grants::{DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
 pub use route::{
     DEFAULT_IO_TIMEOUT, DEFAULT_RETRY_LADDER, DEFAULT_TIMEOUT, DEFAULT_WARM_MAX_CALLS,
     InstanceMode, InstancePolicy, MAX_WARM_MAX_CALLS, Route, RouteConfig, TrapPolicy,
 };
+pub use secrets::{Secret, Secrets};
 
 use serde::Deserialize;
 use std::collections::{BTreeSet, HashMap};

@@ -53,17 +53,17 @@ impl HttpHooks {
         self.requests = 0;
     }
 
-    /// Why `request` may not be sent, if it may not.
+    /// Why a request to `target` may not be sent, if it may not.
     fn refusal(&mut self, target: &Target) -> Option<(String, Error)> {
         let grants = &self.guest.grants.config;
         let denied = |reason: String| Some((reason, Error::HttpRequestDenied));
         if grants.allowed_hosts.is_empty() {
             return denied("the route grants no hosts (allowed_hosts is empty)".into());
         }
-        let Some((scheme, host, port)) = &target.endpoint else {
+        let Some((scheme, host, port)) = target.endpoint() else {
             return denied("the URL has no http or https scheme and host".into());
         };
-        if !grants.allowed_hosts.allows(*scheme, host, *port) {
+        if !grants.allowed_hosts.allows(scheme, host, port) {
             return denied(format!(
                 "{}://{host}:{port} is not in allowed_hosts",
                 scheme.as_str()
@@ -97,7 +97,10 @@ impl WasiHttpHooks for HttpHooks {
         options: Option<RequestOptions>,
         _request_done: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
-        let target = Target::of(&request, &self.guest);
+        let target = Target {
+            method: request.method().clone(),
+            uri: request.uri().clone(),
+        };
         let report = Report {
             guest: self.guest.clone(),
             message_id: self.message_id.clone(),
@@ -166,39 +169,39 @@ impl WasiHttpHooks for HttpHooks {
     }
 }
 
-/// Where a request goes, as far as checks and logs need it.
+/// Where a request goes, as far as checks and logs need it. Cheap to make
+/// (the URI's parts are shared, not copied); the text for logs and events is
+/// built only when a line is logged or someone observes.
 struct Target {
-    method: String,
-    /// `scheme://authority/path`, without the query (which may carry
-    /// tokens) and with any secret value redacted.
-    url: String,
-    endpoint: Option<(Scheme, String, u16)>,
+    method: http::Method,
+    uri: http::Uri,
 }
 
 impl Target {
-    fn of(request: &http::Request<WasiBody>, guest: &GuestInfo) -> Target {
-        let uri = request.uri();
-        let scheme = match uri.scheme_str() {
-            Some(s) if s.eq_ignore_ascii_case("http") => Some(Scheme::Http),
-            Some(s) if s.eq_ignore_ascii_case("https") => Some(Scheme::Https),
-            _ => None,
+    /// Scheme, host (without IPv6 brackets) and port, when the URI is an
+    /// http or https one with a host.
+    fn endpoint(&self) -> Option<(Scheme, &str, u16)> {
+        let scheme = match self.uri.scheme_str()? {
+            s if s.eq_ignore_ascii_case("http") => Scheme::Http,
+            s if s.eq_ignore_ascii_case("https") => Scheme::Https,
+            _ => return None,
         };
-        let endpoint = scheme.zip(uri.host()).map(|(scheme, host)| {
-            let host = host.trim_start_matches('[').trim_end_matches(']');
-            let port = uri.port_u16().unwrap_or(scheme.default_port());
-            (scheme, host.to_ascii_lowercase(), port)
-        });
+        let host = self.uri.host()?;
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let port = self.uri.port_u16().unwrap_or(scheme.default_port());
+        Some((scheme, host, port))
+    }
+
+    /// `scheme://authority/path`, without the query (which may carry
+    /// tokens), any secret value redacted.
+    fn url(&self, guest: &GuestInfo) -> String {
         let url = format!(
             "{}://{}{}",
-            uri.scheme_str().unwrap_or(""),
-            uri.authority().map_or("", |a| a.as_str()),
-            uri.path()
+            self.uri.scheme_str().unwrap_or(""),
+            self.uri.authority().map_or("", |a| a.as_str()),
+            self.uri.path()
         );
-        Target {
-            method: request.method().to_string(),
-            url: guest.grants.config.secrets.redact(&url).into_owned(),
-            endpoint,
-        }
+        guest.grants.config.secrets.redact(&url).into_owned()
     }
 }
 
@@ -213,13 +216,14 @@ impl Report {
     fn denied(&self, reason: String) {
         let g = &*self.guest;
         let t = &self.target;
+        let url = t.url(g);
         tracing::warn!(
             route = g.route,
             handler = g.handler,
             version = g.short_version,
             id = &*self.message_id,
-            method = t.method,
-            url = t.url,
+            method = %t.method,
+            url,
             reason,
             "HTTP request denied."
         );
@@ -229,38 +233,45 @@ impl Report {
                 route: g.route.clone(),
                 id: self.message_id.to_string(),
                 version: g.version.clone(),
-                method: t.method.clone(),
-                url: t.url.clone(),
+                method: t.method.to_string(),
+                url,
                 reason,
             });
         }
     }
 
+    /// Counts the request's outcome; the log line and the event (which
+    /// allocate) only when debug logging is on or someone observes.
     fn answered(&self, result: Result<u16, &SendError>, took: Duration) {
         let g = &*self.guest;
-        let t = &self.target;
         let status = result.ok();
+        g.grants.counters.http(status).inc();
+        let observed = g.grants.telemetry.has_observers();
+        if !(observed || tracing::enabled!(tracing::Level::DEBUG)) {
+            return;
+        }
+        let t = &self.target;
+        let url = t.url(g);
         let error = result.err().map(|e| e.to_string());
         tracing::debug!(
             route = g.route,
             handler = g.handler,
             version = g.short_version,
             id = &*self.message_id,
-            method = t.method,
-            url = t.url,
+            method = %t.method,
+            url,
             status,
             error,
             took_ms = took.as_secs_f64() * 1000.0,
             "HTTP request sent."
         );
-        g.grants.counters.http(status).inc();
-        if g.grants.telemetry.has_observers() {
+        if observed {
             g.grants.telemetry.publish(Event::HttpRequest {
                 route: g.route.clone(),
                 id: self.message_id.to_string(),
                 version: g.version.clone(),
-                method: t.method.clone(),
-                url: t.url.clone(),
+                method: t.method.to_string(),
+                url,
                 status,
                 error,
                 took,

@@ -1,0 +1,377 @@
+//! The host's HTTP path: a route whose handler makes one HTTP request per
+//! message, against a bare Rust hyper client making the same requests with
+//! the same concurrency, side by side in one run.
+//!
+//! ```text
+//! bench-http [--partitions P] [--service-ms MS] [--rounds ROUNDS] [MESSAGES]
+//! ```
+//!
+//! The loopback HTTP server (`hopper_tests::http_server`, keep-alive, one
+//! worker thread) runs in a child process, so this process's CPU time is
+//! the client side's alone, and it counts the TCP connections it accepts.
+//!
+//! - **hopper**: a route over a preloaded topic of P partitions (default 1)
+//!   with the `fetch` fixture (GET, read the body, `ok` on 2xx), warm
+//!   instances. A partition handles one message at a time, so at most P
+//!   requests are in flight.
+//! - **bare client**: hyper-util's pooled client, P tasks each making its
+//!   share of the requests one after another, reading each body.
+//! - **noop**: the same route with the no-op handler, for what Kafka and
+//!   the handler call cost without the request.
+//!
+//! With `--service-ms`, the server answers each request after MS
+//! milliseconds, like a service doing work, instead of at once.
+//!
+//! Each row gives msg/s, this process's CPU µs per message, and the
+//! connections the server accepted per 10,000 messages. Rounds run the
+//! contenders in the same order; the summary gives medians and their ratio.
+
+use bytes::Bytes;
+use hopper::Hopper;
+use hopper_tests::http_server::TestServer;
+use hopper_tests::*;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The allocator of the `hopper` binary, so both sides are measured alike.
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
+
+const TIME_LIMIT: Duration = Duration::from_secs(600);
+
+fn main() {
+    hopper::tune_allocator();
+    if std::env::args().nth(1).as_deref() == Some("--serve") {
+        serve();
+        return;
+    }
+    let usage = || -> ! {
+        eprintln!(
+            "usage: bench-http [--partitions P] [--service-ms MS] [--rounds N] [MESSAGES >= 1000]"
+        );
+        std::process::exit(2)
+    };
+    let (mut messages, mut rounds, mut partitions) = (20_000u64, 5usize, 1i32);
+    let mut service_ms = 0u64;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--rounds" => match args.next().map(|r| r.parse()) {
+                Some(Ok(r)) if r >= 1 => rounds = r,
+                _ => usage(),
+            },
+            "--service-ms" => match args.next().map(|m| m.parse()) {
+                Some(Ok(m)) => service_ms = m,
+                _ => usage(),
+            },
+            "--partitions" => match args.next().map(|p| p.parse()) {
+                Some(Ok(p)) if (1..=64).contains(&p) => partitions = p,
+                _ => usage(),
+            },
+            n => match n.parse() {
+                Ok(n) if n >= 1_000 => messages = n,
+                _ => usage(),
+            },
+        }
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(run(messages, rounds, partitions, service_ms));
+}
+
+/// The child process: a test server, answering `stats` on stdin with its
+/// connection and request counts, until stdin closes.
+fn serve() {
+    let server = TestServer::start_with_threads(1);
+    println!("{}", server.addr);
+    for line in std::io::stdin().lock().lines() {
+        match line.as_deref() {
+            Ok("stats") => println!("{} {}", server.connections(), server.requests()),
+            _ => break,
+        }
+    }
+}
+
+/// The server child, seen from here.
+struct Server {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    /// `http://127.0.0.1:PORT`, for `allowed_hosts`.
+    origin: String,
+    /// What each request GETs.
+    url: String,
+}
+
+impl Server {
+    /// Starts the server process; requests go to a path answered after
+    /// `service_ms` milliseconds (at once for 0).
+    fn start(service_ms: u64) -> Server {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .arg("--serve")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the server process starts");
+        let stdin = child.stdin.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut addr = String::new();
+        stdout.read_line(&mut addr).unwrap();
+        let origin = format!("http://{}", addr.trim());
+        let url = match service_ms {
+            0 => format!("{origin}/hello"),
+            ms => format!("{origin}/slow/{ms}"),
+        };
+        Server {
+            child,
+            stdin,
+            stdout,
+            origin,
+            url,
+        }
+    }
+
+    /// (connections accepted, requests answered) so far.
+    fn stats(&mut self) -> (u64, u64) {
+        writeln!(self.stdin, "stats").unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let mut parts = line.split_whitespace().map(|n| n.parse::<u64>().unwrap());
+        (parts.next().unwrap(), parts.next().unwrap())
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One contender's figures in one round.
+struct Figures {
+    rate: f64,
+    cpu_us: f64,
+    connections_per_10k: f64,
+}
+
+impl Figures {
+    fn row(&self, what: &str) {
+        println!(
+            "{what}: {:.0} msg/s, cpu {:.1} µs/msg, {:.1} connections per 10,000 messages",
+            self.rate, self.cpu_us, self.connections_per_10k
+        );
+    }
+}
+
+/// CPU seconds used so far by this process (user + system).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
+    ticks / 100.0
+}
+
+/// Counts a timed window: rate and CPU.
+struct Meter {
+    started: Instant,
+    cpu: f64,
+}
+
+impl Meter {
+    fn start() -> Meter {
+        Meter {
+            started: Instant::now(),
+            cpu: cpu_seconds(),
+        }
+    }
+
+    /// The window's figures for `n` messages, during which the server
+    /// accepted `connections`.
+    fn finish(self, n: u64, connections: u64) -> Figures {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let cpu = cpu_seconds() - self.cpu;
+        Figures {
+            rate: n as f64 / elapsed,
+            cpu_us: cpu * 1e6 / n as f64,
+            connections_per_10k: connections as f64 * 10_000.0 / n as f64,
+        }
+    }
+}
+
+async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
+    let mut server = Server::start(service_ms);
+    println!(
+        "HTTP path on the broker at {}: {messages} messages per contender, {partitions} partition(s), {rounds} rounds, server at {}",
+        brokers(),
+        server.url
+    );
+    let input = preload(messages, partitions).await;
+    const BARE: &str = "bare hyper client, one request loop per partition";
+    const HOPPER: &str = "hopper, fetch handler: one GET per message, warm";
+    const NOOP: &str = "hopper, no-op handler (no request), warm";
+    let mut results: Vec<(&str, Vec<Figures>)> =
+        vec![(BARE, vec![]), (HOPPER, vec![]), (NOOP, vec![])];
+    for round in 1..=rounds {
+        println!("-- round {round}");
+        let bare = bare_client(&mut server, messages, partitions as u64).await;
+        bare.row(BARE);
+        results[0].1.push(bare);
+        let route = format!("[route.config]\nurl = \"{}\"\n", server.url);
+        let hosts = format!("allowed_hosts = [\"{}\"]\n", server.origin);
+        let fetch = hopper_route(
+            &mut server,
+            &input,
+            "fetch",
+            &format!("{hosts}{route}"),
+            messages,
+        )
+        .await;
+        fetch.row(HOPPER);
+        results[1].1.push(fetch);
+        let noop = hopper_route(&mut server, &input, "noop", "", messages).await;
+        noop.row(NOOP);
+        results[2].1.push(noop);
+    }
+    println!("-- medians over {rounds} rounds");
+    let median = |all: &[Figures], f: fn(&Figures) -> f64| {
+        let mut v: Vec<f64> = all.iter().map(f).collect();
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    let base = median(&results[0].1, |f| f.rate);
+    for (name, all) in &results {
+        let rate = median(all, |f| f.rate);
+        println!(
+            "{name}: {rate:.0} msg/s = {:.2}x the bare client (cpu {:.1} µs/msg, {:.1} connections per 10,000 messages; rounds {})",
+            rate / base,
+            median(all, |f| f.cpu_us),
+            median(all, |f| f.connections_per_10k),
+            all.iter()
+                .map(|f| format!("{:.2}x", f.rate / base))
+                .collect::<Vec<_>>()
+                .join(" ")
+        );
+    }
+}
+
+/// A new topic of `partitions` partitions holding `n` messages, keys
+/// spread over 1024.
+async fn preload(n: u64, partitions: i32) -> String {
+    let topic = rand_name("bench-http-in");
+    create_topics_with(&[&topic], partitions).await;
+    let producer: FutureProducer = client_config()
+        .set("linger.ms", "10")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .unwrap();
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let key = (i % 1024).to_string();
+        loop {
+            match producer.send_result(FutureRecord::to(&topic).key(&key).payload("go")) {
+                Ok(ack) => {
+                    acks.push(ack);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    }
+    for ack in acks {
+        ack.await.unwrap().map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+    topic
+}
+
+/// `loops` loops, each making its share of `n` GETs one after another on
+/// one pooled client, reading every body.
+async fn bare_client(server: &mut Server, n: u64, loops: u64) -> Figures {
+    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
+        .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let uri: http::Uri = server.url.parse().unwrap();
+    let (connections, requests) = server.stats();
+    let meter = Meter::start();
+    let tasks: Vec<_> = (0..loops)
+        .map(|i| {
+            let (client, uri) = (client.clone(), uri.clone());
+            let share = n / loops + u64::from(i < n % loops);
+            tokio::spawn(async move {
+                for _ in 0..share {
+                    let response = client.get(uri.clone()).await.unwrap();
+                    assert!(response.status().is_success());
+                    response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let figures = meter.finish(n, 0);
+    let (connections_after, requests_after) = server.stats();
+    assert_eq!(requests_after - requests, n);
+    Figures {
+        connections_per_10k: (connections_after - connections) as f64 * 10_000.0 / n as f64,
+        ..figures
+    }
+}
+
+/// Hopper with one route over `input`, timed from its first message
+/// handled to its `n`th handled `ok`.
+async fn hopper_route(
+    server: &mut Server,
+    input: &str,
+    handler: &str,
+    extra: &str,
+    n: u64,
+) -> Figures {
+    let name = rand_name("bench");
+    let config = TestConfig::new(&format!(
+        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\n{extra}\n",
+        plugin(handler).display()
+    ));
+    let (connections, requests) = server.stats();
+    let hopper = Hopper::start(config.config(), hopper_tests::options())
+        .await
+        .expect("hopper starts");
+    let ok = format!("hopper_handled_total{{route={name},verdict=ok}}");
+    let retryable = format!("hopper_handled_total{{route={name},verdict=retryable}}");
+    let deadline = Instant::now() + TIME_LIMIT;
+    let wait_for = |target: u64| {
+        let counters = hopper.telemetry().counters();
+        assert!(Instant::now() < deadline, "route {name} is stuck");
+        assert_eq!(
+            counters.get(&retryable).copied().unwrap_or(0),
+            0,
+            "the handler's requests fail"
+        );
+        counters.get(&ok).copied().unwrap_or(0) >= target
+    };
+    while !wait_for(1) {
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let meter = Meter::start();
+    while !wait_for(n) {
+        tokio::time::sleep(Duration::from_micros(500)).await;
+    }
+    let figures = meter.finish(n, 0);
+    hopper.stop().await;
+    let (connections_after, requests_after) = server.stats();
+    if handler == "fetch" {
+        assert_eq!(requests_after - requests, n, "one request per message");
+    }
+    Figures {
+        connections_per_10k: (connections_after - connections) as f64 * 10_000.0 / n as f64,
+        ..figures
+    }
+}
