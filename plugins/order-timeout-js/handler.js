@@ -1,16 +1,23 @@
-// The order-timeout handler in JavaScript, built with jco (componentize-js).
+// The order-timeout handler in JavaScript, built with componentize-js with
+// its `http` feature, which provides `fetch` over wasi:http.
 //
-// The same logic, log lines and failure reasons as the Rust handler in
-// plugins/order-timeout/src/lib.rs; see there for the payload and verdicts.
-// Only the text after `payload is not an order: ` differs, because it comes
-// from a different JSON parser.
+// The same logic, requests, log lines, failure reasons and emitted records
+// as the Rust handler in plugins/order-timeout/src/lib.rs; see there for the
+// payload, the config values and the verdicts. Only the text after
+// `payload is not an order: ` differs, because it comes from a different
+// JSON parser, and the detail of a transport error in the log.
+//
+// `handle` is async because `fetch` is: componentize-js runs the event loop
+// until the promise settles, behind the synchronous WIT export. A promise
+// that rejects traps the call, so every path here returns an outcome.
 
 import { log } from "hopper:handler/log@0.1.1";
 import { get } from "hopper:handler/config@0.1.1";
+import { publish } from "hopper:handler/emit@0.1.1";
 
 class NotAnOrder extends Error {}
 
-/** { orderId, status, downstream } from JSON, or throws NotAnOrder. */
+/** The `order_id` of an order's timeout, or throws NotAnOrder. */
 function parseOrder(payload) {
   let value;
   try {
@@ -23,19 +30,105 @@ function parseOrder(payload) {
     const type = value === null ? "null" : Array.isArray(value) ? "array" : typeof value;
     throw new NotAnOrder(`invalid type: ${type}, expected an object`);
   }
-  for (const name of ["order_id", "status"]) {
-    if (!Object.hasOwn(value, name)) {
-      throw new NotAnOrder(`missing field \`${name}\``);
-    }
-    if (typeof value[name] !== "string") {
-      throw new NotAnOrder(`invalid type for \`${name}\`, expected a string`);
-    }
+  if (!Object.hasOwn(value, "order_id")) {
+    throw new NotAnOrder("missing field `order_id`");
   }
-  const downstream = value.downstream ?? null;
-  if (downstream !== null && typeof downstream !== "string") {
-    throw new NotAnOrder("invalid type for `downstream`, expected a string");
+  const order = value.order_id;
+  if (typeof order !== "string") {
+    throw new NotAnOrder("invalid type for `order_id`, expected a string");
   }
-  return { orderId: value.order_id, status: value.status, downstream };
+  // JSON.parse accepts a lone surrogate escape; no parser of the other
+  // builds does, and it has no UTF-8 form.
+  if (!order.isWellFormed()) {
+    throw new NotAnOrder("lone surrogate in `order_id`");
+  }
+  return order;
+}
+
+/** `{base}/orders/{order}/close`, or null when `base` is not
+ * `http(s)://authority[/prefix]`. */
+function closeUrl(base, order) {
+  let rest;
+  if (base.startsWith("http://")) {
+    rest = base.slice("http://".length);
+  } else if (base.startsWith("https://")) {
+    rest = base.slice("https://".length);
+  } else {
+    return null;
+  }
+  const slash = rest.indexOf("/");
+  const authority = slash < 0 ? rest : rest.slice(0, slash);
+  const prefix = slash < 0 ? "" : rest.slice(slash);
+  if (authority === "" || rest.includes("?") || rest.includes("#")) {
+    return null;
+  }
+  let segment = "";
+  for (const byte of new TextEncoder().encode(order)) {
+    const c = String.fromCharCode(byte);
+    segment += /[A-Za-z0-9\-._~]/.test(c)
+      ? c
+      : `%${byte.toString(16).toUpperCase().padStart(2, "0")}`;
+  }
+  const scheme = base.slice(0, base.length - rest.length);
+  return `${scheme}${authority}${prefix.replace(/\/+$/, "")}/orders/${segment}/close`;
+}
+
+/** The contract's words for a refused emit, the same in every language. */
+function refused(err) {
+  switch (err.tag) {
+    case "topic-not-granted":
+      return `topic ${err.val} is not granted`;
+    case "too-many-records":
+      return `more than ${err.val} records`;
+    case "too-large":
+      return `more than ${err.val} bytes`;
+    case "no-delay-relay":
+      return "no delay relay";
+    default:
+      return `invalid record: ${err.val}`;
+  }
+}
+
+/** The order is closed: publish the service's record of it. */
+function announce(order, topic, body) {
+  let id;
+  try {
+    id = publish({
+      topic,
+      key: new TextEncoder().encode(order),
+      payload: body,
+      headers: [{ key: "content-type", value: new TextEncoder().encode("application/json") }],
+      delayMs: undefined,
+    });
+  } catch (err) {
+    // The emit-error variant, thrown; some bindings wrap it in `payload`.
+    const why = refused(err?.payload ?? err);
+    return fatal(`cannot announce order ${order} on ${topic}: ${why}`);
+  }
+  log("info", `Closed unpaid order ${order}; announced it on ${topic} as ${id}.`);
+  return { tag: "ok" };
+}
+
+/** 409: the service would not close the order; its status says why. */
+function nothingToClose(order, body) {
+  let status = "";
+  try {
+    const value = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(body));
+    if (value !== null && typeof value === "object" && typeof value.status === "string") {
+      status = value.status;
+    }
+  } catch {
+    // Not JSON: no status.
+  }
+  if (status === "paid" || status === "cancelled") {
+    log("info", `Order ${order} is ${status}, nothing to close.`);
+    return { tag: "ok" };
+  }
+  return fatal(`order ${order} has unknown status \`${status}\``);
+}
+
+function retryable(reason) {
+  return { tag: "retryable", val: { reason, retryAfterMs: undefined } };
 }
 
 function fatal(reason) {
@@ -43,47 +136,43 @@ function fatal(reason) {
   return { tag: "fatal", val: { reason, retryAfterMs: undefined } };
 }
 
-export function handle(message) {
+export async function handle(message) {
   let order;
   try {
     order = parseOrder(message.payload ?? new Uint8Array());
   } catch (err) {
-    if (err instanceof NotAnOrder) {
-      return fatal(`payload is not an order: ${err.message}`);
-    }
-    throw err;
+    return fatal(`payload is not an order: ${err.message}`);
   }
-  const service = get("order-service") ?? "orders";
-  const { orderId, status, downstream } = order;
-
-  switch (status) {
-    case "paid":
-    case "cancelled":
-    case "closed":
-      log("info", `Order ${orderId} is ${status}, nothing to close.`);
-      return { tag: "ok" };
-    case "pending":
-    case "unpaid": {
-      let unavailable = false;
-      if (downstream === "down") {
-        unavailable = true;
-      } else if (downstream === "flaky") {
-        unavailable = message.attempt < 3;
-      }
-      if (unavailable) {
-        log(
-          "warn",
-          `Service ${service} unavailable closing order ${orderId} on attempt ${message.attempt}.`,
-        );
-        return {
-          tag: "retryable",
-          val: { reason: `${service} service unavailable`, retryAfterMs: undefined },
-        };
-      }
-      log("info", `Closed unpaid order ${orderId} via ${service}.`);
-      return { tag: "ok" };
-    }
-    default:
-      return fatal(`order ${orderId} has unknown status \`${status}\``);
+  const base = get("order-service");
+  if (base === undefined) {
+    return fatal("route config sets no `order-service` URL");
   }
+  const topic = get("closed-topic") ?? "orders.closed";
+  const url = closeUrl(base, order);
+  if (url === null) {
+    return fatal(`\`order-service\` is not an http(s) URL: \`${base}\``);
+  }
+  let status, body;
+  try {
+    const response = await fetch(url, { method: "POST" });
+    status = response.status;
+    body = new Uint8Array(await response.arrayBuffer());
+  } catch (err) {
+    log("warn", `Order service unreachable closing order ${order}: ${err.message}.`);
+    return retryable("order service unreachable");
+  }
+  if (status === 200) {
+    return announce(order, topic, body);
+  }
+  if (status === 409) {
+    return nothingToClose(order, body);
+  }
+  if (status === 404) {
+    return fatal(`order ${order} is unknown to the order service`);
+  }
+  if (status >= 500 && status <= 599) {
+    log("warn", `Order service unavailable (HTTP ${status}) closing order ${order}.`);
+    return retryable(`order service unavailable (HTTP ${status})`);
+  }
+  return fatal(`order service answered HTTP ${status} closing order ${order}`);
 }

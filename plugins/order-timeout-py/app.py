@@ -1,23 +1,48 @@
-"""The order-timeout handler in Python, built with componentize-py.
+"""The order-timeout handler in Python, built with componentize-py for the
+`handler-http` world.
 
-The same logic, log lines and failure reasons as the Rust handler in
-plugins/order-timeout/src/lib.rs; see there for the payload and verdicts.
-Only the text after `payload is not an order: ` differs, because it comes
-from a different JSON parser.
+The same logic, requests, log lines, failure reasons and emitted records as
+the Rust handler in plugins/order-timeout/src/lib.rs; see there for the
+payload, the config values and the verdicts. Only the text after
+`payload is not an order: ` differs, because it comes from a different JSON
+parser, and the detail of a transport error in the log.
+
+HTTP goes through componentize-py's `poll_loop` helper. It imports the
+wasi:http types as `wit_world.imports.types`, but this world has two
+interfaces called `types` (hopper's and wasi:http's), so componentize-py
+names them `hopper_handler_types` and `wasi_http_types`. The alias below
+lets `poll_loop` find the wasi:http ones; it must run before the import.
 """
 
+import asyncio
 import json
+import sys
 
 import wit_world
-from wit_world.imports import config, log
+from wit_world import imports
+from wit_world.imports import config, emit, log, wasi_http_types
 from wit_world.imports.log import Level
-from wit_world.imports.types import (
+
+imports.types = wasi_http_types
+sys.modules["wit_world.imports.types"] = wasi_http_types
+
+import poll_loop  # noqa: E402  (needs the alias above)
+from componentize_py_types import Err  # noqa: E402
+from wit_world.imports.hopper_handler_types import (  # noqa: E402
     Failure,
+    Header,
     Message,
     Outcome,
     Outcome_Fatal,
     Outcome_Ok,
     Outcome_Retryable,
+)
+from wit_world.imports.wasi_http_types import (  # noqa: E402
+    Fields,
+    Method_Post,
+    OutgoingRequest,
+    Scheme_Http,
+    Scheme_Https,
 )
 
 
@@ -25,25 +50,129 @@ class NotAnOrder(Exception):
     pass
 
 
-def parse_order(payload: bytes):
-    """(order_id, status, downstream) from JSON, or NotAnOrder."""
+class Unreachable(Exception):
+    """No answer from the order service; the text says why."""
+
+
+def parse_order(payload: bytes) -> str:
+    """The `order_id` of an order's timeout, or NotAnOrder."""
     try:
         value = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as err:
         raise NotAnOrder(str(err)) from None
     if not isinstance(value, dict):
         raise NotAnOrder(f"invalid type: {type(value).__name__}, expected an object")
-    fields = []
-    for name in ("order_id", "status"):
-        if name not in value:
-            raise NotAnOrder(f"missing field `{name}`")
-        if not isinstance(value[name], str):
-            raise NotAnOrder(f"invalid type for `{name}`, expected a string")
-        fields.append(value[name])
-    downstream = value.get("downstream")
-    if downstream is not None and not isinstance(downstream, str):
-        raise NotAnOrder("invalid type for `downstream`, expected a string")
-    return fields[0], fields[1], downstream
+    if "order_id" not in value:
+        raise NotAnOrder("missing field `order_id`")
+    order = value["order_id"]
+    if not isinstance(order, str):
+        raise NotAnOrder("invalid type for `order_id`, expected a string")
+    try:
+        order.encode("utf-8")
+    except UnicodeEncodeError:
+        # json.loads accepts a lone surrogate escape; no JSON parser of the
+        # other builds does.
+        raise NotAnOrder("lone surrogate in `order_id`") from None
+    return order
+
+
+def close_url(base: str, order: str):
+    """(https, authority, path) of `{base}/orders/{order}/close`, or None
+    when `base` is not `http(s)://authority[/prefix]`."""
+    if base.startswith("http://"):
+        https, rest = False, base[len("http://") :]
+    elif base.startswith("https://"):
+        https, rest = True, base[len("https://") :]
+    else:
+        return None
+    slash = rest.find("/")
+    authority, prefix = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    if not authority or "?" in rest or "#" in rest:
+        return None
+    segment = "".join(
+        chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "-._~") else f"%{b:02X}"
+        for b in order.encode("utf-8")
+    )
+    return https, authority, f"{prefix.rstrip('/')}/orders/{segment}/close"
+
+
+async def fetch(request: OutgoingRequest):
+    response = await poll_loop.send(request)
+    status = response.status()
+    body = bytearray()
+    stream = poll_loop.Stream(response.consume())
+    while (chunk := await stream.next()) is not None:
+        body += chunk
+    return status, bytes(body)
+
+
+def post(https: bool, authority: str, path: str):
+    """(status, body) of `POST` with an empty body, or Unreachable."""
+    request = OutgoingRequest(Fields())
+    try:
+        request.set_method(Method_Post())
+        request.set_scheme(Scheme_Https() if https else Scheme_Http())
+        request.set_authority(authority)
+        request.set_path_with_query(path)
+    except Err:
+        raise Unreachable(f"invalid request to {authority}{path}") from None
+    loop = poll_loop.PollLoop()
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(fetch(request))
+    except Err as err:
+        raise Unreachable(type(err.value).__name__) from None
+    finally:
+        loop.close()
+
+
+def refused(err) -> str:
+    """The contract's words for a refused emit, the same in every language."""
+    if isinstance(err, emit.EmitError_TopicNotGranted):
+        return f"topic {err.value} is not granted"
+    if isinstance(err, emit.EmitError_TooManyRecords):
+        return f"more than {err.value} records"
+    if isinstance(err, emit.EmitError_TooLarge):
+        return f"more than {err.value} bytes"
+    if isinstance(err, emit.EmitError_NoDelayRelay):
+        return "no delay relay"
+    return f"invalid record: {err.value}"
+
+
+def announce(order: str, topic: str, body: bytes) -> Outcome:
+    """The order is closed: publish the service's record of it."""
+    record = emit.Outgoing(
+        topic=topic,
+        key=order.encode("utf-8"),
+        payload=body,
+        headers=[Header(key="content-type", value=b"application/json")],
+        delay_ms=None,
+    )
+    try:
+        id = emit.publish(record)
+    except Err as err:
+        return fatal(f"cannot announce order {order} on {topic}: {refused(err.value)}")
+    log.log(Level.INFO, f"Closed unpaid order {order}; announced it on {topic} as {id}.")
+    return Outcome_Ok()
+
+
+def nothing_to_close(order: str, body: bytes) -> Outcome:
+    """409: the service would not close the order; its status says why."""
+    try:
+        value = json.loads(body.decode("utf-8"))
+        status = value["status"] if isinstance(value, dict) else ""
+        if not isinstance(status, str):
+            status = ""
+    except (UnicodeDecodeError, ValueError, KeyError):
+        status = ""
+    if status in ("paid", "cancelled"):
+        log.log(Level.INFO, f"Order {order} is {status}, nothing to close.")
+        return Outcome_Ok()
+    return fatal(f"order {order} has unknown status `{status}`")
+
+
+def retryable(reason: str) -> Outcome:
+    return Outcome_Retryable(Failure(reason=reason, retry_after_ms=None))
 
 
 def fatal(reason: str) -> Outcome:
@@ -54,31 +183,33 @@ def fatal(reason: str) -> Outcome:
 class WitWorld(wit_world.WitWorld):
     def handle(self, message: Message) -> Outcome:
         try:
-            order_id, status, downstream = parse_order(message.payload or b"")
+            order = parse_order(message.payload or b"")
         except NotAnOrder as err:
             return fatal(f"payload is not an order: {err}")
-        service = config.get("order-service")
-        if service is None:
-            service = "orders"
-
-        if status in ("paid", "cancelled", "closed"):
-            log.log(Level.INFO, f"Order {order_id} is {status}, nothing to close.")
-            return Outcome_Ok()
-        if status in ("pending", "unpaid"):
-            if downstream == "down":
-                unavailable = True
-            elif downstream == "flaky":
-                unavailable = message.attempt < 3
-            else:
-                unavailable = False
-            if unavailable:
-                log.log(
-                    Level.WARN,
-                    f"Service {service} unavailable closing order {order_id} on attempt {message.attempt}.",
-                )
-                return Outcome_Retryable(
-                    Failure(reason=f"{service} service unavailable", retry_after_ms=None)
-                )
-            log.log(Level.INFO, f"Closed unpaid order {order_id} via {service}.")
-            return Outcome_Ok()
-        return fatal(f"order {order_id} has unknown status `{status}`")
+        base = config.get("order-service")
+        if base is None:
+            return fatal("route config sets no `order-service` URL")
+        topic = config.get("closed-topic")
+        if topic is None:
+            topic = "orders.closed"
+        url = close_url(base, order)
+        if url is None:
+            return fatal(f"`order-service` is not an http(s) URL: `{base}`")
+        try:
+            status, body = post(*url)
+        except Unreachable as err:
+            log.log(Level.WARN, f"Order service unreachable closing order {order}: {err}.")
+            return retryable("order service unreachable")
+        if status == 200:
+            return announce(order, topic, body)
+        if status == 409:
+            return nothing_to_close(order, body)
+        if status == 404:
+            return fatal(f"order {order} is unknown to the order service")
+        if 500 <= status <= 599:
+            log.log(
+                Level.WARN,
+                f"Order service unavailable (HTTP {status}) closing order {order}.",
+            )
+            return retryable(f"order service unavailable (HTTP {status})")
+        return fatal(f"order service answered HTTP {status} closing order {order}")

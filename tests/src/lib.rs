@@ -124,6 +124,19 @@ pub fn plugin(name: &str) -> PathBuf {
     path.canonicalize().unwrap()
 }
 
+/// The four builds of the order-timeout handler (plugins/order-timeout*),
+/// by file stem in plugins/dist; the Rust one, the reference, first.
+pub const ORDER_TIMEOUT_BUILDS: [&str; 4] = [
+    "order_timeout",
+    "order_timeout_py",
+    "order_timeout_js",
+    "order_timeout_c",
+];
+
+/// Prefix of the order-timeout handlers' reason for a payload that is not an
+/// order; the rest is the JSON parser's own words, which differ by language.
+pub const NOT_AN_ORDER: &str = "payload is not an order: ";
+
 /// A one-route config around `handler`, with unique topic and group names.
 /// `extra` is appended inside the route table.
 pub struct TestRoute {
@@ -164,6 +177,23 @@ impl TestRoute {
             .await
             .expect("hopper starts")
     }
+}
+
+/// A route around `handler` named `direct`, resolved from a config file the
+/// way `hopper run` resolves it, for calling the handler without a broker.
+/// `extra` goes inside the route table.
+pub fn resolve_route(handler: &Path, extra: &str) -> hopper::config::Route {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hopper.toml");
+    let text = format!(
+        "[[route]]\nname = \"direct\"\ntopics = [\"direct.in\"]\nhandler = \"{}\"\n{extra}\n",
+        handler.display()
+    );
+    std::fs::write(&path, text).unwrap();
+    Config::load(&path)
+        .unwrap_or_else(|e| panic!("{e:#}"))
+        .routes
+        .remove(0)
 }
 
 /// The compiled-handler cache every test shares. Entries are keyed by the

@@ -1,11 +1,15 @@
 //! `hopper plugin new` in every language: the project builds with its one
-//! command, and `hopper plugin check` accepts the result.
+//! command, `hopper plugin check` accepts the result and names the grants it
+//! needs, and the handler makes its HTTP call and emits its record when a
+//! route grants them.
 //!
 //! The build scripts reuse the toolchains `cargo xtask build-plugins`
 //! installed (`HOPPER_TOOLS` points at them), and the Rust project builds in
 //! a target dir of its own that is kept between runs.
 
-use hopper_tests::hopper_bin;
+use hopper::plugin::{Delivery, Runtime, Verdict};
+use hopper_tests::{hopper_bin, resolve_route};
+use order_service::{Order, OrderService, Status};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -41,7 +45,8 @@ fn run_bounded(mut command: Command, what: &str) -> Output {
     child.wait_with_output().unwrap()
 }
 
-fn scaffold_build_check(lang: &'static str, root: PathBuf) -> Result<String, String> {
+/// Builds and checks a new project; returns its component.
+fn scaffold_build_check(lang: &'static str, root: PathBuf) -> Result<PathBuf, String> {
     let name = format!("hello-{lang}");
     let dir = root.join(lang);
     let mut new = Command::new(hopper_bin());
@@ -85,7 +90,85 @@ fn scaffold_build_check(lang: &'static str, root: PathBuf) -> Result<String, Str
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    Ok(text)
+    for grant in ["grant needed: HTTP", "grant needed: emit"] {
+        if !text.contains(grant) {
+            return Err(format!(
+                "{lang}: plugin check does not say `{grant}`:\n{text}"
+            ));
+        }
+    }
+    Ok(wasm)
+}
+
+/// Calls a template's handler directly: without config it only logs; with
+/// `lookup-url` and `out-topic` granted it GETs the URL once and passes the
+/// message on with the status in a header.
+async fn call_template(lang: &str, wasm: &Path, service: &OrderService) -> Result<(), String> {
+    let runtime = Runtime::new(256 << 20)
+        .unwrap()
+        .with_cache(hopper_tests::cache_dir())
+        .unwrap();
+    let url = service.url();
+    let bare = resolve_route(wasm, "timeout = \"5s\"\nmemory_mib = 256");
+    let granted = resolve_route(
+        wasm,
+        &format!(
+            "timeout = \"5s\"\nmemory_mib = 256\nallowed_hosts = [\"{url}\"]\nemit_topics = [\"enriched\"]\n\n[route.config]\nlookup-url = \"{url}/orders/o-1\"\nout-topic = \"enriched\""
+        ),
+    );
+    let delivery = || Delivery {
+        id: "m-1".into(),
+        topic: "direct.in".into(),
+        partition: 0,
+        offset: 0,
+        key: Some(b"k-1".to_vec()),
+        payload: Some(b"hello".to_vec()),
+        headers: Vec::new(),
+        timestamp: None,
+        attempt: 1,
+        route: "direct".into(),
+    };
+    let load = |route| {
+        runtime
+            .load(wasm, route)
+            .map_err(|e| format!("{lang}: {e}"))
+    };
+
+    let before = service.served().len();
+    let handled = load(&bare)?.run(delivery()).await;
+    if handled.verdict != Verdict::Ok || !handled.emitted.is_empty() {
+        return Err(format!("{lang}: without config: {:?}", handled.verdict));
+    }
+    if service.served().len() != before {
+        return Err(format!("{lang}: called the service without `lookup-url`"));
+    }
+
+    let handled = load(&granted)?.run(delivery()).await;
+    let [emitted] = handled.emitted.as_slice() else {
+        return Err(format!(
+            "{lang}: {:?} with {} records",
+            handled.verdict,
+            handled.emitted.len()
+        ));
+    };
+    let status = emitted
+        .headers
+        .iter()
+        .find(|(k, _)| k == "lookup-status")
+        .map(|(_, v)| String::from_utf8_lossy(v).into_owned());
+    let passed_on = handled.verdict == Verdict::Ok
+        && emitted.topic == "enriched"
+        && emitted.key.as_deref() == Some(&b"k-1"[..])
+        && emitted.payload.as_deref() == Some(&b"hello"[..])
+        && status.as_deref() == Some("200");
+    if !passed_on {
+        return Err(format!("{lang}: {:?} emitted {emitted:?}", handled.verdict));
+    }
+    let requests = service.served().len() - before;
+    if requests != 1 {
+        return Err(format!("{lang}: {requests} requests, not 1"));
+    }
+    Ok(())
 }
 
 #[test]
@@ -102,6 +185,21 @@ fn plugin_new_builds_and_checks_in_rust_python_javascript_and_c() {
     let results: Vec<_> = builds.into_iter().map(|b| b.join().unwrap()).collect();
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failures.is_empty(), "{failures:#?}");
+
+    // One at a time: the service's request count tells each call's apart.
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let service = OrderService::start([Order::new("o-1", Status::Pending)])
+            .await
+            .unwrap();
+        let mut failures = Vec::new();
+        for (lang, wasm) in ["rust", "python", "js", "c"].iter().zip(&results) {
+            if let Err(e) = call_template(lang, wasm.as_ref().unwrap(), &service).await {
+                failures.push(e);
+            }
+        }
+        assert!(failures.is_empty(), "{failures:#?}");
+    });
 }
 
 #[test]

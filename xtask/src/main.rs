@@ -1,6 +1,7 @@
 //! Project tooling: `cargo xtask <command>`.
 //!
-//! - `demo`: builds the handlers and runs the demo on the embedded broker.
+//! - `demo`: builds the Rust order-timeout handler (nothing else) and runs
+//!   the demo on the embedded broker.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
 //! - `build-plugins`: builds every handler component into `plugins/dist/`:
@@ -85,9 +86,22 @@ fn run(mut command: Command, what: &str) -> Result<()> {
     Ok(())
 }
 
-/// Builds every handler for wasm32-wasip2 and copies it to
-/// `plugins/dist/<crate_name>.wasm`, where configs and tests find it.
+/// Builds every handler into `plugins/dist/`: the Rust ones, then the
+/// Python, JavaScript and C ones.
 fn build_plugins() -> Result<()> {
+    build_rust_plugins(&PLUGINS)?;
+    polyglot::build(&dist())
+}
+
+/// Where configs and tests find the built handlers.
+fn dist() -> PathBuf {
+    root().join("plugins/dist")
+}
+
+/// Builds the Rust handlers `crates` for wasm32-wasip2 and copies each to
+/// `plugins/dist/<crate_name>.wasm`; with `order-timeout`, also its v2 (the
+/// demo's hot reload) as `order_timeout_v2.wasm`.
+fn build_rust_plugins(crates: &[&str]) -> Result<()> {
     step("building handler components (wasm32-wasip2, release)");
     let plugin_target = target_dir().join("plugins");
     let mut build = cargo();
@@ -101,37 +115,42 @@ fn build_plugins() -> Result<()> {
             "--target-dir",
         ])
         .arg(&plugin_target);
+    for name in crates {
+        build.args(["-p", name]);
+    }
     run(build, "building the handler components")?;
-    // Version 2 of the order-timeout handler, for the demo's hot reload. Its
-    // own target dir, so the two builds do not invalidate each other.
-    let v2_target = target_dir().join("plugins-v2");
-    let mut v2 = cargo();
-    v2.current_dir(root().join("plugins"))
-        .args([
-            "build",
-            "--release",
-            "--target",
-            "wasm32-wasip2",
-            "-p",
-            "order-timeout",
-        ])
-        .args(["--features", "refunds", "--target-dir"])
-        .arg(&v2_target);
-    run(v2, "building order-timeout v2")?;
-    let dist = root().join("plugins/dist");
-    std::fs::create_dir_all(&dist)?;
-    let v2 = (
-        "order_timeout_v2.wasm".to_string(),
-        v2_target.join("wasm32-wasip2/release/order_timeout.wasm"),
-    );
-    let builds = PLUGINS
+    let mut builds: Vec<(String, PathBuf)> = crates
         .iter()
         .map(|name| {
             let file = format!("{}.wasm", name.replace('-', "_"));
             let built = plugin_target.join("wasm32-wasip2/release").join(&file);
             (file, built)
         })
-        .chain([v2]);
+        .collect();
+    if crates.contains(&"order-timeout") {
+        // Version 2 of the order-timeout handler, for the demo's hot reload.
+        // Its own target dir, so the two builds do not invalidate each other.
+        let v2_target = target_dir().join("plugins-v2");
+        let mut v2 = cargo();
+        v2.current_dir(root().join("plugins"))
+            .args([
+                "build",
+                "--release",
+                "--target",
+                "wasm32-wasip2",
+                "-p",
+                "order-timeout",
+            ])
+            .args(["--features", "refunds", "--target-dir"])
+            .arg(&v2_target);
+        run(v2, "building order-timeout v2")?;
+        builds.push((
+            "order_timeout_v2.wasm".to_string(),
+            v2_target.join("wasm32-wasip2/release/order_timeout.wasm"),
+        ));
+    }
+    let dist = dist();
+    std::fs::create_dir_all(&dist)?;
     for (file, built) in builds {
         let dest = dist.join(&file);
         // Write a temp file and rename, so a running hopper never sees half a file.
@@ -144,11 +163,14 @@ fn build_plugins() -> Result<()> {
             std::fs::metadata(&dest)?.len() / 1024
         );
     }
-    polyglot::build(&dist)
+    Ok(())
 }
 
+/// The demo needs only the Rust order-timeout handler (v1 and v2): on a
+/// fresh machine it must not wait for the Python, JavaScript and C
+/// toolchains, which `build-plugins` installs.
 fn demo(rest: &[String]) -> Result<()> {
-    build_plugins()?;
+    build_rust_plugins(&["order-timeout"])?;
     step("running the demo on the embedded broker");
     let mut demo = cargo();
     demo.current_dir(root())

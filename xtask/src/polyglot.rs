@@ -114,18 +114,21 @@ pub fn build(dist: &Path) -> Result<()> {
 }
 
 /// componentize-py: `app.py` in `src` is the module that defines `WitWorld`.
+/// World `handler-http`: componentize-py generates bindings for every import
+/// of the world, so the wasi:http ones come only from a world that names it.
 pub fn build_python(tool: &Path, src: &Path, out: &Path) -> Result<()> {
     let mut c = Command::new(tool);
     c.current_dir(src)
         .arg("-d")
         .arg(root().join("wit"))
-        .args(["-w", "handler", "componentize", "app", "-o"])
+        .args(["-w", "handler-http", "componentize", "app", "-o"])
         .arg(out);
     run(c, &format!("componentize-py on {}", src.display()))
 }
 
 /// componentize-js: `handler.js` in `src` exports `handle`. Every WASI
-/// feature is disabled, so the component imports only the handler world.
+/// feature but `http` is disabled: `http` is what gives `fetch` (through
+/// wasi:http/outgoing-handler), the rest would only add imports.
 pub fn build_js(tool: &Path, src: &Path, out: &Path) -> Result<()> {
     let mut c = Command::new("node");
     c.current_dir(src)
@@ -134,7 +137,7 @@ pub fn build_js(tool: &Path, src: &Path, out: &Path) -> Result<()> {
         .arg("--wit")
         .arg(root().join("wit"))
         .args(["--world-name", "handler", "-d"])
-        .args(["stdio", "random", "clocks", "http", "fetch-event"])
+        .args(["stdio", "random", "clocks", "fetch-event"])
         .arg("-o")
         .arg(out);
     run(c, &format!("componentize-js on {}", src.display()))
@@ -147,13 +150,14 @@ pub struct CTools {
     pub jco: PathBuf,
 }
 
-/// C: bindings from wit-bindgen, clang for wasm32-wasi (a reactor: no
+/// C: bindings from wit-bindgen for world `handler-http` (`handler_http.h`,
+/// with the wasi:http bindings), clang for wasm32-wasi (a reactor: no
 /// `main`), then the core module is wrapped into a component.
 pub fn build_c(tools: &CTools, src: &Path, out: &Path) -> Result<()> {
     let work = tempdir("c-build")?;
     let mut bindgen = Command::new(&tools.wit_bindgen);
     bindgen
-        .args(["c", "--world", "handler", "--out-dir"])
+        .args(["c", "--world", "handler-http", "--out-dir"])
         .arg(&work)
         .arg(root().join("wit"));
     run(bindgen, "wit-bindgen c")?;
@@ -174,8 +178,8 @@ pub fn build_c(tools: &CTools, src: &Path, out: &Path) -> Result<()> {
     .arg("-I")
     .arg(&work)
     .args(&sources)
-    .arg(work.join("handler.c"))
-    .arg(work.join("handler_component_type.o"))
+    .arg(work.join("handler_http.c"))
+    .arg(work.join("handler_http_component_type.o"))
     .arg("-o")
     .arg(&core);
     run(cc, &format!("clang on {}", src.display()))?;
@@ -193,7 +197,10 @@ pub fn build_c(tools: &CTools, src: &Path, out: &Path) -> Result<()> {
 
 /// A hash of everything a component is built from.
 fn inputs_hash(src: &Path, lang: Lang) -> Result<String> {
-    let mut files = vec![root().join("wit/handler.wit")];
+    let mut files = vec![
+        root().join("wit/handler.wit"),
+        root().join("wit/handler-http.wit"),
+    ];
     for entry in std::fs::read_dir(src).with_context(|| format!("reading {}", src.display()))? {
         let path = entry?.path();
         if path.is_file() {

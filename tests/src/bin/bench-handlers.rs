@@ -7,13 +7,17 @@
 //! bench-handlers [CALLS]    # default 1000 calls per handler
 //! ```
 //!
-//! Calls go round-robin across the handlers, so a noisy neighbour slows all
-//! four alike. No broker is involved: this calls `hopper::plugin` directly.
+//! Each call takes the handler's common path: parse the JSON payload, read
+//! its config values, ask a loopback order service to close the order (one
+//! HTTP request through the route's pooled transport; the order is paid, so
+//! the service answers 409 and there is nothing to emit), log one line and
+//! return `ok`. Calls go round-robin across the handlers, so a noisy
+//! neighbour slows all four alike. No broker is involved: this calls
+//! `hopper::plugin` directly.
 
-use hopper::config::{Route, TrapPolicy};
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::plugin;
-use std::collections::BTreeMap;
+use hopper_tests::{plugin, resolve_route};
+use order_service::{Order, OrderService, Status};
 use std::time::{Duration, Instant};
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
@@ -38,42 +42,37 @@ async fn main() -> anyhow::Result<()> {
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(1000);
-    let route = Route {
-        name: "bench".into(),
-        topics: vec!["bench.in".into()],
-        handler: "unused".into(),
-        retry_ladder: vec![Duration::from_secs(1)],
-        max_attempts: 3,
-        dlq: "bench.dlq".into(),
-        group: "bench".into(),
-        retry_topic_prefix: "bench.retry".into(),
-        on_trap: TrapPolicy::DeadLetter,
-        timeout: Duration::from_secs(5),
-        memory_bytes: 256 << 20,
-        // The per-language figures are for a fresh instance per call.
-        instance: hopper::config::InstancePolicy::Fresh,
-        config: BTreeMap::from([("order-service".into(), "orders-api".into())]),
-        grants: Default::default(),
+    let orders = OrderService::start([Order::new("o-1", Status::Paid)]).await?;
+    // The per-language figures are for a fresh instance per call.
+    let route_for = |path: &std::path::Path| {
+        resolve_route(
+            path,
+            &format!(
+                "timeout = \"5s\"\nmemory_mib = 256\ninstance = \"fresh\"\nallowed_hosts = [\"{0}\"]\n\n[route.config]\norder-service = \"{0}\"",
+                orders.url()
+            ),
+        )
     };
-    let runtime = Runtime::new(route.memory_bytes)?;
+    let runtime = Runtime::new(256 << 20)?;
     let delivery = Delivery {
         id: "bench-1".into(),
         topic: "bench.in".into(),
         partition: 0,
         offset: 0,
         key: Some(b"o-1".to_vec()),
-        // The common path: parse, read config, log, ok.
-        payload: Some(br#"{"order_id":"o-1","status":"pending"}"#.to_vec()),
+        // The common path: parse, read config, one request, log, ok.
+        payload: Some(br#"{"order_id":"o-1"}"#.to_vec()),
         headers: vec![("hopper-id".into(), b"bench-1".to_vec())],
         timestamp: Some(0),
         attempt: 1,
-        route: "bench".into(),
+        route: "direct".into(),
     };
 
     let mut loaded = Vec::new();
     for (lang, stem) in HANDLERS {
         let path = plugin(stem);
         let size = std::fs::metadata(&path)?.len();
+        let route = route_for(&path);
         let started = Instant::now();
         let handler = runtime.load(&path, &route)?;
         let load = started.elapsed();

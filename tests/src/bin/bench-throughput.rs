@@ -29,6 +29,7 @@
 use hopper::Hopper;
 use hopper::embedded::EmbeddedBroker;
 use hopper_tests::*;
+use order_service::{Order, OrderService, Status};
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::OwnedHeaders;
@@ -445,11 +446,19 @@ impl Bench {
     async fn relay_vs_hopper(&self, n: u64, rounds: usize) {
         let ok = self.preload(n, "ok").await;
         let json = if self.runs("json") {
-            self.preload(n, r#"{"order_id":"o-1","status":"paid"}"#)
-                .await
+            self.preload(n, r#"{"order_id":"o-1"}"#).await
         } else {
             String::new()
         };
+        // The order-timeout handler asks this service about o-1 for every
+        // message: paid (409), nothing to close, `ok`, nothing emitted.
+        let orders = OrderService::start([Order::new("o-1", Status::Paid)])
+            .await
+            .expect("the order service starts");
+        let order_route = format!(
+            "allowed_hosts = [\"{0}\"]\n\n[route.config]\norder-service = \"{0}\"",
+            orders.url()
+        );
         let fatal = if self.runs("hop") || self.runs("sized") {
             self.preload(n, "fatal").await
         } else {
@@ -469,7 +478,7 @@ impl Bench {
         const METRICS: &str =
             "hopper, no-op handler, warm, metrics on (admin server, /metrics scraped every second)";
         const FRESH: &str = "hopper, no-op handler, fresh instance per message";
-        const JSON: &str = "hopper, order-timeout handler (parses JSON, decides ok), warm";
+        const JSON: &str = "hopper, order-timeout handler (parses JSON, one HTTP call to a loopback service, ok), warm";
         const SIZED: &str = "bare relay producing hopper's dead-letter headers (15 headers)";
         const HOP: &str = "hopper, handler says fatal (consume -> handler -> produce to the DLQ)";
         let mut dlq_headers = None;
@@ -490,7 +499,10 @@ impl Bench {
                 record(FRESH, fresh);
             }
             if self.runs("json") {
-                record(JSON, self.hopper_route(&json, "order_timeout", "", n).await);
+                let figures = self
+                    .hopper_route(&json, "order_timeout", &order_route, n)
+                    .await;
+                record(JSON, figures);
             }
             if self.runs("hop") || self.runs("sized") {
                 let (hop, headers) = self.hopper_hop(&fatal, n).await;

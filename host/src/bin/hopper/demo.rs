@@ -7,6 +7,7 @@ use hopper::events::Event;
 use hopper::headers;
 use hopper::kafka::Cluster;
 use hopper::{Hopper, Options};
+use order_service::{Order, OrderService, Status};
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
@@ -15,44 +16,50 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// Sample orders: (order id, payload, what should happen).
-const ORDERS: [(&str, &str, &str); 6] = [
+/// Sample orders: (order id, payload, what should happen). The payload is
+/// an order's timeout; what happens depends on what the order service says.
+const ORDERS: [(&str, &str, &str); 7] = [
     (
         "o-1001",
-        r#"{"order_id":"o-1001","status":"pending"}"#,
-        "closed on the first attempt",
+        r#"{"order_id":"o-1001"}"#,
+        "pending: closed on the first attempt",
     ),
     (
         "o-1002",
-        r#"{"order_id":"o-1002","status":"paid"}"#,
-        "already paid: nothing to do",
+        r#"{"order_id":"o-1002"}"#,
+        "already paid: nothing to close",
     ),
     (
         "o-1003",
-        r#"{"order_id":"o-1003","status":"pending","downstream":"flaky"}"#,
-        "order service flaky: two retries, then closed",
+        r#"{"order_id":"o-1003"}"#,
+        "service flaky (503 twice): two retries, then closed",
     ),
     (
         "o-1004",
-        r#"{"order_id":"o-1004","status":"refunded"}"#,
-        "unknown status: FATAL, straight to the DLQ",
+        r#"{"order_id":"o-1004"}"#,
+        "refunded, unknown to v1: FATAL, straight to the DLQ",
     ),
     (
         "o-1005",
-        r#"{"order_id":"o-1005","status":"pending","downstream":"down"}"#,
-        "order service down: RETRIES_EXHAUSTED in the DLQ",
+        r#"{"order_id":"o-1005"}"#,
+        "service down for it (503): RETRIES_EXHAUSTED in the DLQ",
     ),
     (
         "o-1006",
         "this is not json",
         "poison message: FATAL, straight to the DLQ",
     ),
+    (
+        "o-1009",
+        r#"{"order_id":"o-1009"}"#,
+        "unknown to the service (404): FATAL, straight to the DLQ",
+    ),
 ];
 
 /// An order sent through the delay relay.
 const DELAYED: (&str, &str, &str) = (
     "o-1007",
-    r#"{"order_id":"o-1007","status":"pending"}"#,
+    r#"{"order_id":"o-1007"}"#,
     "payment window of 4s, then closed by its delayed timeout",
 );
 
@@ -60,9 +67,23 @@ const DELAYED: (&str, &str, &str) = (
 /// unknown status, v2 handles it.
 const REFUNDED: (&str, &str, &str) = (
     "o-1008",
-    r#"{"order_id":"o-1008","status":"refunded"}"#,
+    r#"{"order_id":"o-1008"}"#,
     "refunded, after the reload: v2 handles what v1 dead-lettered (o-1004)",
 );
+
+/// What the order service knows: every sample order but o-1006 (not an
+/// order) and o-1009 (unknown).
+fn service_orders() -> Vec<Order> {
+    vec![
+        Order::new("o-1001", Status::Pending),
+        Order::new("o-1002", Status::Paid),
+        Order::new("o-1003", Status::Pending).flaky(2),
+        Order::new("o-1004", Status::Refunded),
+        Order::new("o-1005", Status::Pending).down(),
+        Order::new("o-1007", Status::Pending),
+        Order::new("o-1008", Status::Refunded),
+    ]
+}
 
 /// Where the demo's hot reload is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,6 +128,13 @@ pub async fn run(
         .join(built.file_name().context("handler has no file name")?);
     std::fs::copy(&built, &first.handler)
         .with_context(|| format!("copying {}", built.display()))?;
+    // The order service the handler calls. It listens on a free loopback
+    // port, which the route's config value points the handler at; the
+    // route grants `http://127.0.0.1:*` (examples/demo.toml).
+    let service = OrderService::start(service_orders())
+        .await
+        .context("starting the order service")?;
+    first.config.insert("order-service".into(), service.url());
     let route = first.clone();
     let cluster = Cluster::of(&settings.kafka)?;
     let delay = settings.delay.clone();
@@ -128,6 +156,15 @@ pub async fn run(
             .join(", "),
         route.dlq,
         route.max_attempts
+    );
+    println!(
+        "Order service listening on {} (try `curl {}/orders`); closed orders are announced on {}.",
+        service.url(),
+        service.url(),
+        route
+            .config
+            .get("closed-topic")
+            .map_or("orders.closed", String::as_str)
     );
 
     let producer = cluster.producer()?;
@@ -247,6 +284,23 @@ pub async fn run(
                         println!("{} sent {id} to {input}: {expect}", stamp());
                     }
                 }
+                Ok(Event::HttpRequest { id, method, url, status, error, took, .. }) => {
+                    let answer = match (status, error) {
+                        (Some(status), _) => status.to_string(),
+                        (None, Some(error)) => format!("no answer: {error}"),
+                        (None, None) => "no answer".into(),
+                    };
+                    println!("{} {id} handler → {method} {url}: {answer} ({took:.1?})", stamp());
+                }
+                Ok(Event::HttpDenied { id, method, url, reason, .. }) => {
+                    println!("{} {id} handler → {method} {url}: denied ({reason})", stamp());
+                }
+                Ok(Event::Emitted { id, topic, .. }) => {
+                    println!("{} {id} emitted to {topic}", stamp());
+                }
+                Ok(Event::EmitsDiscarded { id, count, verdict, .. }) => {
+                    println!("{} {id}: {count} emitted record(s) discarded, the verdict is {verdict}", stamp());
+                }
                 Ok(Event::HandlerReloadFailed { error, .. }) => {
                     println!("{} handler reload failed, the old version keeps serving: {error}", stamp());
                 }
@@ -276,6 +330,15 @@ pub async fn run(
         let got = settled.get(id).map(String::as_str).unwrap_or("not settled");
         println!("  {id}: {got:<32} expected: {expect}");
     }
+    let statuses: Vec<String> = service_orders()
+        .iter()
+        .map(|o| format!("{} {:?}", o.id, service.status(&o.id).unwrap_or(o.status)).to_lowercase())
+        .collect();
+    println!(
+        "Order service: {} requests answered; {}.",
+        service.served().len(),
+        statuses.join(", ")
+    );
     if linger {
         println!("Still running; press Ctrl-C to stop.");
         ctrl_c().await;

@@ -1,5 +1,13 @@
 //! {{name}}: a hopper handler. Hopper calls `handle` once per delivery of a
 //! Kafka message and routes the message on by the outcome.
+//!
+//! Besides deciding, it shows the two things a handler may be granted: one
+//! HTTP call (through `wasi:http`, with the `wasip2` crate) and one emitted
+//! record. Each happens only when the route's config asks for it:
+//! - `lookup-url`: a URL to GET for each message; the route must grant its
+//!   host in `allowed_hosts`;
+//! - `out-topic`: a topic to pass the message on to, with the lookup's
+//!   status in a header; the route must grant it in `emit_topics`.
 
 wit_bindgen::generate!({
     path: "wit",
@@ -7,24 +15,56 @@ wit_bindgen::generate!({
 });
 
 use hopper::handler::config;
+use hopper::handler::emit::{self, Outgoing};
 use hopper::handler::log::{Level, log};
-use hopper::handler::types::Failure;
+use hopper::handler::types::{Failure, Header};
+use wasip2::http::outgoing_handler;
+use wasip2::http::types::{Fields, Method, OutgoingRequest, Scheme};
 
 struct Handler;
 
 impl Guest for Handler {
     fn handle(message: Message) -> Outcome {
         let Some(payload) = message.payload else {
-            return Outcome::Fatal(Failure {
-                reason: "a tombstone has nothing to handle".to_string(),
-                retry_after_ms: None,
-            });
+            return fatal("a tombstone has nothing to handle".into());
         };
-        let greeting = config::get("greeting").unwrap_or_else(|| "Handled".to_string());
+        // One HTTP call. A service that does not answer, or answers 5xx,
+        // may be back later: retryable. Any other failure is fatal.
+        let mut status = None;
+        if let Some(url) = config::get("lookup-url") {
+            match get(&url) {
+                Ok(code) if (200..300).contains(&code) => status = Some(code),
+                Ok(code) if code >= 500 => {
+                    return retryable(format!("{url} answered HTTP {code}"));
+                }
+                Ok(code) => return fatal(format!("{url} answered HTTP {code}")),
+                Err(why) => return retryable(format!("{url} unreachable: {why}")),
+            }
+        }
+        // One emitted record. It is produced only if this call returns
+        // `ok`, before the message's offset is committed.
+        if let Some(topic) = config::get("out-topic") {
+            let record = Outgoing {
+                topic: topic.clone(),
+                key: message.key,
+                payload: Some(payload.clone()),
+                headers: status
+                    .map(|code| Header {
+                        key: "lookup-status".into(),
+                        value: code.to_string().into_bytes(),
+                    })
+                    .into_iter()
+                    .collect(),
+                delay_ms: None,
+            };
+            if let Err(err) = emit::publish(&record) {
+                return fatal(format!("cannot emit to {topic}: {err:?}"));
+            }
+        }
         log(
             Level::Info,
             &format!(
-                "{greeting} message {} ({} bytes) on attempt {}.",
+                "Handled message {} ({} bytes) on attempt {}.",
                 message.id,
                 payload.len(),
                 message.attempt
@@ -32,6 +72,48 @@ impl Guest for Handler {
         );
         Outcome::Ok
     }
+}
+
+/// The status of `GET url`, or why there is none (refused, timed out, not
+/// granted: the host answers `HTTP-request-denied`).
+fn get(url: &str) -> Result<u16, String> {
+    let (scheme, rest) = url.split_once("://").ok_or("not a URL")?;
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    let request = OutgoingRequest::new(Fields::new());
+    let scheme = match scheme {
+        "http" => Scheme::Http,
+        "https" => Scheme::Https,
+        _ => return Err(format!("unsupported scheme {scheme}")),
+    };
+    let path = if path.is_empty() { "/" } else { path };
+    request.set_method(&Method::Get).map_err(|()| "bad method")?;
+    request.set_scheme(Some(&scheme)).map_err(|()| "bad scheme")?;
+    request.set_authority(Some(authority)).map_err(|()| "bad host")?;
+    request.set_path_with_query(Some(path)).map_err(|()| "bad path")?;
+    let pending = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
+    // The export is synchronous: block until the answer is there.
+    pending.subscribe().block();
+    match pending.get() {
+        Some(Ok(Ok(response))) => Ok(response.status()),
+        Some(Ok(Err(code))) => Err(format!("{code:?}")),
+        _ => Err("no response".into()),
+    }
+}
+
+fn retryable(reason: String) -> Outcome {
+    log(Level::Warn, &reason);
+    Outcome::Retryable(Failure {
+        reason,
+        retry_after_ms: None,
+    })
+}
+
+fn fatal(reason: String) -> Outcome {
+    log(Level::Error, &reason);
+    Outcome::Fatal(Failure {
+        reason,
+        retry_after_ms: None,
+    })
 }
 
 export!(Handler);

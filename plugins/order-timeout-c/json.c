@@ -1,7 +1,7 @@
-// A small strict JSON reader (RFC 8259), enough to pick three string fields
-// out of one object and to reject anything that is not valid JSON.
+// A small strict JSON reader (RFC 8259), enough to pick a string field out
+// of one object and to reject anything that is not valid JSON.
 
-#include "order.h"
+#include "json.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -234,14 +234,14 @@ static const char *type_name(uint8_t c) {
   }
 }
 
-// Reads a field that must be a string (or, when `nullable`, null).
-static bool read_field(reader *r, const char *name, bool nullable, char **out) {
+// Reads a field that must be a string.
+static bool read_field(reader *r, const char *name, char **out) {
   skip_ws(r);
   if (r->p >= r->end) return fail(r, "EOF while parsing a value");
-  if (*r->p == 'n' && nullable) return expect_literal(r, "null");
   if (*r->p != '"') {
+    const uint8_t *at = r->p;
     if (!read_value(r, 1)) return false;
-    return fail(r, "invalid type: %s, expected a string for `%s`", type_name(*r->p), name);
+    return fail(r, "invalid type: %s, expected a string for `%s`", type_name(*at), name);
   }
   buffer b = {0};
   if (!read_string(r, &b)) {
@@ -254,10 +254,11 @@ static bool read_field(reader *r, const char *name, bool nullable, char **out) {
   return true;
 }
 
-bool order_parse(const uint8_t *payload, size_t len, order_t *order, char *error, size_t error_len) {
-  reader r = {payload, payload, payload + len, error, error_len, false};
-  memset(order, 0, sizeof *order);
-  bool seen_id = false, seen_status = false, seen_downstream = false;
+bool json_string_field(const uint8_t *text, size_t len, const char *name, char **out,
+                       char *error, size_t error_len) {
+  reader r = {text, text, text + len, error, error_len, false};
+  *out = NULL;
+  bool seen = false;
   skip_ws(&r);
   if (r.p >= r.end) {
     fail(&r, "EOF while parsing a value");
@@ -297,22 +298,14 @@ bool order_parse(const uint8_t *payload, size_t len, order_t *order, char *error
         goto bad;
       }
       r.p++;
-      const char *k = key.data ? key.data : "";
-      bool *seen = NULL;
-      char **slot = NULL;
-      bool nullable = false;
-      if (strcmp(k, "order_id") == 0) seen = &seen_id, slot = &order->order_id;
-      else if (strcmp(k, "status") == 0) seen = &seen_status, slot = &order->status;
-      else if (strcmp(k, "downstream") == 0)
-        seen = &seen_downstream, slot = &order->downstream, nullable = true;
       bool ok;
-      if (slot == NULL) {
+      if (strcmp(key.data ? key.data : "", name) != 0) {
         ok = read_value(&r, 1);
-      } else if (*seen) {
-        ok = fail(&r, "duplicate field `%s`", k);
+      } else if (seen) {
+        ok = fail(&r, "duplicate field `%s`", name);
       } else {
-        *seen = true;
-        ok = read_field(&r, k, nullable, slot);
+        seen = true;
+        ok = read_field(&r, name, out);
       }
       free(key.data);
       if (!ok) goto bad;
@@ -337,23 +330,13 @@ bool order_parse(const uint8_t *payload, size_t len, order_t *order, char *error
     fail(&r, "trailing characters");
     goto bad;
   }
-  if (!seen_id) {
-    fail(&r, "missing field `order_id`");
-    goto bad;
-  }
-  if (!seen_status) {
-    fail(&r, "missing field `status`");
+  if (!seen) {
+    fail(&r, "missing field `%s`", name);
     goto bad;
   }
   return true;
 bad:
-  order_free(order);
+  free(*out);
+  *out = NULL;
   return false;
-}
-
-void order_free(order_t *order) {
-  free(order->order_id);
-  free(order->status);
-  free(order->downstream);
-  memset(order, 0, sizeof *order);
 }
