@@ -123,6 +123,18 @@ pub enum Event {
         /// Epoch ms, for a delayed record.
         deliver_at: Option<i64>,
     },
+    /// The broker did not acknowledge a hop. A transient error is retried
+    /// with backoff; a hop refused for good is dead-lettered instead; a
+    /// dead-letter record refused for good stops the pipeline.
+    HopFailed {
+        /// The route, or `delay` for the relay.
+        route: String,
+        /// The topic the hop was for.
+        topic: String,
+        error: String,
+        /// `retried`, `dead_lettered` or `halted`.
+        outcome: &'static str,
+    },
     /// Records a handler emitted were dropped, because its verdict was not
     /// `ok`.
     EmitsDiscarded {
@@ -136,6 +148,10 @@ pub enum Event {
 }
 
 pub use crate::metrics::Counter;
+
+/// What became of a hop the broker did not acknowledge
+/// ([`Event::HopFailed`]).
+pub const HOP_FAILURE_OUTCOMES: [&str; 3] = ["retried", "dead_lettered", "halted"];
 
 /// Where events go, and where they are counted. Cheap to clone.
 #[derive(Clone)]
@@ -241,6 +257,34 @@ impl Telemetry {
                     "Emitted records discarded: the verdict is not ok."
                 );
                 self.metrics.emits_discarded(route, *count as u64);
+            }
+            Event::HopFailed {
+                route,
+                topic,
+                error,
+                outcome,
+            } => {
+                match *outcome {
+                    "retried" => tracing::warn!(
+                        route,
+                        topic,
+                        error,
+                        "Hop was not acknowledged; producing it again."
+                    ),
+                    "dead_lettered" => tracing::error!(
+                        route,
+                        topic,
+                        error,
+                        "Hop was refused for good; dead-lettering its message."
+                    ),
+                    _ => tracing::error!(
+                        route,
+                        topic,
+                        error,
+                        "Dead-letter record was refused for good; stopping."
+                    ),
+                }
+                self.metrics.hop_failed(route, outcome);
             }
             Event::RetryScheduled {
                 route,

@@ -25,6 +25,8 @@ pub const REASON: &str = "hopper-reason";
 pub const HANDLER: &str = "hopper-handler";
 pub const HANDLER_VERSION: &str = "hopper-handler-version";
 pub const TRAIL: &str = "hopper-trail";
+/// The full size in bytes of a payload cut to fit a dead-letter record.
+pub const PAYLOAD_SIZE: &str = "hopper-payload-size";
 pub const DUE_AT: &str = "hopper-due-at";
 /// Delay relay: the topic a delayed message goes to.
 pub const TARGET: &str = "hopper-target";
@@ -72,10 +74,18 @@ pub enum Reason {
     DelayTooLong,
     /// A replayed message came back to the dead-letter topic again.
     ReplayLoop,
+    /// The broker refused the message's next hop for good (its topic is
+    /// gone, hopper may not write to it, the producer failed fatally);
+    /// `hopper-last-error` names the topic and the broker's error.
+    HopFailed,
+    /// The message's next hop was larger than the broker accepts once
+    /// hopper's headers were added. Its payload is cut; its full size is in
+    /// `hopper-payload-size`.
+    RecordTooLarge,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 10] = [
+    pub const ALL: [Reason; 12] = [
         Reason::Retryable,
         Reason::Fatal,
         Reason::RetriesExhausted,
@@ -86,6 +96,8 @@ impl Reason {
         Reason::NoHandler,
         Reason::DelayTooLong,
         Reason::ReplayLoop,
+        Reason::HopFailed,
+        Reason::RecordTooLarge,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -100,6 +112,8 @@ impl Reason {
             Reason::NoHandler => "NO_HANDLER",
             Reason::DelayTooLong => "DELAY_TOO_LONG",
             Reason::ReplayLoop => "REPLAY_LOOP",
+            Reason::HopFailed => "HOP_FAILED",
+            Reason::RecordTooLarge => "RECORD_TOO_LARGE",
         }
     }
 

@@ -7,16 +7,26 @@
 //! future or channel is made per hop; the record is handed to librdkafka
 //! once, with its headers moved, not copied.
 //!
-//! A hop that fails to be acknowledged is produced again, with backoff, from
-//! the copy librdkafka hands back in the failed delivery report, so hopper
-//! keeps no copy of a record in flight. Its source offset stays unstored
-//! until some attempt succeeds.
+//! A hop that is not acknowledged is classified ([`classify`]):
+//! - a transient error (a broker down, a timeout, too few replicas) is
+//!   produced again, with backoff, from the copy librdkafka hands back in the
+//!   failed delivery report, so hopper keeps no copy of a record in flight.
+//!   Its source offset stays unstored until some attempt succeeds: a produce
+//!   that keeps failing never lets its source offset be committed;
+//! - a hop the broker refuses for good (too large once hopper's headers are
+//!   added, its topic deleted, not authorized, the idempotent producer's
+//!   fatal state) is dead-lettered instead, with reason `RECORD_TOO_LARGE`
+//!   (payload cut, full size recorded) or `HOP_FAILED`;
+//! - a dead-letter record refused for good has nowhere left to go: the
+//!   pipeline is halted ([`Halt`]), its offset is never completed, and
+//!   hopper exits non-zero.
 
 use crate::events::{Event, Telemetry};
-use crate::hop::{Completion, OutRecord};
+use crate::headers::{self, Reason};
+use crate::hop::{Completion, Halt, OutRecord};
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
-use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use std::sync::Arc;
@@ -25,11 +35,50 @@ use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TaskTrackerToken;
 
+/// Failures in a row after which a hop to a topic the broker does not know
+/// is refused for good: a topic being created answers well within this
+/// (100 ms + 200 ms + ... ≈ 3 s of backoff), a deleted one never does.
+const UNKNOWN_TOPIC_TRIES: u32 = 5;
+
+/// What a produce error means for the hop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Try again after a backoff.
+    Transient,
+    /// The record is larger than the broker accepts: dead-letter it with its
+    /// payload cut.
+    TooLarge,
+    /// The broker will never accept it: dead-letter it.
+    Refused,
+}
+
+/// Classifies librdkafka's error `code` for a hop that has now failed
+/// `failures` times in a row.
+pub fn classify(code: RDKafkaErrorCode, failures: u32) -> Failure {
+    use RDKafkaErrorCode as E;
+    match code {
+        E::MessageSizeTooLarge | E::MessageBatchTooLarge => Failure::TooLarge,
+        E::TopicAuthorizationFailed
+        | E::ClusterAuthorizationFailed
+        | E::Fatal
+        | E::InvalidArgument
+        | E::InvalidRecord
+        | E::InvalidTopic
+        | E::PolicyViolation => Failure::Refused,
+        E::UnknownTopic | E::UnknownTopicOrPartition | E::UnknownPartition
+            if failures >= UNKNOWN_TOPIC_TRIES =>
+        {
+            Failure::Refused
+        }
+        _ => Failure::Transient,
+    }
+}
+
 /// A hop on its way to the broker: what its acknowledgement completes.
 pub struct InFlight {
     done: Completion,
     event: Option<Event>,
-    /// Failed deliveries so far, for the backoff.
+    /// Failed deliveries in a row, for the backoff and [`classify`].
     failures: u32,
     /// The record's timestamp, which a failed delivery report lacks.
     timestamp: i64,
@@ -37,10 +86,12 @@ pub struct InFlight {
     _pending: TaskTrackerToken,
 }
 
-/// A hop to produce again after a failed delivery.
+/// A hop to produce again after a failed delivery, or to dead-letter.
 struct Redo {
     record: OutRecord,
     hop: Box<InFlight>,
+    /// Set when the broker refused the hop for good: why, and its error.
+    refused: Option<(Reason, String)>,
 }
 
 /// The producer's context: completes acknowledged hops.
@@ -72,12 +123,6 @@ impl ProducerContext for HopContext {
                 }
             }
             Err((e, message)) => {
-                tracing::warn!(
-                    pipeline = self.pipeline,
-                    topic = message.topic(),
-                    error = %e,
-                    "Hop was not acknowledged; producing again."
-                );
                 hop.failures += 1;
                 let record = OutRecord {
                     topic: message.topic().to_string(),
@@ -86,11 +131,35 @@ impl ProducerContext for HopContext {
                     headers: message.headers().map(|h| h.detach()).unwrap_or_default(),
                     timestamp: hop.timestamp,
                 };
+                let refused = refusal(e, hop.failures, &record.topic);
+                if refused.is_none() {
+                    self.telemetry.emit(Event::HopFailed {
+                        route: self.pipeline.clone(),
+                        topic: record.topic.clone(),
+                        error: e.to_string(),
+                        outcome: "retried",
+                    });
+                }
                 // Only fails at shutdown; the offset then stays unstored and
                 // the message is read again on restart.
-                let _ = self.redo.send(Redo { record, hop });
+                let _ = self.redo.send(Redo {
+                    record,
+                    hop,
+                    refused,
+                });
             }
         }
+    }
+}
+
+/// Why the broker refused a hop to `topic` for good, if it did.
+fn refusal(error: &KafkaError, failures: u32, topic: &str) -> Option<(Reason, String)> {
+    let code = error.rdkafka_error_code()?;
+    let text = format!("producing to `{topic}` failed: {error}");
+    match classify(code, failures) {
+        Failure::Transient => None,
+        Failure::TooLarge => Some((Reason::RecordTooLarge, text)),
+        Failure::Refused => Some((Reason::HopFailed, text)),
     }
 }
 
@@ -99,26 +168,40 @@ impl ProducerContext for HopContext {
 pub struct HopProducer {
     producer: ThreadedProducer<HopContext>,
     pending: TaskTracker,
+    pipeline: String,
+    /// Where hops refused for good go.
+    dlq: String,
+    telemetry: Telemetry,
+    /// Set when a dead-letter record is refused for good.
+    halt: Arc<Halt>,
 }
 
 impl HopProducer {
     /// Wraps a producer created from `config`, and starts the task that
-    /// produces failed hops again. `pending` counts hops in flight.
+    /// produces failed hops again. `pending` counts hops in flight; hops
+    /// refused for good go to `dlq`, and a dead-letter record refused for
+    /// good sets `halt`.
     pub fn new(
         config: &rdkafka::ClientConfig,
         pipeline: &str,
+        dlq: &str,
         telemetry: Telemetry,
         pending: TaskTracker,
+        halt: Arc<Halt>,
     ) -> anyhow::Result<Arc<HopProducer>> {
         let (redo, redos) = mpsc::unbounded_channel();
         let context = HopContext {
             pipeline: pipeline.to_string(),
-            telemetry,
+            telemetry: telemetry.clone(),
             redo,
         };
         let producer = Arc::new(HopProducer {
             producer: config.create_with_context(context)?,
             pending,
+            pipeline: pipeline.to_string(),
+            dlq: dlq.to_string(),
+            telemetry,
+            halt,
         });
         tokio::spawn(produce_again(Arc::downgrade(&producer), redos));
         Ok(producer)
@@ -141,7 +224,8 @@ impl HopProducer {
     }
 
     /// Enqueues `record`; once it is acknowledged, `event` is emitted and
-    /// `done` completed. Waits only while the producer's queue is full.
+    /// `done` completed. Waits only while the producer's queue is full, or
+    /// while the producer refuses to enqueue for a transient reason.
     pub async fn send(&self, record: OutRecord, done: Completion, event: Option<Event>) {
         let hop = Box::new(InFlight {
             done,
@@ -153,56 +237,181 @@ impl HopProducer {
         self.enqueue(record, hop).await;
     }
 
-    async fn enqueue(&self, record: OutRecord, hop: Box<InFlight>) {
+    async fn enqueue(&self, record: OutRecord, mut hop: Box<InFlight>) {
         let OutRecord {
             topic,
             key,
             payload,
-            headers,
+            mut headers,
             timestamp,
         } = record;
-        let mut base = BaseRecord::<[u8], [u8], Box<InFlight>>::with_opaque_to(&topic, hop)
-            .timestamp(timestamp)
-            .headers(headers);
-        if let Some(key) = &key {
-            base = base.key(key.as_slice());
-        }
-        if let Some(payload) = &payload {
-            base = base.payload(payload.as_slice());
-        }
         loop {
-            match self.producer.send(base) {
-                Ok(()) => return,
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
-                    base = back;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                Err((e, back)) => {
-                    tracing::warn!(topic, error = %e, "Cannot enqueue hop; retrying.");
-                    base = back;
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
+            let mut base = BaseRecord::<[u8], [u8], Box<InFlight>>::with_opaque_to(&topic, hop)
+                .timestamp(timestamp)
+                .headers(headers);
+            if let Some(key) = &key {
+                base = base.key(key.as_slice());
             }
+            if let Some(payload) = &payload {
+                base = base.payload(payload.as_slice());
+            }
+            let (e, back) = match self.producer.send(base) {
+                Ok(()) => return,
+                Err(failed) => failed,
+            };
+            hop = back.delivery_opaque;
+            headers = back.headers.unwrap_or_else(OwnedHeaders::new);
+            if let KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) = e {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                continue;
+            }
+            hop.failures += 1;
+            if let Some((reason, error)) = refusal(&e, hop.failures, &topic) {
+                let record = OutRecord {
+                    topic,
+                    key,
+                    payload,
+                    headers,
+                    timestamp,
+                };
+                Box::pin(self.refused(record, hop, reason, error)).await;
+                return;
+            }
+            self.telemetry.emit(Event::HopFailed {
+                route: self.pipeline.clone(),
+                topic: topic.clone(),
+                error: e.to_string(),
+                outcome: "retried",
+            });
+            tokio::time::sleep(backoff(hop.failures)).await;
         }
+    }
+
+    /// A hop the broker refused for good: its dead-letter record takes its
+    /// place (same completion, so the source offset is done once the DLQ
+    /// record is acknowledged). A dead-letter record refused for good halts
+    /// the pipeline, and its source offset is never completed.
+    async fn refused(&self, record: OutRecord, hop: Box<InFlight>, reason: Reason, error: String) {
+        // A dead-letter record too large with its payload whole is tried
+        // once more, cut; one refused otherwise has nowhere left to go.
+        let cuttable = reason == Reason::RecordTooLarge
+            && record
+                .payload
+                .as_ref()
+                .is_some_and(|p| p.len() > crate::dlq::CUT_PAYLOAD_BYTES);
+        if record.topic == self.dlq && !cuttable {
+            self.telemetry.emit(Event::HopFailed {
+                route: self.pipeline.clone(),
+                topic: record.topic,
+                error: error.clone(),
+                outcome: "halted",
+            });
+            self.halt.fail(format!(
+                "a dead-letter record of `{}` was refused for good: {error}",
+                self.pipeline
+            ));
+            // Dropping the hop releases the drain without completing the
+            // offset: it is read again after a restart.
+            drop(hop);
+            return;
+        }
+        self.telemetry.emit(Event::HopFailed {
+            route: self.pipeline.clone(),
+            topic: record.topic.clone(),
+            error: error.clone(),
+            outcome: "dead_lettered",
+        });
+        let text = |name| {
+            record
+                .headers
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        let id = text(headers::ID).unwrap_or_default();
+        let attempt = text(headers::ATTEMPT)
+            .and_then(|a| a.parse().ok())
+            .unwrap_or(0);
+        let dead = crate::dlq::of_failed_hop(record, &self.dlq, reason, &error);
+        let InFlight {
+            done, _pending: p, ..
+        } = *hop;
+        let hop = Box::new(InFlight {
+            done,
+            event: Some(Event::DeadLettered {
+                route: self.pipeline.clone(),
+                id,
+                attempt,
+                topic: self.dlq.clone(),
+                reason,
+                error,
+                version: None,
+            }),
+            failures: 0,
+            timestamp: dead.timestamp,
+            _pending: p,
+        });
+        self.enqueue(dead, hop).await;
     }
 }
 
-/// Produces failed hops again, each after its own backoff: 100 ms, doubling
-/// up to 10 s. Ends when the producer is dropped.
+/// 100 ms after the first failure, doubling up to 10 s.
+fn backoff(failures: u32) -> Duration {
+    Duration::from_millis(100)
+        .saturating_mul(1 << failures.saturating_sub(1).min(7))
+        .min(Duration::from_secs(10))
+}
+
+/// Produces failed hops again, each after its own backoff, and dead-letters
+/// refused ones. Ends when the producer is dropped.
 async fn produce_again(
     producer: std::sync::Weak<HopProducer>,
     mut redos: mpsc::UnboundedReceiver<Redo>,
 ) {
-    while let Some(Redo { record, hop }) = redos.recv().await {
-        let backoff = Duration::from_millis(100)
-            .saturating_mul(1 << hop.failures.saturating_sub(1).min(7))
-            .min(Duration::from_secs(10));
+    while let Some(Redo {
+        record,
+        hop,
+        refused,
+    }) = redos.recv().await
+    {
         let producer = producer.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(backoff).await;
-            if let Some(producer) = producer.upgrade() {
-                producer.enqueue(record, hop).await;
+            if refused.is_none() {
+                tokio::time::sleep(backoff(hop.failures)).await;
+            }
+            let Some(producer) = producer.upgrade() else {
+                return;
+            };
+            match refused {
+                Some((reason, error)) => producer.refused(record, hop, reason, error).await,
+                None => producer.enqueue(record, hop).await,
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_the_broker_repeats_forever_are_not_retried_forever() {
+        use RDKafkaErrorCode as E;
+        assert_eq!(classify(E::MessageSizeTooLarge, 1), Failure::TooLarge);
+        assert_eq!(classify(E::TopicAuthorizationFailed, 1), Failure::Refused);
+        assert_eq!(classify(E::Fatal, 1), Failure::Refused);
+        assert_eq!(classify(E::MessageTimedOut, 50), Failure::Transient);
+        assert_eq!(classify(E::AllBrokersDown, 50), Failure::Transient);
+        assert_eq!(classify(E::NotEnoughReplicas, 50), Failure::Transient);
+        assert_eq!(
+            classify(E::UnknownTopicOrPartition, 1),
+            Failure::Transient,
+            "a topic just created may not be known yet"
+        );
+        assert_eq!(
+            classify(E::UnknownTopicOrPartition, UNKNOWN_TOPIC_TRIES),
+            Failure::Refused
+        );
     }
 }

@@ -5,7 +5,7 @@
 use hopper::config::KafkaConfig;
 use hopper::events::{Event, Telemetry};
 use hopper::headers::Reason;
-use hopper::hop::{Completion, OutRecord};
+use hopper::hop::{Completion, Halt, OutRecord};
 use hopper::kafka::Cluster;
 use hopper::offsets::OffsetTracker;
 use hopper::produce::HopProducer;
@@ -35,8 +35,10 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     let producer = HopProducer::new(
         &cluster.producer_config(),
         "test",
+        "test.dlq",
         telemetry.clone(),
         pending.clone(),
+        Arc::new(Halt::default()),
     )
     .unwrap();
 
@@ -74,10 +76,18 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
 
     // Two timeouts' worth with the broker down: nothing may complete.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(
-        events.try_recv().is_err(),
-        "no event before an acknowledgement"
-    );
+    while let Ok(event) = events.try_recv() {
+        assert!(
+            matches!(
+                event,
+                Event::HopFailed {
+                    outcome: "retried",
+                    ..
+                }
+            ),
+            "no event but retries before an acknowledgement: {event:?}"
+        );
+    }
     assert_eq!(
         tracker.lock().unwrap().in_flight(),
         1,
@@ -87,10 +97,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     assert!(!pending.is_empty(), "the hop still counts as pending");
 
     mock.broker_up(1).unwrap();
-    let got = tokio::time::timeout(Duration::from_secs(30), events.recv())
-        .await
-        .expect("the hop is acknowledged once the broker is back")
-        .unwrap();
+    let got = next_outcome(&mut events).await;
     assert_eq!(got, event);
     assert_eq!(tracker.lock().unwrap().in_flight(), 0, "offset 7 is done");
     tokio::time::timeout(Duration::from_secs(5), pending.wait())
@@ -118,4 +125,237 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     );
     let header = record.headers().unwrap().get(0);
     assert_eq!((header.key, header.value), ("hopper-id", Some(&b"m-1"[..])));
+}
+
+/// The next event that is not a retried hop.
+async fn next_outcome(events: &mut tokio::sync::broadcast::Receiver<Event>) -> Event {
+    loop {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
+            .await
+            .expect("an outcome within 30 s")
+            .unwrap();
+        if !matches!(
+            event,
+            Event::HopFailed {
+                outcome: "retried",
+                ..
+            }
+        ) {
+            return event;
+        }
+    }
+}
+
+/// A producer on a one-broker mock cluster with topics `out` and `out.dlq`,
+/// with at most `max_bytes` per record.
+struct Bench {
+    mock: MockCluster<'static, rdkafka::producer::DefaultProducerContext>,
+    producer: Arc<HopProducer>,
+    telemetry: Telemetry,
+    pending: TaskTracker,
+    halt: Arc<Halt>,
+    tracker: Arc<Mutex<OffsetTracker>>,
+}
+
+impl Bench {
+    fn new(max_bytes: usize) -> Bench {
+        let mock = MockCluster::new(1).unwrap();
+        mock.create_topic("out", 1, 1).unwrap();
+        mock.create_topic("out.dlq", 1, 1).unwrap();
+        let cluster = Cluster {
+            brokers: mock.bootstrap_servers(),
+            kafka: KafkaConfig {
+                properties: [("message.max.bytes".to_string(), max_bytes.to_string())].into(),
+                ..Default::default()
+            },
+        };
+        let telemetry = Telemetry::new();
+        let pending = TaskTracker::new();
+        let halt = Arc::new(Halt::default());
+        let producer = HopProducer::new(
+            &cluster.producer_config(),
+            "orders",
+            "out.dlq",
+            telemetry.clone(),
+            pending.clone(),
+            halt.clone(),
+        )
+        .unwrap();
+        Bench {
+            mock,
+            producer,
+            telemetry,
+            pending,
+            halt,
+            tracker: Arc::new(Mutex::new(OffsetTracker::default())),
+        }
+    }
+
+    async fn send(&self, offset: i64, topic: &str, payload: Vec<u8>) {
+        self.tracker.lock().unwrap().begin(offset);
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "hopper-id",
+                value: Some("m-1"),
+            })
+            .insert(Header {
+                key: "hopper-attempt",
+                value: Some("2"),
+            })
+            .insert(Header {
+                key: "hopper-trail",
+                value: Some("input"),
+            });
+        let record = OutRecord {
+            topic: topic.into(),
+            key: Some(b"k".to_vec()),
+            payload: Some(payload),
+            headers,
+            timestamp: 1_700_000_000_000,
+        };
+        let done = Completion::new(offset, self.tracker.clone());
+        self.producer.send(record, done, None).await;
+    }
+
+    async fn read(&self, topic: &str) -> rdkafka::message::OwnedMessage {
+        let reader: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", self.mock.bootstrap_servers())
+            .set("group.id", "reader")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        reader.subscribe(&[topic]).unwrap();
+        tokio::time::timeout(Duration::from_secs(30), reader.recv())
+            .await
+            .expect("a record on the topic")
+            .unwrap()
+            .detach()
+    }
+}
+
+fn header(message: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {
+    let headers = message.headers()?;
+    headers
+        .iter()
+        .find(|h| h.key == name)
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_too_large_for_the_broker_is_dead_lettered_cut_with_its_size() {
+    let bench = Bench::new(8_000);
+    let mut events = bench.telemetry.subscribe();
+    // Too large for message.max.bytes: librdkafka refuses it at once.
+    bench.send(3, "out", vec![b'x'; 20_000]).await;
+    match next_outcome(&mut events).await {
+        Event::HopFailed { outcome, topic, .. } => {
+            assert_eq!((outcome, topic.as_str()), ("dead_lettered", "out"))
+        }
+        other => panic!("expected the hop's failure, got {other:?}"),
+    }
+    match next_outcome(&mut events).await {
+        Event::DeadLettered {
+            reason, id, topic, ..
+        } => {
+            assert_eq!(reason, Reason::RecordTooLarge);
+            assert_eq!((id.as_str(), topic.as_str()), ("m-1", "out.dlq"));
+        }
+        other => panic!("expected the dead-letter record, got {other:?}"),
+    }
+    assert_eq!(
+        bench.tracker.lock().unwrap().position(),
+        Some(4),
+        "offset 3 is done once its dead-letter record is acknowledged"
+    );
+    let dead = bench.read("out.dlq").await;
+    assert_eq!(
+        dead.payload().unwrap().len(),
+        hopper::dlq::CUT_PAYLOAD_BYTES
+    );
+    assert_eq!(
+        header(&dead, "hopper-payload-size").as_deref(),
+        Some("20000")
+    );
+    assert_eq!(
+        header(&dead, "hopper-reason").as_deref(),
+        Some("RECORD_TOO_LARGE")
+    );
+    assert_eq!(header(&dead, "hopper-attempt").as_deref(), Some("2"));
+    assert_eq!(header(&dead, "hopper-trail").as_deref(), Some("input,dlq"));
+    let error = header(&dead, "hopper-last-error").unwrap();
+    assert!(
+        error.contains("`out`"),
+        "the error names the topic: {error}"
+    );
+    assert_eq!(bench.telemetry.counters().len(), 0, "no route registered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_the_broker_refuses_for_good_is_dead_lettered_not_retried_forever() {
+    use rdkafka::types::RDKafkaApiKey;
+    use rdkafka::types::RDKafkaRespErr;
+    let bench = Bench::new(1_000_000);
+    let mut events = bench.telemetry.subscribe();
+    // The first produce is refused as not authorized; the DLQ's is not.
+    bench.mock.request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED],
+    );
+    bench.send(9, "out", b"payload".to_vec()).await;
+    let mut saw_failure = false;
+    let reason = loop {
+        match next_outcome(&mut events).await {
+            Event::HopFailed { outcome, .. } => {
+                assert_eq!(outcome, "dead_lettered");
+                saw_failure = true;
+            }
+            Event::DeadLettered { reason, .. } => break reason,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(saw_failure, "the refusal is reported");
+    assert_eq!(reason, Reason::HopFailed);
+    let dead = bench.read("out.dlq").await;
+    assert_eq!(
+        dead.payload(),
+        Some(&b"payload"[..]),
+        "the payload is whole"
+    );
+    assert_eq!(
+        header(&dead, "hopper-reason").as_deref(),
+        Some("HOP_FAILED")
+    );
+    assert_eq!(bench.tracker.lock().unwrap().position(), Some(10));
+    assert!(bench.halt.reason().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_record_refused_for_good_halts_and_never_completes() {
+    use rdkafka::types::RDKafkaApiKey;
+    use rdkafka::types::RDKafkaRespErr;
+    let bench = Bench::new(1_000_000);
+    let denied = RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED;
+    // Both the hop and its dead-letter record are refused.
+    bench
+        .mock
+        .request_errors(RDKafkaApiKey::Produce, &[denied, denied]);
+    bench.send(5, "out", b"payload".to_vec()).await;
+    tokio::time::timeout(Duration::from_secs(30), bench.halt.failed())
+        .await
+        .expect("the pipeline is halted");
+    let reason = bench.halt.reason().unwrap();
+    assert!(
+        reason.contains("dead-letter record") && reason.contains("out.dlq"),
+        "the reason names what failed: {reason}"
+    );
+    assert_eq!(
+        bench.tracker.lock().unwrap().position(),
+        Some(5),
+        "offset 5 is never done: it is read again after a restart"
+    );
+    bench.pending.close();
+    tokio::time::timeout(Duration::from_secs(5), bench.pending.wait())
+        .await
+        .expect("the drain is not held up by the halted hop");
 }

@@ -72,3 +72,164 @@ pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
         }),
     }
 }
+
+/// How much of a payload a dead-letter record keeps when the record was
+/// too large: enough to recognise the message; `hopper-payload-size` has
+/// its full size.
+pub const CUT_PAYLOAD_BYTES: usize = 1024;
+
+/// The dead-letter record of a hop the broker refused for good: the hop's
+/// own record (a retry or forward carries the message's full context
+/// already), with `hopper-reason`, `hopper-last-error` and
+/// `hopper-last-failure-at` replaced, `dlq` added to its trail and its
+/// `hopper-due-at` dropped. With [`Reason::RecordTooLarge`] its payload is
+/// cut to [`CUT_PAYLOAD_BYTES`] and its full size recorded in
+/// `hopper-payload-size`.
+pub fn of_failed_hop(record: OutRecord, dlq: &str, reason: Reason, error: &str) -> OutRecord {
+    use rdkafka::message::{Header, Headers, OwnedHeaders};
+    let now = now_ms();
+    let OutRecord {
+        key,
+        mut payload,
+        headers: old,
+        ..
+    } = record;
+    let replaced = [
+        headers::REASON,
+        headers::LAST_ERROR,
+        headers::LAST_FAILURE_AT,
+        headers::DUE_AT,
+        headers::TRAIL,
+        headers::PAYLOAD_SIZE,
+    ];
+    let mut kept: Vec<(String, Option<Vec<u8>>)> = Vec::with_capacity(old.count() + 5);
+    let mut trail = Vec::new();
+    let (mut before_reason, mut before_error) = (None, None);
+    for header in old.iter() {
+        let text = || {
+            header
+                .value
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        };
+        if header.key == headers::REASON {
+            before_reason = text();
+        } else if header.key == headers::LAST_ERROR {
+            before_error = text();
+        }
+        if header.key == headers::TRAIL {
+            let text = header
+                .value
+                .map(String::from_utf8_lossy)
+                .unwrap_or_default();
+            trail = text
+                .split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+        }
+        if replaced.contains(&header.key) {
+            continue;
+        }
+        kept.push((header.key.to_string(), header.value.map(<[u8]>::to_vec)));
+    }
+    if reason == Reason::RecordTooLarge
+        && let Some(bytes) = &mut payload
+    {
+        kept.push((
+            headers::PAYLOAD_SIZE.to_string(),
+            Some(bytes.len().to_string().into_bytes()),
+        ));
+        bytes.truncate(CUT_PAYLOAD_BYTES);
+    }
+    // A retry or dead-letter record says why it was on its way; keep that.
+    let error = match (before_reason, before_error) {
+        (Some(reason), Some(before)) => format!("{error} (it was sent for {reason}: {before})"),
+        (Some(reason), None) => format!("{error} (it was sent for {reason})"),
+        _ => error.to_string(),
+    };
+    let error = headers::shorten(&error, headers::MAX_ERROR_BYTES);
+    kept.push((headers::REASON.into(), Some(reason.as_str().into())));
+    kept.push((headers::LAST_ERROR.into(), Some(error.into_bytes())));
+    kept.push((
+        headers::LAST_FAILURE_AT.into(),
+        Some(now.to_string().into_bytes()),
+    ));
+    kept.push((
+        headers::TRAIL.into(),
+        Some(headers::push_trail(&trail, "dlq").join(",").into_bytes()),
+    ));
+    let mut out = OwnedHeaders::new_with_capacity(kept.len());
+    for (key, value) in &kept {
+        out = out.insert(Header {
+            key,
+            value: value.as_deref(),
+        });
+    }
+    OutRecord {
+        topic: dlq.to_string(),
+        key,
+        payload,
+        headers: out,
+        timestamp: now,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::{Header, Headers, OwnedHeaders};
+
+    fn header<'a>(headers: &'a OwnedHeaders, name: &str) -> Option<&'a [u8]> {
+        headers.iter().find(|h| h.key == name).and_then(|h| h.value)
+    }
+
+    #[test]
+    fn a_refused_hop_is_dead_lettered_with_its_context_and_a_cut_payload() {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "trace",
+                value: Some("t-1"),
+            })
+            .insert(Header {
+                key: headers::ID,
+                value: Some("m-1"),
+            })
+            .insert(Header {
+                key: headers::REASON,
+                value: Some("RETRYABLE"),
+            })
+            .insert(Header {
+                key: headers::TRAIL,
+                value: Some("input,retry.5s"),
+            })
+            .insert(Header {
+                key: headers::DUE_AT,
+                value: Some("123"),
+            });
+        let record = OutRecord {
+            topic: "orders.retry.5s".into(),
+            key: Some(b"k".to_vec()),
+            payload: Some(vec![b'x'; 5000]),
+            headers,
+            timestamp: 1,
+        };
+        let dead = of_failed_hop(
+            record,
+            "orders.dlq",
+            Reason::RecordTooLarge,
+            "producing to `orders.retry.5s` failed: Broker: Message size too large",
+        );
+        assert_eq!(dead.topic, "orders.dlq");
+        assert_eq!(dead.payload.as_ref().unwrap().len(), CUT_PAYLOAD_BYTES);
+        let h = &dead.headers;
+        assert_eq!(header(h, headers::PAYLOAD_SIZE), Some(&b"5000"[..]));
+        assert_eq!(header(h, headers::REASON), Some(&b"RECORD_TOO_LARGE"[..]));
+        assert_eq!(header(h, "trace"), Some(&b"t-1"[..]));
+        assert_eq!(header(h, headers::ID), Some(&b"m-1"[..]));
+        assert_eq!(header(h, headers::DUE_AT), None);
+        assert_eq!(header(h, headers::TRAIL), Some(&b"input,retry.5s,dlq"[..]));
+        let reasons = h.iter().filter(|x| x.key == headers::REASON).count();
+        assert_eq!(reasons, 1, "one hopper-reason, the new one");
+    }
+}

@@ -65,6 +65,9 @@ struct RouteCounters {
     emitted: Counter,
     /// `hopper_emitted_records_total{result=discarded}`.
     emits_discarded: Counter,
+    /// `hopper_hop_failures_total` by outcome: `retried`, `dead_lettered`,
+    /// `halted`.
+    hop_failures: HashMap<&'static str, Counter>,
 }
 
 /// The delay relay's counters.
@@ -149,6 +152,10 @@ impl Metrics {
         let emits = counters(
             "hopper_emitted_records",
             "Records handlers emitted, by route and result.",
+        );
+        let hop_failures = counters(
+            "hopper_hop_failures",
+            "Hops the broker did not acknowledge, by route and outcome: retried (a transient error), dead_lettered (refused for good, sent to the DLQ), halted (a DLQ record refused for good: the route stopped).",
         );
         let delivered = counters(
             "hopper_delay_delivered",
@@ -257,6 +264,15 @@ impl Metrics {
                     "hopper_emitted_records",
                     vec![("route", route.into()), ("result", "discarded".into())],
                 ),
+                hop_failures: crate::events::HOP_FAILURE_OUTCOMES
+                    .into_iter()
+                    .map(|outcome| {
+                        let labels = vec![("route", route.into()), ("outcome", outcome.into())];
+                        let counter =
+                            metrics.register(&hop_failures, "hopper_hop_failures", labels);
+                        (outcome, counter)
+                    })
+                    .collect(),
             };
             metrics.routes.insert(route.to_string(), counters);
         }
@@ -361,6 +377,18 @@ impl Metrics {
     /// A message went up retry tier `tier` of `route`.
     pub fn retry_scheduled(&self, route: &str, tier: &str) {
         if let Some(counter) = self.routes.get(route).and_then(|r| r.retries.get(tier)) {
+            counter.inc();
+        }
+    }
+
+    /// A hop of `route` was not acknowledged; `outcome` is one of
+    /// [`crate::events::HOP_FAILURE_OUTCOMES`].
+    pub fn hop_failed(&self, route: &str, outcome: &str) {
+        if let Some(counter) = self
+            .routes
+            .get(route)
+            .and_then(|r| r.hop_failures.get(outcome))
+        {
             counter.inc();
         }
     }
