@@ -116,6 +116,11 @@ impl Hold {
         }
     }
 
+    /// Whether `tp` is held now.
+    pub fn is_held(&self, tp: &TopicPartition) -> bool {
+        self.held.contains_key(tp)
+    }
+
     pub fn held(&self) -> usize {
         self.held.len()
     }

@@ -8,11 +8,12 @@
 //! the source offset done in its partition's [`OffsetTracker`].
 
 use crate::clock::now_ms;
+pub use crate::config::{Concurrency, Ordering};
 use crate::events::Event;
 use crate::offsets::OffsetTracker;
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 
 /// Decides what happens to each message of a pipeline.
@@ -30,6 +31,44 @@ pub trait Processor: Send + Sync + 'static {
 
     /// Processes one due message.
     fn process(&self, message: &OwnedMessage) -> impl Future<Output = Action> + Send;
+
+    /// The dead-letter topic a hop that can never be produced goes to.
+    fn dlq_topic(&self) -> &str;
+
+    /// How many messages of one partition may be processed at once, and in
+    /// what order.
+    fn concurrency(&self) -> Concurrency {
+        Concurrency::ONE_AT_A_TIME
+    }
+}
+
+/// Why a pipeline must stop at once: something that can never succeed and
+/// must not be skipped (a dead-letter record the broker refuses for good, a
+/// processing task that panicked). Set once; the pipeline's loop watches it.
+#[derive(Default)]
+pub struct Halt {
+    token: tokio_util::sync::CancellationToken,
+    reason: Mutex<Option<String>>,
+}
+
+impl Halt {
+    /// Stops the pipeline; the first reason given is the one reported.
+    pub fn fail(&self, reason: impl Into<String>) {
+        let mut slot = self.reason.lock().unwrap();
+        if slot.is_none() {
+            *slot = Some(reason.into());
+        }
+        drop(slot);
+        self.token.cancel();
+    }
+
+    pub fn reason(&self) -> Option<String> {
+        self.reason.lock().unwrap().clone()
+    }
+
+    pub async fn failed(&self) {
+        self.token.cancelled().await
+    }
 }
 
 /// What to do with a processed message.
@@ -115,7 +154,7 @@ impl Completion {
     /// the next commit.
     pub fn complete(self) {
         if let Some(remaining) = &self.remaining
-            && remaining.fetch_sub(1, Ordering::AcqRel) != 1
+            && remaining.fetch_sub(1, AtomicOrdering::AcqRel) != 1
         {
             return;
         }

@@ -46,6 +46,13 @@ impl OffsetTracker {
         Some(position)
     }
 
+    /// The committable position now: the lowest offset not yet done, or one
+    /// past the highest dispatched when all are done. `None` before the
+    /// first offset.
+    pub fn position(&self) -> Option<i64> {
+        self.pending.first().copied().or(self.next)
+    }
+
     /// The committable position, if it moved since the last call.
     pub fn take_unstored(&mut self) -> Option<i64> {
         self.unstored.take()

@@ -7,7 +7,7 @@ use crate::dlq::{self, DeadLetter};
 use crate::events::{Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
-use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
 use crate::plugin::{Delivery, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
@@ -26,18 +26,23 @@ pub struct RouteProcessor {
     /// This route's counters and call-duration histogram, held so no
     /// message looks one up.
     metrics: RouteMetrics,
+    /// One permit per handler instance the route may have at once
+    /// (`max_instances`): a call waits here, not in the consumer loop.
+    instances: tokio::sync::Semaphore,
 }
 
 impl RouteProcessor {
     pub fn new(route: Arc<Route>, handler: Arc<HandlerSlot>, telemetry: Telemetry) -> Self {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
         let metrics = telemetry.metrics().route(&route.name, &Verdict::LABELS);
+        let instances = tokio::sync::Semaphore::new(route.max_instances);
         Self {
             route,
             tiers,
             handler,
             telemetry,
             metrics,
+            instances,
         }
     }
 }
@@ -69,6 +74,14 @@ impl Processor for RouteProcessor {
 
     async fn process(&self, message: &OwnedMessage) -> Action {
         handle(self, message).await
+    }
+
+    fn dlq_topic(&self) -> &str {
+        &self.route.dlq
+    }
+
+    fn concurrency(&self) -> Concurrency {
+        self.route.concurrency
     }
 }
 
@@ -121,6 +134,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         }
     };
     let attempt = envelope.attempts_made + 1;
+    // Never closed, so acquiring only waits.
+    let _instance = shared.instances.acquire().await.expect("never closed");
     let handler = shared.handler.current();
     let delivery = Delivery {
         id: envelope.id.clone(),

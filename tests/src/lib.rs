@@ -6,6 +6,7 @@
 //! its own nisshi (it must be installed: `cargo install nisshi --locked`).
 
 pub mod http_server;
+pub mod track_server;
 
 use hopper::config::Config;
 use hopper::kafka::Cluster;
@@ -438,6 +439,7 @@ impl InProcess {
 pub fn options() -> Options {
     Options {
         cache_dir: Some(cache_dir()),
+        ..Options::default()
     }
 }
 

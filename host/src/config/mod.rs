@@ -10,6 +10,7 @@ mod admin;
 mod delay;
 mod grants;
 mod kafka;
+mod limits;
 mod route;
 mod secrets;
 
@@ -17,9 +18,11 @@ pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
 pub use grants::{DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
+pub use limits::Limits;
 pub use route::{
-    DEFAULT_IO_TIMEOUT, DEFAULT_RETRY_LADDER, DEFAULT_TIMEOUT, DEFAULT_WARM_MAX_CALLS,
-    InstanceMode, InstancePolicy, MAX_WARM_MAX_CALLS, Route, RouteConfig, TrapPolicy,
+    Concurrency, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_INSTANCES,
+    DEFAULT_ORDERING, DEFAULT_RETRY_LADDER, DEFAULT_TIMEOUT, DEFAULT_WARM_MAX_CALLS, InstanceMode,
+    InstancePolicy, MAX_INSTANCES, MAX_WARM_MAX_CALLS, Ordering, Route, RouteConfig, TrapPolicy,
 };
 pub use secrets::{Secret, Secrets};
 
@@ -43,6 +46,8 @@ pub struct ConfigFile {
     pub admin: Option<AdminConfig>,
     #[serde(default)]
     pub replay: ReplayConfig,
+    #[serde(default)]
+    pub limits: Limits,
 }
 
 /// A config with every default filled in, every path resolved and every
@@ -56,6 +61,7 @@ pub struct Config {
     /// The admin server, when the file has an `[admin]` table.
     pub admin: Option<Admin>,
     pub replay: ReplayConfig,
+    pub limits: Limits,
 }
 
 impl Config {
@@ -140,6 +146,7 @@ impl ConfigFile {
             }
         }
         route::check_topic_overlap(&routes, &mut problems);
+        self.limits.check(&routes, &mut problems);
         let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
         let admin = self.admin.as_ref().and_then(|a| a.resolve(&mut problems));
         self.replay.check(&mut problems);
@@ -179,6 +186,7 @@ impl ConfigFile {
             delay,
             admin,
             replay: self.replay.clone(),
+            limits: self.limits,
         })
     }
 }

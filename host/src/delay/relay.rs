@@ -121,6 +121,10 @@ impl Processor for DelayProcessor {
         topics
     }
 
+    fn dlq_topic(&self) -> &str {
+        &self.relay.dlq
+    }
+
     fn due_at(&self, message: &BorrowedMessage<'_>) -> Option<i64> {
         let wait = self.tier_of.get(message.topic())?;
         Some(hold::due_at(message, *wait))
