@@ -98,28 +98,83 @@ use tokio_util::task::TaskTracker;
 
 /// Runtime knobs of a hopper process that are not part of the pipeline
 /// (command-line flags, not config keys).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Where compiled handlers are cached (`None`: compile every time).
     pub cache_dir: Option<PathBuf>,
+    /// How long [`Hopper::stop`] may take to drain: finish the calls in
+    /// flight, have their hops acknowledged and commit. Default 30 s.
+    pub shutdown_timeout: std::time::Duration,
 }
 
-/// Creates the consumer and producer of a pipeline and spawns its loop.
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            cache_dir: None,
+            shutdown_timeout: std::time::Duration::from_secs(30),
+        }
+    }
+}
+
+/// How a hopper stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// Every pipeline drained: its calls finished, its hops were
+    /// acknowledged, its offsets committed.
+    Cleanly,
+    /// The shutdown deadline came before every pipeline drained. What was
+    /// done is committed; the rest is re-delivered after a restart.
+    Incomplete(String),
+    /// A pipeline stopped on its own (a dead-letter record refused for good,
+    /// a panic), and every other one was stopped with it. Nothing past the
+    /// failure was committed.
+    Failed(String),
+}
+
+/// What every pipeline's supervisor shares with [`Hopper`].
+#[derive(Clone, Default)]
+struct Supervision {
+    /// Cancelled when a pipeline fails.
+    failed: CancellationToken,
+    /// How each pipeline ended, by name.
+    ends: Arc<std::sync::Mutex<Vec<(String, pipeline::Ended)>>>,
+}
+
+/// What every pipeline is started with.
+struct Start<'a> {
+    cluster: &'a Cluster,
+    telemetry: &'a Telemetry,
+    shutdown: &'a CancellationToken,
+    loops: &'a TaskTracker,
+    supervision: &'a Supervision,
+    deadline: std::time::Duration,
+}
+
+/// Creates the consumer and producer of a pipeline and spawns its loop,
+/// under a supervisor that notices when it ends: a pipeline that fails (or
+/// whose loop panics) stops the whole hopper, non-zero.
 fn start_pipeline<P: hop::Processor>(
-    cluster: &Cluster,
+    start: &Start<'_>,
     group: &str,
     topics: &[String],
     processor: P,
-    telemetry: &Telemetry,
-    shutdown: &CancellationToken,
-    loops: &TaskTracker,
 ) -> anyhow::Result<()> {
+    let Start {
+        cluster,
+        telemetry,
+        shutdown,
+        loops,
+        supervision,
+        deadline,
+    } = *start;
     let (tx, rx) = mpsc::unbounded_channel();
+    let trackers = pipeline::Trackers::default();
     let consumer: pipeline::PipelineConsumer = cluster
         .consumer_config(group)
         .create_with_context(pipeline::PipelineContext {
             name: processor.name().to_string(),
             rebalances: tx,
+            trackers: trackers.clone(),
         })
         .context("creating the consumer")?;
     let subscription: Vec<&str> = topics.iter().map(String::as_str).collect();
@@ -137,11 +192,14 @@ fn start_pipeline<P: hop::Processor>(
         }),
     );
     let acks = TaskTracker::new();
+    let halt = Arc::new(hop::Halt::default());
     let producer = produce::HopProducer::new(
         &cluster.producer_config(),
         processor.name(),
+        processor.dlq_topic(),
         telemetry.clone(),
         acks.clone(),
+        halt.clone(),
     )
     .context("creating the producer")?;
     producer.warm_up(&processor.hop_topics());
@@ -151,13 +209,30 @@ fn start_pipeline<P: hop::Processor>(
         consumer,
         telemetry: telemetry.clone(),
         acks,
+        halt,
+        trackers,
     });
     let (health, shutdown) = (telemetry.health().clone(), shutdown.clone());
+    let supervision = supervision.clone();
     loops.spawn(async move {
-        pipeline::run(shared, rx, shutdown.clone()).await;
-        if !shutdown.is_cancelled() {
+        let run = tokio::spawn(pipeline::run(shared, rx, shutdown.clone(), deadline));
+        let ended = match run.await {
+            Ok(ended) => ended,
+            Err(e) if e.is_panic() => pipeline::Ended::Failed(format!(
+                "the consumer loop of `{name}` panicked; nothing past its last commit was committed"
+            )),
+            Err(_) => {
+                pipeline::Ended::Failed(format!("the consumer loop of `{name}` was cancelled"))
+            }
+        };
+        if let pipeline::Ended::Failed(why) = &ended {
+            health.stop(&name, why.clone());
+            supervision.failed.cancel();
+        } else if !shutdown.is_cancelled() {
             health.stop(&name, "its consumer loop ended");
+            supervision.failed.cancel();
         }
+        supervision.ends.lock().unwrap().push((name, ended));
     });
     Ok(())
 }
@@ -174,6 +249,7 @@ pub struct Hopper {
     /// The admin server, when the config has an `[admin]` table; stopped
     /// after the routes.
     admin: Option<admin::Server>,
+    supervision: Supervision,
 }
 
 impl Hopper {
@@ -225,6 +301,15 @@ impl Hopper {
 
         let shutdown = CancellationToken::new();
         let loops = TaskTracker::new();
+        let supervision = Supervision::default();
+        let start = Start {
+            cluster: &cluster,
+            telemetry: &telemetry,
+            shutdown: &shutdown,
+            loops: &loops,
+            supervision: &supervision,
+            deadline: options.shutdown_timeout,
+        };
         let mut slots = HashMap::new();
         let mut reload_targets = Vec::new();
         for (route, handler) in config.routes.iter().zip(handlers) {
@@ -239,16 +324,8 @@ impl Hopper {
             });
             let mut subscription: Vec<String> = route.topics.clone();
             subscription.extend(processor.tiers.keys().cloned());
-            start_pipeline(
-                &cluster,
-                &route.group,
-                &subscription,
-                processor,
-                &telemetry,
-                &shutdown,
-                &loops,
-            )
-            .with_context(|| format!("starting route `{}`", route.name))?;
+            start_pipeline(&start, &route.group, &subscription, processor)
+                .with_context(|| format!("starting route `{}`", route.name))?;
             tracing::info!(
                 route = route.name,
                 topics = subscription.join(","),
@@ -266,16 +343,8 @@ impl Hopper {
                 delay::DelayProcessor::new(Arc::new(relay.clone()), metadata, telemetry.clone());
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
-            start_pipeline(
-                &cluster,
-                &relay.group,
-                &subscription,
-                processor,
-                &telemetry,
-                &shutdown,
-                &loops,
-            )
-            .context("starting the delay relay")?;
+            start_pipeline(&start, &relay.group, &subscription, processor)
+                .context("starting the delay relay")?;
             tracing::info!(
                 inbox = relay.inbox,
                 tiers = relay.tiers.len(),
@@ -335,6 +404,7 @@ impl Hopper {
             slots,
             reloader,
             admin,
+            supervision,
         })
     }
 
@@ -365,24 +435,44 @@ impl Hopper {
         self.reloader.status()
     }
 
-    /// Stops every route: in-flight messages finish and their offsets are
-    /// committed before this returns.
-    pub async fn stop(self) {
+    /// Stops every route: fetching stops, the calls in flight finish, their
+    /// hops are acknowledged and the offsets committed, each pipeline within
+    /// the shutdown deadline ([`Options::shutdown_timeout`]).
+    pub async fn stop(self) -> Stopped {
         self.shutdown.cancel();
         self.loops.wait().await;
         if let Some(admin) = self.admin {
             admin.stop().await;
         }
+        let ends = std::mem::take(&mut *self.supervision.ends.lock().unwrap());
+        let reasons = |failed: bool| -> Vec<String> {
+            ends.iter()
+                .filter_map(|(name, ended)| match ended {
+                    pipeline::Ended::Failed(why) if failed => Some(format!("`{name}`: {why}")),
+                    pipeline::Ended::Incomplete(why) if !failed => Some(format!("`{name}`: {why}")),
+                    _ => None,
+                })
+                .collect()
+        };
+        let (failed, incomplete) = (reasons(true), reasons(false));
+        if !failed.is_empty() {
+            Stopped::Failed(failed.join("; "))
+        } else if !incomplete.is_empty() {
+            Stopped::Incomplete(incomplete.join("; "))
+        } else {
+            Stopped::Cleanly
+        }
     }
 
-    /// Runs until `shutdown` completes, then stops.
-    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) {
+    /// Runs until `shutdown` completes, or until a pipeline fails, then
+    /// stops every route.
+    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) -> Stopped {
         tokio::select! {
             _ = shutdown => {}
-            _ = self.loops.wait() => {
-                tracing::error!("Every route loop ended on its own.");
+            _ = self.supervision.failed.cancelled() => {
+                tracing::error!("A pipeline failed; stopping every route.");
             }
         }
-        self.stop().await;
+        self.stop().await
     }
 }

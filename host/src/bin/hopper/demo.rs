@@ -138,7 +138,14 @@ pub async fn run(
     let route = first.clone();
     let cluster = Cluster::of(&settings.kafka)?;
     let delay = settings.delay.clone();
-    let hopper = Hopper::start(settings, Options { cache_dir }).await?;
+    let hopper = Hopper::start(
+        settings,
+        Options {
+            cache_dir,
+            ..Options::default()
+        },
+    )
+    .await?;
     let mut events = hopper.events();
     let started = Instant::now();
     let stamp = move || format!("[{:>6.2}s]", started.elapsed().as_secs_f64());

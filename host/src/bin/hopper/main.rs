@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use hopper::config::Config;
 use hopper::embedded::EmbeddedBroker;
 use hopper::kafka::Cluster;
-use hopper::{Hopper, Options};
+use hopper::{Hopper, Options, Stopped};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -47,7 +47,10 @@ enum LogFormat {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Runs the routes of a config file until Ctrl-C.
+    /// Runs the routes of a config file until SIGTERM or Ctrl-C, then
+    /// drains: exit 0 once every call finished, every hop was acknowledged
+    /// and the offsets were committed; non-zero when the deadline came first,
+    /// a route failed, or a second signal forced the exit.
     Run {
         /// The config file.
         #[arg(short, long, default_value = "hopper.toml")]
@@ -56,6 +59,11 @@ enum Command {
         /// hopper starts an embedded broker on 127.0.0.1.
         #[arg(long, env = "HOPPER_BROKERS")]
         brokers: Option<String>,
+        /// How long the drain after SIGTERM or Ctrl-C may take (humantime:
+        /// 30s, 2m). What is not done by then is re-delivered after a
+        /// restart.
+        #[arg(long, env = "HOPPER_SHUTDOWN_TIMEOUT", default_value = "30s")]
+        shutdown_timeout: humantime::Duration,
     },
     /// Runs the order-timeout demo on the embedded broker: sample orders
     /// that succeed, retry, and land in the dead-letter topic.
@@ -154,7 +162,20 @@ async fn main() -> ExitCode {
         cli.cache_dir.or_else(default_cache_dir)
     };
     let result = match cli.command {
-        Command::Run { config, brokers } => run(config, brokers, cache_dir).await,
+        Command::Run {
+            config,
+            brokers,
+            shutdown_timeout,
+        } => {
+            let options = Options {
+                cache_dir,
+                shutdown_timeout: shutdown_timeout.into(),
+            };
+            match run(config, brokers, options).await {
+                Ok(code) => return code,
+                Err(e) => Err(e),
+            }
+        }
         Command::Demo {
             config,
             linger,
@@ -228,16 +249,77 @@ pub(crate) fn prepare(
     Ok((config, Some(broker)))
 }
 
-async fn run(
-    path: PathBuf,
-    brokers: Option<String>,
-    cache_dir: Option<PathBuf>,
-) -> anyhow::Result<()> {
+async fn run(path: PathBuf, brokers: Option<String>, options: Options) -> anyhow::Result<ExitCode> {
     let (config, _embedded) =
         prepare(&path, brokers).with_context(|| format!("loading {}", path.display()))?;
-    let hopper = Hopper::start(config, Options { cache_dir }).await?;
-    hopper.run_until(ctrl_c()).await;
-    Ok(())
+    let deadline = options.shutdown_timeout;
+    let hopper = Hopper::start(config, options).await?;
+    // The first signal starts the drain; a second one forces the exit.
+    let (first_tx, first_rx) = tokio::sync::oneshot::channel();
+    let signals = async move {
+        let mut signals = Signals::new()?;
+        let first = signals.next().await;
+        tracing::info!(
+            signal = first.name,
+            deadline = %humantime::format_duration(deadline),
+            "Stopping: finishing the calls in flight and committing (send the signal again to exit at once)."
+        );
+        let _ = first_tx.send(());
+        anyhow::Ok(signals.next().await)
+    };
+    let stopping = hopper.run_until(async {
+        let _ = first_rx.await;
+    });
+    tokio::select! {
+        stopped = stopping => Ok(match stopped {
+            Stopped::Cleanly => ExitCode::SUCCESS,
+            Stopped::Incomplete(why) => {
+                eprintln!("error: stopped before draining: {why}");
+                ExitCode::FAILURE
+            }
+            Stopped::Failed(why) => {
+                eprintln!("error: {why}");
+                ExitCode::FAILURE
+            }
+        }),
+        second = signals => {
+            let second = second?;
+            eprintln!(
+                "error: {} again: exiting without draining; what was not committed is re-delivered",
+                second.name
+            );
+            Ok(ExitCode::from(128 + second.number))
+        }
+    }
+}
+
+/// A signal that stops hopper.
+struct Signal {
+    name: &'static str,
+    number: u8,
+}
+
+/// SIGTERM (systemd, Kubernetes, docker) and SIGINT (Ctrl-C).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Signals> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Signals {
+            term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
+            int: signal(SignalKind::interrupt()).context("listening for SIGINT")?,
+        })
+    }
+
+    async fn next(&mut self) -> Signal {
+        tokio::select! {
+            _ = self.term.recv() => Signal { name: "SIGTERM", number: 15 },
+            _ = self.int.recv() => Signal { name: "SIGINT", number: 2 },
+        }
+    }
 }
 
 pub(crate) async fn ctrl_c() {
