@@ -29,6 +29,12 @@ impl EmbeddedBroker {
         Ok(broker)
     }
 
+    /// The mock cluster itself: its broker can be taken down and brought
+    /// back, and errors injected into its requests (the fault tests).
+    pub fn mock(&self) -> &MockCluster<'static, DefaultProducerContext> {
+        &self.cluster
+    }
+
     /// `127.0.0.1:PORT`.
     pub fn bootstrap_servers(&self) -> String {
         self.cluster.bootstrap_servers()

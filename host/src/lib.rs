@@ -3,7 +3,8 @@
 //!
 //! A message's path through the code, always down the layers
 //! (docs/architecture.md): [`pipeline`] (the consumer loop: tier messages
-//! wait in [`hold`], due ones go to their partition's worker) → a
+//! wait in [`hold`], due ones are queued on their partition and started as
+//! calls as the route's ordering allows) → a
 //! [`hop::Processor`]: [`route`] (reads the [`headers`] envelope, calls the
 //! [`plugin`] handler, and asks [`retry`] for the next hop, or [`dlq`]) or
 //! [`delay`] (the next tier, or the [`scheduler`] for the last stretch) → the
@@ -35,7 +36,7 @@ pub mod route;
 pub mod scheduler;
 
 /// The memory allocator of hopper's binaries and benchmarks. A hop makes
-/// many small allocations on several threads (the partition workers, the
+/// many small allocations on several threads (the calls, the
 /// producer's callback thread); glibc's malloc spends a third of the hop
 /// path growing and trimming its per-thread heaps (BENCHMARKS.md).
 pub use mimalloc::MiMalloc as Allocator;

@@ -1,0 +1,233 @@
+//! Broker faults, on librdkafka's mock cluster (the embedded broker), which
+//! can fail produce, fetch and commit requests on demand and take its broker
+//! down and up: hopper backs off and recovers, nothing is lost, and a
+//! produce that keeps failing never lets its source offset be committed.
+
+use hopper::Hopper;
+use hopper::embedded::EmbeddedBroker;
+use hopper::events::Event;
+use hopper_tests::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::types::{RDKafkaApiKey, RDKafkaRespErr};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+/// A one-route config on `broker`, the `scripted` fixture as its handler.
+fn config(broker_name: &str, extra: &str) -> (tempfile::TempDir, hopper::config::Config, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hopper.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\npartitions = 1\n\n[[route]]\nname = \"{broker_name}\"\ntopics = [\"{broker_name}.in\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 3\n{extra}\n",
+            plugin("scripted").display()
+        ),
+    )
+    .unwrap();
+    let config = hopper::config::Config::load(&path).unwrap();
+    (dir, config, format!("{broker_name}.in"))
+}
+
+async fn start(config: hopper::config::Config) -> Hopper {
+    Hopper::start(config, options())
+        .await
+        .expect("hopper starts")
+}
+
+fn producer_to(broker: &EmbeddedBroker) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap_servers())
+        .set("enable.idempotence", "true")
+        .create()
+        .unwrap()
+}
+
+async fn send(producer: &FutureProducer, topic: &str, id: &str, payload: &str) {
+    let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+        key: "hopper-id",
+        value: Some(id),
+    });
+    producer
+        .send(
+            FutureRecord::<str, str>::to(topic)
+                .payload(payload)
+                .headers(headers),
+            Duration::from_secs(60),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+fn committed(broker: &EmbeddedBroker, group: &str, topic: &str) -> Option<i64> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap_servers())
+        .set("group.id", group)
+        .create()
+        .unwrap();
+    let mut wanted = TopicPartitionList::new();
+    wanted.add_partition(topic, 0);
+    let got = consumer
+        .committed_offsets(wanted, Duration::from_secs(10))
+        .ok()?;
+    match got.elements()[0].offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
+    init_tracing();
+    let name = rand_name("faults");
+    let (_dir, mut config, input) = config(&name, "");
+    let broker = EmbeddedBroker::serve(&mut config).unwrap();
+    let dlq = config.routes[0].dlq.clone();
+    let hopper = start(config).await;
+    let mut events = hopper.events();
+    let producer = producer_to(&broker);
+    let mock = broker.mock();
+
+    // 300 messages: ok, retried once, fatal; faults injected as they flow.
+    let script = ["ok", "retry-until:2", "fatal"];
+    let mut expected: HashMap<String, &str> = HashMap::new();
+    for i in 0..300 {
+        let payload = script[i % 3];
+        let id = format!("m{i}");
+        expected.insert(id.clone(), payload);
+        match i {
+            50 => mock.request_errors(
+                RDKafkaApiKey::Produce,
+                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 5],
+            ),
+            100 => mock.request_errors(
+                RDKafkaApiKey::Fetch,
+                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION; 5],
+            ),
+            150 => mock.request_errors(
+                RDKafkaApiKey::OffsetCommit,
+                &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT; 5],
+            ),
+            _ => {}
+        }
+        if i == 200 {
+            mock.broker_down(1).unwrap();
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            mock.broker_up(1).unwrap();
+        }
+        send(&producer, &input, &id, payload).await;
+    }
+
+    // Every message reaches its end: ok (at once or on attempt 2), or the
+    // DLQ. Duplicates may come; losses may not.
+    let mut finished: HashSet<String> = HashSet::new();
+    let mut dead: HashSet<String> = HashSet::new();
+    let mut calls = 0;
+    let until = Instant::now() + Duration::from_secs(180);
+    while finished.len() + dead.len() < 300 {
+        let left = until.saturating_duration_since(Instant::now());
+        let event = tokio::time::timeout(left, events.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!(
+                    "timed out: {} ok, {} dead-lettered of 300",
+                    finished.len(),
+                    dead.len()
+                )
+            })
+            .unwrap();
+        match event {
+            Event::Handled { id, verdict, .. } => {
+                calls += 1;
+                if verdict == "ok" {
+                    finished.insert(id);
+                }
+            }
+            Event::DeadLettered { id, .. } => {
+                dead.insert(id);
+            }
+            _ => {}
+        }
+    }
+    for (id, payload) in &expected {
+        match *payload {
+            "fatal" => assert!(dead.contains(id), "{id} is dead-lettered"),
+            _ => assert!(finished.contains(id), "{id} is handled ok"),
+        }
+    }
+    let on_dlq = consume(&dlq, 100, Duration::from_secs(60)).await;
+    let ids: HashSet<String> = on_dlq
+        .iter()
+        .map(|m| header_map(m).0["hopper-id"].clone())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        100,
+        "every fatal message is on the DLQ once at least"
+    );
+    eprintln!(
+        "300 messages through produce, fetch and commit errors and a broker restart: {calls} calls (200 needed)"
+    );
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
+    init_tracing();
+    let name = rand_name("stuck");
+    let (_dir, mut config, input) = config(&name, "");
+    let broker = EmbeddedBroker::serve(&mut config).unwrap();
+    let group = config.routes[0].group.clone();
+    let again = config.clone();
+    let hopper = start(config).await;
+    let producer = producer_to(&broker);
+
+    // Offsets 0 and 1 are ok; they are committed.
+    send(&producer, &input, "a", "ok").await;
+    send(&producer, &input, "b", "ok").await;
+    let until = Instant::now() + Duration::from_secs(60);
+    while committed(&broker, &group, &input) != Some(2) {
+        assert!(Instant::now() < until, "offsets 0 and 1 are committed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    hopper.stop().await;
+    // Offset 2 is fatal, and, once hopper runs again, its dead-letter record
+    // cannot be produced: every produce request fails, for a long while.
+    send(&producer, &input, "c", "fatal").await;
+    send(&producer, &input, "d", "ok").await;
+    broker.mock().request_errors(
+        RDKafkaApiKey::Produce,
+        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1000],
+    );
+    let hopper = start(again).await;
+    let mut events = hopper.events();
+    let handled = next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::Handled { id, .. } if id == "d" => Some(()),
+            _ => None,
+        },
+    );
+    tokio::time::timeout(Duration::from_secs(60), handled)
+        .await
+        .expect("offset 3 is handled while offset 2's hop fails");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        committed(&broker, &group, &input),
+        Some(2),
+        "nothing from offset 2 on is committed while its hop fails"
+    );
+    broker.mock().clear_request_errors(RDKafkaApiKey::Produce);
+    let until = Instant::now() + Duration::from_secs(60);
+    while committed(&broker, &group, &input) != Some(4) {
+        assert!(
+            Instant::now() < until,
+            "once the hop is produced, offsets 2 and 3 are committed"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    hopper.stop().await;
+}
