@@ -5,6 +5,7 @@
 //! its address in `HOPPER_TEST_BROKERS`. Without it, each test binary starts
 //! its own nisshi (it must be installed: `cargo install nisshi --locked`).
 
+pub mod bench_server;
 pub mod http_server;
 pub mod track_server;
 

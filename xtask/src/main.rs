@@ -44,7 +44,7 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http (BENCHMARKS.md)"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)"
             );
             if command == "help" {
                 Ok(())
@@ -237,7 +237,7 @@ fn test(rest: &[String]) -> Result<()> {
 fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
-        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES]")?;
+        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES] | concurrency [--seconds S] [--service-ms MS]")?;
     // The handler benchmarks call handlers in-process: no broker.
     let in_process = name == "handlers" || name == "handler";
     let nisshi = if in_process {

@@ -35,14 +35,12 @@
 
 use bytes::Bytes;
 use hopper::Hopper;
-use hopper_tests::http_server::TestServer;
+use hopper_tests::bench_server::{Server, cpu_seconds};
 use hopper_tests::*;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
@@ -54,7 +52,7 @@ const TIME_LIMIT: Duration = Duration::from_secs(600);
 fn main() {
     hopper::tune_allocator();
     if std::env::args().nth(1).as_deref() == Some("--serve") {
-        serve();
+        hopper_tests::bench_server::serve();
         return;
     }
     let usage = || -> ! {
@@ -93,75 +91,6 @@ fn main() {
         .block_on(run(messages, rounds, partitions, service_ms));
 }
 
-/// The child process: a test server, answering `stats` on stdin with its
-/// connection and request counts, until stdin closes.
-fn serve() {
-    let server = TestServer::start_with_threads(1);
-    println!("{}", server.addr);
-    for line in std::io::stdin().lock().lines() {
-        match line.as_deref() {
-            Ok("stats") => println!("{} {}", server.connections(), server.requests()),
-            _ => break,
-        }
-    }
-}
-
-/// The server child, seen from here.
-struct Server {
-    child: Child,
-    stdin: ChildStdin,
-    stdout: BufReader<ChildStdout>,
-    /// `http://127.0.0.1:PORT`, for `allowed_hosts`.
-    origin: String,
-    /// What each request GETs.
-    url: String,
-}
-
-impl Server {
-    /// Starts the server process; requests go to a path answered after
-    /// `service_ms` milliseconds (at once for 0).
-    fn start(service_ms: u64) -> Server {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .arg("--serve")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .spawn()
-            .expect("the server process starts");
-        let stdin = child.stdin.take().unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut addr = String::new();
-        stdout.read_line(&mut addr).unwrap();
-        let origin = format!("http://{}", addr.trim());
-        let url = match service_ms {
-            0 => format!("{origin}/hello"),
-            ms => format!("{origin}/slow/{ms}"),
-        };
-        Server {
-            child,
-            stdin,
-            stdout,
-            origin,
-            url,
-        }
-    }
-
-    /// (connections accepted, requests answered) so far.
-    fn stats(&mut self) -> (u64, u64) {
-        writeln!(self.stdin, "stats").unwrap();
-        let mut line = String::new();
-        self.stdout.read_line(&mut line).unwrap();
-        let mut parts = line.split_whitespace().map(|n| n.parse::<u64>().unwrap());
-        (parts.next().unwrap(), parts.next().unwrap())
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One contender's figures in one round.
 struct Figures {
     rate: f64,
@@ -176,15 +105,6 @@ impl Figures {
             self.rate, self.cpu_us, self.connections_per_10k
         );
     }
-}
-
-/// CPU seconds used so far by this process (user + system).
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks / 100.0
 }
 
 /// Counts a timed window: rate and CPU.
