@@ -147,11 +147,7 @@ pub enum Event {
     },
 }
 
-pub use crate::metrics::Counter;
-
-/// What became of a hop the broker did not acknowledge
-/// ([`Event::HopFailed`]).
-pub const HOP_FAILURE_OUTCOMES: [&str; 3] = ["retried", "dead_lettered", "halted"];
+pub use crate::metrics::{Counter, HOP_FAILURE_OUTCOMES};
 
 /// Where events go, and where they are counted. Cheap to clone.
 #[derive(Clone)]

@@ -70,6 +70,10 @@ struct RouteCounters {
     hop_failures: HashMap<&'static str, Counter>,
 }
 
+/// What became of a hop the broker did not acknowledge
+/// (`events::Event::HopFailed`).
+pub const HOP_FAILURE_OUTCOMES: [&str; 3] = ["retried", "dead_lettered", "halted"];
+
 /// The delay relay's counters.
 struct RelayCounters {
     delivered: Counter,
@@ -264,7 +268,7 @@ impl Metrics {
                     "hopper_emitted_records",
                     vec![("route", route.into()), ("result", "discarded".into())],
                 ),
-                hop_failures: crate::events::HOP_FAILURE_OUTCOMES
+                hop_failures: HOP_FAILURE_OUTCOMES
                     .into_iter()
                     .map(|outcome| {
                         let labels = vec![("route", route.into()), ("outcome", outcome.into())];
@@ -382,7 +386,7 @@ impl Metrics {
     }
 
     /// A hop of `route` was not acknowledged; `outcome` is one of
-    /// [`crate::events::HOP_FAILURE_OUTCOMES`].
+    /// [`HOP_FAILURE_OUTCOMES`].
     pub fn hop_failed(&self, route: &str, outcome: &str) {
         if let Some(counter) = self
             .routes
