@@ -17,8 +17,13 @@ async fn route(server: &TrackServer, partitions: i32, extra: &str) -> (TestConfi
     let name = rand_name("conc");
     let input = format!("{name}.in");
     create_topics_with(&[&input], partitions).await;
+    let timeout = if extra.contains("timeout") {
+        ""
+    } else {
+        "timeout = \"10s\"\n"
+    };
     let config = TestConfig::new(&format!(
-        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nallowed_hosts = [\"{}\"]\ntimeout = \"10s\"\n{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"\n",
+        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nallowed_hosts = [\"{}\"]\n{timeout}{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"\n",
         plugin("fetch").display(),
         server.origin(),
         server.url(),
