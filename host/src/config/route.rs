@@ -1,6 +1,7 @@
 //! `[[route]]`: a route as written, and resolved with every default filled
 //! in.
 
+use super::breaker::{BreakerConfig, BreakerSettings};
 use super::grants::{self, EmitConfig, Grants, HttpConfig, RawGrants};
 use super::{HumanDuration, check_name, compact_duration};
 use serde::Deserialize;
@@ -76,6 +77,9 @@ pub struct RouteConfig {
     /// `file:PATH` (relative to the config file). Read once at startup.
     #[serde(default)]
     pub secrets: BTreeMap<String, String>,
+    /// The route's circuit breaker; off without the table.
+    #[serde(default)]
+    pub breaker: Option<BreakerConfig>,
 }
 
 /// How a route's handler calls get their instance, as written in the config.
@@ -153,6 +157,8 @@ pub struct Route {
     pub config: BTreeMap<String, String>,
     /// What the handler may do besides computing: HTTP, emits, secrets.
     pub grants: Grants,
+    /// The circuit breaker, when `[route.breaker]` is there.
+    pub breaker: Option<BreakerSettings>,
 }
 
 impl Route {
@@ -272,6 +278,7 @@ pub(super) fn resolve_route(
         ));
     }
     let instance = resolve_instance(raw, label, problems);
+    let breaker = raw.breaker.as_ref().map(|b| b.resolve(label, problems));
     let dlq = raw
         .dlq
         .clone()
@@ -320,6 +327,7 @@ pub(super) fn resolve_route(
         instance,
         config: raw.config.clone(),
         grants,
+        breaker,
     })
 }
 
