@@ -116,6 +116,12 @@ impl Hold {
         }
     }
 
+    /// Whether `tp` is paused until its head is due: only the hold may
+    /// resume it.
+    pub fn holds(&self, tp: &TopicPartition) -> bool {
+        self.held.contains_key(tp)
+    }
+
     pub fn held(&self) -> usize {
         self.held.len()
     }

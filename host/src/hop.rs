@@ -30,6 +30,13 @@ pub trait Processor: Send + Sync + 'static {
 
     /// Processes one due message.
     fn process(&self, message: &OwnedMessage) -> impl Future<Output = Action> + Send;
+
+    /// The topics whose partitions must stay paused at `now_ms` (a route's
+    /// open circuit breaker pauses its retry tiers, and maybe its inputs);
+    /// empty when every topic may be consumed. Asked every store tick.
+    fn suspended(&self, _now_ms: i64) -> &[String] {
+        &[]
+    }
 }
 
 /// What to do with a processed message.

@@ -24,7 +24,7 @@ use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -188,6 +188,8 @@ pub async fn run<P: Processor>(
     let mut hold = Hold::reporting(shared.telemetry.health().held_heads(&name));
     let mut workers = Workers::default();
     let scheduler = Scheduler::spawn(shared.producer.clone(), shutdown.clone());
+    // Partitions paused because the processor suspends their topic.
+    let mut suspended = HashSet::new();
     let mut store_tick = tokio::time::interval(STORE_EVERY);
     store_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
@@ -203,6 +205,7 @@ pub async fn run<P: Processor>(
                 Rebalanced::Revoked(tps) => {
                     for tp in tps {
                         hold.release(&tp);
+                        suspended.remove(&tp);
                         if let Some(worker) = workers.remove(&tp) {
                             worker.cancelled.store(true, Ordering::SeqCst);
                         }
@@ -217,9 +220,15 @@ pub async fn run<P: Processor>(
                     }
                 }
             },
-            _ = store_tick.tick() => store_positions(&consumer, workers.iter(), &name),
+            _ = store_tick.tick() => {
+                store_positions(&consumer, workers.iter(), &name);
+                suspend(&shared, &hold, &mut suspended, &name);
+            }
             _ = async { match wake { Some(sleep) => sleep.await, None => std::future::pending().await } } => {
                 for tp in hold.take_due(now_ms()) {
+                    if suspended.contains(&tp) {
+                        continue; // resumed by `suspend` once no longer suspended
+                    }
                     if let Err(e) = consumer.resume(&tpl_of(&tp)) {
                         tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot resume partition.");
                     }
@@ -307,6 +316,53 @@ pub async fn run<P: Processor>(
     }
     consumer.unsubscribe();
     tracing::info!(pipeline = name, "Stopped.");
+}
+
+/// Pauses the assigned partitions of the topics the processor suspends now,
+/// and resumes those it paused once their topic is no longer suspended,
+/// except a partition the hold keeps until its head is due: the hold resumes
+/// that one at its time. A pause makes librdkafka fetch from the last
+/// message the loop received once resumed, so nothing is skipped; a message
+/// dispatched before the pause is processed as usual (a route's breaker
+/// sends a tier message back to its tier).
+fn suspend<P: Processor>(
+    shared: &Shared<P>,
+    hold: &Hold,
+    paused: &mut HashSet<TopicPartition>,
+    name: &str,
+) {
+    let topics = shared.processor.suspended(now_ms());
+    if topics.is_empty() && paused.is_empty() {
+        return;
+    }
+    let assigned: HashSet<TopicPartition> = match shared.consumer.assignment() {
+        Ok(tpl) => partitions(&tpl).into_iter().collect(),
+        Err(_) => return, // tried again on the next tick
+    };
+    let mut now_paused = HashSet::new();
+    for tp in assigned.iter().filter(|tp| topics.contains(&tp.0)) {
+        let done = match paused.contains(tp) {
+            true => Ok(()),
+            false => shared.consumer.pause(&tpl_of(tp)),
+        };
+        match done {
+            Ok(()) => _ = now_paused.insert(tp.clone()),
+            Err(e) => {
+                tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot suspend partition; trying again.")
+            }
+        }
+    }
+    for tp in std::mem::take(paused) {
+        if !now_paused.contains(&tp)
+            && !hold.holds(&tp)
+            && let Err(e) = shared.consumer.resume(&tpl_of(&tp))
+            && assigned.contains(&tp)
+        {
+            tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot resume partition; trying again.");
+            now_paused.insert(tp);
+        }
+    }
+    *paused = now_paused;
 }
 
 /// Pauses `tp` and rewinds it to `offset`, so that offset is fetched again
