@@ -239,17 +239,6 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     if let Some(counter) = shared.metrics.outcomes.get(label) {
         counter.inc();
     }
-    if let Some(breaker) = &shared.breaker {
-        if let Admit::Probe { .. } = admit {
-            shared.telemetry.emit(Event::BreakerProbed {
-                route: route.name.clone(),
-                id: envelope.id.clone(),
-                verdict: label,
-            });
-        }
-        let retryable = counts_as_retryable(route, &verdict);
-        shared.report(breaker.record(admit, retryable, now_ms()));
-    }
     tracing::debug!(
         route = route.name,
         id = envelope.id,
@@ -273,6 +262,17 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             version: handler.version().to_string(),
             at_ms: now_ms(),
         });
+    }
+    if let Some(breaker) = &shared.breaker {
+        if let Admit::Probe { .. } = admit {
+            shared.telemetry.emit(Event::BreakerProbed {
+                route: route.name.clone(),
+                id: envelope.id.clone(),
+                verdict: label,
+            });
+        }
+        let retryable = counts_as_retryable(route, &verdict);
+        shared.report(breaker.record(admit, retryable, now_ms()));
     }
     if let Verdict::Failed { class, error } = &verdict {
         tracing::warn!(
