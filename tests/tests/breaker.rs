@@ -243,3 +243,81 @@ async fn without_a_breaker_the_same_outage_dead_letters_every_message() {
     );
     hopper.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_open() {
+    init_tracing();
+    let server = TestServer::start();
+    server.set_down(true);
+    let route = fetch_route(
+        &server,
+        "[route.breaker]\nmin_calls = 5\nwindow = 5\ncool_down = \"3s\"\npause_input = true\n",
+    );
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let producer = producer();
+    for i in 0..5 {
+        let id = format!("early{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "{}",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| matches!(e, Event::BreakerOpened { .. }).then_some(()),
+    )
+    .await;
+    // Past the next store tick, the input is paused: what arrives now waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        let id = format!("late{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "{}",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    server.set_down(false);
+    let mut open = Vec::new();
+    next_matching(
+        &mut events,
+        |e| open.push(e.clone()),
+        |e| matches!(e, Event::BreakerHalfOpen { .. }).then_some(()),
+    )
+    .await;
+    for event in &open {
+        if let Event::Handled { id, topic, .. } = event {
+            panic!("{id} was handled from {topic} while the breaker was open");
+        }
+    }
+    assert_eq!(server.requests(), 5, "only the calls that opened it");
+
+    // The probe passes (the service is back), and everything flows: the
+    // late messages from the input, the early ones from the tier.
+    let mut ok = std::collections::HashSet::new();
+    while ok.len() < 10 {
+        let id = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled {
+                    id, verdict: "ok", ..
+                } => Some(id.clone()),
+                _ => None,
+            },
+        )
+        .await;
+        ok.insert(id);
+    }
+    assert_eq!(records_on(&route.dlq), 0);
+    hopper.stop().await;
+}
