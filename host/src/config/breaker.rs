@@ -195,6 +195,12 @@ mod tests {
             unknown[0].contains("unknown field `threshold`"),
             "{unknown:?}"
         );
+        let single = resolve("max_attempts = 1\n[route.breaker]").unwrap_err();
+        assert!(
+            single[0].contains("breaker has nothing to pause: max_attempts is 1"),
+            "{single:?}"
+        );
+        assert!(resolve("max_attempts = 1\n[route.breaker]\npause_input = true").is_ok());
         let nan = resolve("[route.breaker]\nretryable_rate = nan").unwrap_err();
         assert!(nan[0].contains("breaker.retryable_rate"), "{nan:?}");
     }

@@ -279,6 +279,11 @@ pub(super) fn resolve_route(
     }
     let instance = resolve_instance(raw, label, problems);
     let breaker = raw.breaker.as_ref().map(|b| b.resolve(label, problems));
+    if breaker.as_ref().is_some_and(|b| !b.pause_input) && max_attempts == 1 {
+        problems.push(format!(
+            "{label}: breaker has nothing to pause: max_attempts is 1, so no message waits in a retry tier; set breaker.pause_input = true or allow retries"
+        ));
+    }
     let dlq = raw
         .dlq
         .clone()
