@@ -145,6 +145,40 @@ pub enum Event {
         /// The verdict label (`retryable`, `fatal`, `timeout`, ...).
         verdict: &'static str,
     },
+    /// A route's circuit breaker opened: its retry tiers (and its inputs,
+    /// with `pause_input`) are paused for `cool_down`.
+    BreakerOpened {
+        route: String,
+        /// Retryable verdicts among the last `calls` calls (1 of 1 when a
+        /// half-open probe reopened it).
+        retryable: u32,
+        calls: u32,
+        cool_down: Duration,
+        /// Reopened by a retryable probe, rather than opened from closed.
+        reopened: bool,
+    },
+    /// The cool-down is over: the breaker lets `probes` messages through.
+    BreakerHalfOpen { route: String, probes: u32 },
+    /// A half-open breaker's probe was handled.
+    BreakerProbed {
+        route: String,
+        id: String,
+        /// The verdict label (`ok`, `retryable`, `timeout`, ...).
+        verdict: &'static str,
+    },
+    /// Every probe passed: the route consumes its tiers again.
+    BreakerClosed {
+        route: String,
+        /// Since the breaker opened from closed.
+        open_for: Duration,
+    },
+    /// A tier message that reached an open breaker went back to its tier,
+    /// attempts unchanged, and was acknowledged.
+    BreakerDeferred {
+        route: String,
+        id: String,
+        topic: String,
+    },
 }
 
 pub use crate::metrics::{Counter, HOP_FAILURE_OUTCOMES};
@@ -379,6 +413,58 @@ impl Telemetry {
                     "Handler reload failed; the old version keeps serving."
                 );
                 self.metrics.reloaded(route, false);
+            }
+            Event::BreakerOpened {
+                route,
+                retryable,
+                calls,
+                cool_down,
+                reopened,
+            } => {
+                let cool_down = humantime::format_duration(*cool_down).to_string();
+                if *reopened {
+                    tracing::warn!(
+                        route,
+                        cool_down,
+                        "Circuit breaker reopened: a probe was retryable; retry tiers stay paused."
+                    );
+                } else {
+                    tracing::warn!(
+                        route,
+                        rate = format!("{retryable}/{calls}"),
+                        cool_down,
+                        "Circuit breaker opened: too many retryable verdicts; retry tiers paused."
+                    );
+                }
+                self.metrics.breaker_opened(route);
+            }
+            Event::BreakerHalfOpen { route, probes } => {
+                tracing::info!(
+                    route,
+                    probes,
+                    "Circuit breaker half-open: letting probes through."
+                );
+            }
+            Event::BreakerProbed { route, id, verdict } => {
+                tracing::info!(route, id, verdict, "Circuit breaker probe handled.");
+                self.metrics.breaker_probed(route);
+            }
+            Event::BreakerClosed { route, open_for } => {
+                tracing::info!(
+                    route,
+                    open_for = %humantime::format_duration(*open_for),
+                    "Circuit breaker closed: retry tiers resumed."
+                );
+                self.metrics.breaker_closed(route);
+            }
+            Event::BreakerDeferred { route, id, topic } => {
+                tracing::debug!(
+                    route,
+                    id,
+                    tier = topic,
+                    "Message sent back to its tier: the circuit breaker is open."
+                );
+                self.metrics.breaker_deferred(route);
             }
         }
         // No subscribers is fine.

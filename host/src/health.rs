@@ -8,6 +8,7 @@
 //! its own std `Mutex`, never held across an `.await`; no message's path
 //! takes one.
 
+use crate::breaker::BreakerState;
 use crate::clock::now_ms;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -17,6 +18,9 @@ pub type TopicPartition = (String, i32);
 
 /// How many partitions a pipeline's consumer has assigned now.
 pub type AssignmentProbe = Box<dyn Fn() -> usize + Send + Sync>;
+
+/// The state of a route's circuit breaker now.
+pub type BreakerProbe = Box<dyn Fn() -> BreakerState + Send + Sync>;
 
 /// The handler serving a route, for the admin API and `hopper_handler_info`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -78,6 +82,8 @@ impl HeldHeads {
 #[derive(Default)]
 pub struct PipelineHealth {
     assigned: OnceLock<AssignmentProbe>,
+    /// Set for a route with a circuit breaker.
+    breaker: OnceLock<BreakerProbe>,
     stopped: Mutex<Option<String>>,
     heads: HeldHeads,
 }
@@ -132,6 +138,27 @@ impl Health {
         let _ = self.pipeline(name).assigned.set(probe);
     }
 
+    /// Tells how to read the circuit breaker of route `name`; set once, when
+    /// its processor is created.
+    pub fn set_breaker(&self, name: &str, probe: BreakerProbe) {
+        let _ = self.pipeline(name).breaker.set(probe);
+    }
+
+    /// The state of route `name`'s circuit breaker, when it has one.
+    pub fn breaker(&self, name: &str) -> Option<BreakerState> {
+        let pipeline = self.pipelines.lock().unwrap().get(name).cloned()?;
+        pipeline.breaker.get().map(|read| read())
+    }
+
+    /// Every circuit breaker's state, by route.
+    pub fn breakers(&self) -> Vec<(String, BreakerState)> {
+        let pipelines = self.pipelines.lock().unwrap().clone();
+        pipelines
+            .into_iter()
+            .filter_map(|(name, p)| p.breaker.get().map(|read| (name, read())))
+            .collect()
+    }
+
     /// Marks `name` as no longer consuming, for `reason` (its loop ended, or
     /// a hop it cannot make stopped it). Readiness fails from now on.
     pub fn stop(&self, name: &str, reason: impl Into<String>) {
@@ -159,7 +186,11 @@ impl Health {
             .collect()
     }
 
-    /// Ready: at least one pipeline, and every one consuming.
+    /// Ready: at least one pipeline, and every one consuming. An open
+    /// circuit breaker does not make a route unready: the route still holds
+    /// its partitions and is doing what it should while the service it calls
+    /// is down; restarting hopper, or sending its traffic elsewhere, would
+    /// not bring that service back.
     pub fn ready(&self) -> bool {
         let states = self.states();
         !states.is_empty() && states.iter().all(|(_, s)| s.is_consuming())

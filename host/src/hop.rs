@@ -40,6 +40,13 @@ pub trait Processor: Send + Sync + 'static {
     fn concurrency(&self) -> Concurrency {
         Concurrency::ONE_AT_A_TIME
     }
+
+    /// The topics whose partitions must stay paused at `now_ms` (a route's
+    /// open circuit breaker pauses its retry tiers, and maybe its inputs);
+    /// empty when every topic may be consumed. Asked every store tick.
+    fn suspended(&self, _now_ms: i64) -> &[String] {
+        &[]
+    }
 }
 
 /// Why a pipeline must stop at once: something that can never succeed and

@@ -12,6 +12,7 @@
 //! offset is marked done in [`offsets`], and the loop stores it for commit.
 
 pub mod admin;
+pub mod breaker;
 pub mod clock;
 pub mod config;
 pub mod delay;

@@ -234,6 +234,9 @@ struct Loop<P: Processor> {
     rewinds: HashMap<TopicPartition, Rewind>,
     /// Partitions whose resume failed; retried on the tick.
     resume_failed: HashSet<TopicPartition>,
+    /// Partitions paused because the processor suspends their topic (a
+    /// route's open circuit breaker).
+    suspended: HashSet<TopicPartition>,
     finished_tx: mpsc::UnboundedSender<Finished>,
     seeked_tx: mpsc::UnboundedSender<Seeked>,
     scheduler: mpsc::UnboundedSender<Scheduled>,
@@ -266,6 +269,7 @@ pub async fn run<P: Processor>(
         hold: Hold::reporting(shared.telemetry.health().held_heads(&name)),
         rewinds: HashMap::new(),
         resume_failed: HashSet::new(),
+        suspended: HashSet::new(),
         finished_tx,
         seeked_tx,
         scheduler: Scheduler::spawn(shared.producer.clone(), stop_scheduler.clone()),
@@ -289,6 +293,7 @@ pub async fn run<P: Processor>(
             _ = tick.tick() => this.tick(),
             _ = async { match wake { Some(sleep) => sleep.await, None => std::future::pending().await } } => {
                 for tp in this.hold.take_due(now_ms()) {
+                    // A suspended partition resumes when no longer suspended.
                     match this.rewinds.get_mut(&tp) {
                         Some(rewind) => rewind.resume_after = true,
                         None => this.resume(&tp),
@@ -549,6 +554,7 @@ impl<P: Processor> Loop<P> {
                     self.hold.release(&tp);
                     self.rewinds.remove(&tp);
                     self.resume_failed.remove(&tp);
+                    self.suspended.remove(&tp);
                     self.shared.trackers.lock().unwrap().remove(&tp);
                     let removed = self.partitions.get_mut(&tp.0).and_then(|p| p.remove(&tp.1));
                     if let Some(partition) = removed
@@ -631,9 +637,10 @@ impl<P: Processor> Loop<P> {
     }
 
     /// Resumes `tp`, unless its queue is full (it resumes when the queue
-    /// drains); a failure is retried on the tick.
+    /// drains) or the processor suspends it (it resumes when no longer
+    /// suspended); a failure is retried on the tick.
     fn resume(&mut self, tp: &TopicPartition) {
-        if self.get(tp).is_some_and(|p| p.full) {
+        if self.suspended.contains(tp) || self.get(tp).is_some_and(|p| p.full) {
             return;
         }
         match self.shared.consumer.resume(&tpl_of(tp)) {
@@ -660,8 +667,49 @@ impl<P: Processor> Loop<P> {
         }
     }
 
+    /// Pauses the assigned partitions of the topics the processor suspends
+    /// now, and resumes those it paused once their topic is no longer
+    /// suspended, unless the hold, a rewind or a full queue keeps them
+    /// paused. A pause makes librdkafka fetch from the last message the loop
+    /// received once resumed, so nothing is skipped; a message received
+    /// before the pause is processed as usual (a route's breaker sends a
+    /// tier message back to its tier).
+    fn suspend(&mut self) {
+        let topics = self.shared.processor.suspended(now_ms());
+        if topics.is_empty() && self.suspended.is_empty() {
+            return;
+        }
+        let assigned: HashSet<TopicPartition> = match self.shared.consumer.assignment() {
+            Ok(tpl) => partitions(&tpl).into_iter().collect(),
+            Err(_) => return, // tried again on the next tick
+        };
+        let mut now_suspended = HashSet::new();
+        for tp in assigned.iter().filter(|tp| topics.contains(&tp.0)) {
+            if self.suspended.contains(tp) {
+                now_suspended.insert(tp.clone());
+                continue;
+            }
+            match self.shared.consumer.pause(&tpl_of(tp)) {
+                Ok(()) => _ = now_suspended.insert(tp.clone()),
+                Err(e) => {
+                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot suspend partition; trying again.")
+                }
+            }
+        }
+        let released: Vec<TopicPartition> = std::mem::replace(&mut self.suspended, now_suspended)
+            .into_iter()
+            .filter(|tp| !self.suspended.contains(tp) && assigned.contains(tp))
+            .collect();
+        for tp in released {
+            if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
+                self.resume(&tp);
+            }
+        }
+    }
+
     fn tick(&mut self) {
         store_positions(&self.shared.consumer, &self.partitions, &self.name);
+        self.suspend();
         let retry_rewinds: Vec<(TopicPartition, i64)> = self
             .rewinds
             .iter()

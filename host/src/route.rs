@@ -1,8 +1,9 @@
 //! A route's processing: read the envelope, call the handler, plan the next
 //! hop from its verdict. The consumer loop around it is [`crate::pipeline`].
 
+use crate::breaker::{Admit, Breaker, Suspended, Transition};
 use crate::clock::now_ms;
-use crate::config::Route;
+use crate::config::{Route, TrapPolicy};
 use crate::dlq::{self, DeadLetter};
 use crate::events::{Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
@@ -29,6 +30,11 @@ pub struct RouteProcessor {
     /// One permit per handler instance the route may have at once
     /// (`max_instances`): a call waits here, not in the consumer loop.
     instances: tokio::sync::Semaphore,
+    /// The circuit breaker, with `[route.breaker]`; shared with health,
+    /// which reads its state for readiness views and gauges.
+    breaker: Option<Arc<Breaker>>,
+    /// What an open breaker pauses: the tier topics, then the inputs.
+    suspendable: Vec<String>,
 }
 
 impl RouteProcessor {
@@ -36,6 +42,14 @@ impl RouteProcessor {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
         let metrics = telemetry.metrics().route(&route.name, &Verdict::LABELS);
         let instances = tokio::sync::Semaphore::new(route.max_instances);
+        let breaker = route.breaker.clone().map(|b| Arc::new(Breaker::new(b)));
+        if let Some(breaker) = &breaker {
+            let read = breaker.clone();
+            let health = telemetry.health();
+            health.set_breaker(&route.name, Box::new(move || read.state()));
+        }
+        let mut suspendable: Vec<String> = route.tiers().into_iter().map(|(_, t)| t).collect();
+        suspendable.extend(route.topics.iter().cloned());
         Self {
             route,
             tiers,
@@ -43,7 +57,53 @@ impl RouteProcessor {
             telemetry,
             metrics,
             instances,
+            breaker,
+            suspendable,
         }
+    }
+
+    /// Logs, counts and broadcasts a change of the breaker's state.
+    fn report(&self, transition: Option<Transition>) {
+        let Some(transition) = transition else {
+            return;
+        };
+        let route = self.route.name.clone();
+        self.telemetry.emit(match transition {
+            Transition::Opened {
+                retryable,
+                calls,
+                cool_down,
+            } => Event::BreakerOpened {
+                route,
+                retryable,
+                calls,
+                cool_down,
+                reopened: false,
+            },
+            Transition::Reopened { cool_down } => Event::BreakerOpened {
+                route,
+                retryable: 1,
+                calls: 1,
+                cool_down,
+                reopened: true,
+            },
+            Transition::HalfOpened { probes } => Event::BreakerHalfOpen { route, probes },
+            Transition::Closed { open_for } => Event::BreakerClosed { route, open_for },
+        });
+    }
+}
+
+/// Whether the breaker counts `verdict` as retryable: `retryable`, a
+/// timeout (always retried), or a trap when the route retries traps.
+fn counts_as_retryable(route: &Route, verdict: &Verdict) -> bool {
+    match verdict {
+        Verdict::Retryable { .. } => true,
+        Verdict::Failed { class, .. } => match class {
+            Reason::HandlerTimeout => true,
+            Reason::HandlerTrap => route.on_trap == TrapPolicy::Retry,
+            _ => false,
+        },
+        Verdict::Ok | Verdict::Fatal { .. } => false,
     }
 }
 
@@ -82,6 +142,19 @@ impl Processor for RouteProcessor {
 
     fn concurrency(&self) -> Concurrency {
         self.route.concurrency
+    }
+
+    fn suspended(&self, now_ms: i64) -> &[String] {
+        let Some(breaker) = &self.breaker else {
+            return &[];
+        };
+        let (suspended, transition) = breaker.suspended(now_ms);
+        self.report(transition);
+        match suspended {
+            Suspended::None => &[],
+            Suspended::Tiers => &self.suspendable[..self.tiers.len()],
+            Suspended::TiersAndInput => &self.suspendable,
+        }
     }
 }
 
@@ -133,6 +206,17 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             return Action::Hop(plan(shared, message, &envelope, 0, None, decision));
         }
     };
+    let admit = match &shared.breaker {
+        None => Admit::Call,
+        Some(breaker) => {
+            let (admit, transition) = breaker.admit(now_ms(), from_tier);
+            shared.report(transition);
+            admit
+        }
+    };
+    if admit == Admit::Defer {
+        return Action::Hop(defer(shared, message, &envelope));
+    }
     let attempt = envelope.attempts_made + 1;
     // Never closed, so acquiring only waits.
     let _instance = shared.instances.acquire().await.expect("never closed");
@@ -193,6 +277,17 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             version: handler.version().to_string(),
             at_ms: now_ms(),
         });
+    }
+    if let Some(breaker) = &shared.breaker {
+        if let Admit::Probe { .. } = admit {
+            shared.telemetry.emit(Event::BreakerProbed {
+                route: route.name.clone(),
+                id: envelope.id.clone(),
+                verdict: label,
+            });
+        }
+        let retryable = counts_as_retryable(route, &verdict);
+        shared.report(breaker.record(admit, retryable, now_ms()));
     }
     if let Verdict::Failed { class, error } = &verdict {
         tracing::warn!(
@@ -280,6 +375,49 @@ fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
     }
 }
 
+/// Sends a tier message that reached an open breaker back to its tier,
+/// without calling the handler: its attempts, last error and failure times
+/// stay as they are, its trail gets `breaker`, and it waits the tier's time
+/// again behind the messages already there.
+fn defer(shared: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -> PlannedHop {
+    let route = &shared.route;
+    let topic = message.topic().to_string();
+    let wait = shared.tiers.get(&topic).copied().unwrap_or_default();
+    let now = now_ms();
+    let headers = headers::next_hop_headers(
+        message.headers(),
+        envelope,
+        &Hop {
+            route: &route.name,
+            attempts_made: envelope.attempts_made,
+            reason: None,
+            error: None,
+            failed_at: None,
+            handler: None,
+            trail_entry: "breaker",
+            due_at: Some(now + wait.as_millis() as i64),
+            keep: &[
+                headers::FIRST_FAILURE_AT,
+                headers::LAST_FAILURE_AT,
+                headers::LAST_ERROR,
+                headers::REASON,
+                headers::HANDLER,
+                headers::HANDLER_VERSION,
+            ],
+        },
+    );
+    let mut record = OutRecord::like(message, topic.clone(), headers);
+    record.timestamp = now;
+    PlannedHop {
+        record,
+        event: Some(Event::BreakerDeferred {
+            route: route.name.clone(),
+            id: envelope.id.clone(),
+            topic,
+        }),
+    }
+}
+
 /// Builds the record of the next hop and the event that reports it.
 fn plan(
     shared: &RouteProcessor,
@@ -345,5 +483,54 @@ fn plan(
             reason,
             version: handler.map(|(_, version)| version.to_string()),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+
+    fn route(extra: &str) -> Route {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
+        let config = ConfigFile::parse(&format!(
+            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{extra}"
+        ))
+        .unwrap();
+        config.resolve(dir.path()).unwrap().routes.remove(0)
+    }
+
+    fn failed(class: Reason) -> Verdict {
+        Verdict::Failed {
+            class,
+            error: "x".into(),
+        }
+    }
+
+    #[test]
+    fn the_breaker_counts_what_the_route_retries_as_retryable() {
+        let dead_letter = route("");
+        let retry = route("on_trap = \"retry\"");
+        let retryable = Verdict::Retryable {
+            reason: "503".into(),
+            retry_after: None,
+        };
+        assert!(counts_as_retryable(&dead_letter, &retryable));
+        assert!(counts_as_retryable(
+            &dead_letter,
+            &failed(Reason::HandlerTimeout)
+        ));
+        assert!(!counts_as_retryable(
+            &dead_letter,
+            &failed(Reason::HandlerTrap)
+        ));
+        assert!(counts_as_retryable(&retry, &failed(Reason::HandlerTrap)));
+        assert!(!counts_as_retryable(&retry, &failed(Reason::HandlerMemory)));
+        assert!(!counts_as_retryable(&retry, &Verdict::Ok));
+        let fatal = Verdict::Fatal {
+            reason: "no".into(),
+        };
+        assert!(!counts_as_retryable(&retry, &fatal));
     }
 }

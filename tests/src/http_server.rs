@@ -11,6 +11,7 @@
 //! | `/big/N`            | 200 with N zero bytes and a `content-length`             |
 //! | `/chunked/N`        | 200 with N zero bytes, chunked (no length up front)      |
 //! | `/auth`             | 200 `seen`; the `authorization` header is kept           |
+//! | `/flaky`            | 503 while [`TestServer::set_down`] is on, else 200 `up`  |
 //! | anything else       | 404                                                      |
 //!
 //! It runs on a thread and runtime of its own, so a busy test runtime never
@@ -27,7 +28,7 @@ use hyper_util::rt::TokioIo;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -38,6 +39,8 @@ pub struct Seen {
     connections: AtomicU64,
     requests: AtomicU64,
     authorizations: Mutex<Vec<String>>,
+    /// `/flaky` answers 503 while set.
+    down: AtomicBool,
 }
 
 pub struct TestServer {
@@ -100,6 +103,11 @@ impl TestServer {
     /// Requests answered so far.
     pub fn requests(&self) -> u64 {
         self.seen.requests.load(Ordering::SeqCst)
+    }
+
+    /// Makes `/flaky` answer 503 (`true`) or 200 (`false`) from now on.
+    pub fn set_down(&self, down: bool) {
+        self.seen.down.store(down, Ordering::SeqCst);
     }
 
     /// Every `authorization` header `/auth` received, in order.
@@ -169,6 +177,8 @@ async fn answer(
         .unwrap_or((path.trim_start_matches('/'), ""));
     let response = match verb {
         "hello" => text(200, "hello".into()),
+        "flaky" if seen.down.load(Ordering::SeqCst) => text(503, "down".into()),
+        "flaky" => text(200, "up".into()),
         "status" => match arg
             .parse::<u16>()
             .ok()

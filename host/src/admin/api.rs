@@ -2,6 +2,7 @@
 //! brokers, so they run on the blocking pool.
 
 use super::State;
+use crate::breaker::BreakerState;
 use crate::config::{Config, RELAY_ROUTE};
 use crate::dlq::{Dlq, DlqError, DlqFilter, DlqPage, DlqRecord, RecordRef, ReplayReport};
 use crate::health::{HandlerInfo, Pending, PipelineState};
@@ -125,6 +126,9 @@ pub(super) struct PipelineView {
     tiers: Vec<String>,
     dlq: String,
     status: PipelineState,
+    /// The route's circuit breaker, when it has one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    breaker: Option<BreakerState>,
     pending: Vec<Pending>,
     held: Vec<Held>,
 }
@@ -150,6 +154,7 @@ fn pipelines(state: &State) -> Vec<PipelineView> {
                     .find(|(n, _)| n == name)
                     .map(|(_, s)| s.clone())
                     .unwrap_or(PipelineState::Starting),
+                breaker: health.breaker(name),
                 pending: sample
                     .topics
                     .iter()

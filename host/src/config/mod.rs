@@ -7,6 +7,7 @@
 //! docs/config.md.
 
 mod admin;
+mod breaker;
 mod delay;
 mod grants;
 mod kafka;
@@ -15,6 +16,7 @@ mod route;
 mod secrets;
 
 pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
+pub use breaker::{BreakerConfig, BreakerSettings};
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
 pub use grants::{DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};

@@ -1,6 +1,7 @@
 //! `[[route]]`: a route as written, and resolved with every default filled
 //! in.
 
+use super::breaker::{BreakerConfig, BreakerSettings};
 use super::grants::{self, EmitConfig, Grants, HttpConfig, RawGrants};
 use super::{HumanDuration, check_name, compact_duration};
 use serde::Deserialize;
@@ -86,6 +87,9 @@ pub struct RouteConfig {
     /// Default 64. `max_instances × memory_mib` is the most linear memory
     /// the route's handlers can take; see `[limits]`.
     pub max_instances: Option<usize>,
+    /// The route's circuit breaker; off without the table.
+    #[serde(default)]
+    pub breaker: Option<BreakerConfig>,
 }
 
 /// How a pipeline runs the messages of one partition.
@@ -225,6 +229,8 @@ pub struct Route {
     pub concurrency: Concurrency,
     /// Handler instances at once, at most.
     pub max_instances: usize,
+    /// The circuit breaker, when `[route.breaker]` is there.
+    pub breaker: Option<BreakerSettings>,
 }
 
 impl Route {
@@ -360,6 +366,12 @@ pub(super) fn resolve_route(
             "{label}: max_instances must be between 1 and {MAX_INSTANCES}, not {max_instances}"
         ));
     }
+    let breaker = raw.breaker.as_ref().map(|b| b.resolve(label, problems));
+    if breaker.as_ref().is_some_and(|b| !b.pause_input) && max_attempts == 1 {
+        problems.push(format!(
+            "{label}: breaker has nothing to pause: max_attempts is 1, so no message waits in a retry tier; set breaker.pause_input = true or allow retries"
+        ));
+    }
     let dlq = raw
         .dlq
         .clone()
@@ -413,6 +425,7 @@ pub(super) fn resolve_route(
             max_in_flight,
         },
         max_instances,
+        breaker,
     })
 }
 

@@ -87,6 +87,18 @@ impl Collector for Live {
             &states,
         )?;
 
+        let breakers: Vec<_> = health
+            .breakers()
+            .into_iter()
+            .map(|(route, state)| (vec![("route", route)], state.gauge()))
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_breaker_state",
+            "A route's circuit breaker: 0 closed, 1 open (retry tiers paused), 2 half-open (probing).",
+            &breakers,
+        )?;
+
         let handlers = health.handlers();
         let info: Vec<_> = handlers
             .iter()

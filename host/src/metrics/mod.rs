@@ -68,6 +68,16 @@ struct RouteCounters {
     /// `hopper_hop_failures_total` by outcome: `retried`, `dead_lettered`,
     /// `halted`.
     hop_failures: HashMap<&'static str, Counter>,
+    /// Registered only for a route with a circuit breaker.
+    breaker: Option<BreakerCounters>,
+}
+
+/// The counters of a route's circuit breaker.
+struct BreakerCounters {
+    opened: Counter,
+    probes: Counter,
+    closed: Counter,
+    deferred: Counter,
 }
 
 /// What became of a hop the broker did not acknowledge
@@ -161,6 +171,25 @@ impl Metrics {
             "hopper_hop_failures",
             "Hops the broker did not acknowledge, by route and outcome: retried (a transient error), dead_lettered (refused for good, sent to the DLQ), halted (a DLQ record refused for good: the route stopped).",
         );
+        let breaker_families = [
+            (
+                "hopper_breaker_opened",
+                "Times a route's circuit breaker opened (from closed, or reopened by a failed probe).",
+            ),
+            (
+                "hopper_breaker_probes",
+                "Messages a half-open circuit breaker let through as probes.",
+            ),
+            (
+                "hopper_breaker_closed",
+                "Times a route's circuit breaker closed after its probes passed.",
+            ),
+            (
+                "hopper_breaker_deferred",
+                "Tier messages sent back to their tier, attempts unchanged, because the route's circuit breaker was open.",
+            ),
+        ]
+        .map(|(name, help)| (name, counters(name, help)));
         let delivered = counters(
             "hopper_delay_delivered",
             "Delayed messages forwarded to their target.",
@@ -204,20 +233,33 @@ impl Metrics {
         let Some(config) = config else {
             return metrics;
         };
-        let mut route_names: Vec<(&str, Vec<String>)> = config
+        let mut route_names: Vec<(&str, Vec<String>, bool)> = config
             .routes
             .iter()
             .map(|r| {
                 (
                     r.name.as_str(),
                     r.tiers().into_iter().map(|t| t.1).collect(),
+                    r.breaker.is_some(),
                 )
             })
             .collect();
         if config.delay.is_some() {
-            route_names.push((RELAY_ROUTE, Vec::new()));
+            route_names.push((RELAY_ROUTE, Vec::new(), false));
         }
-        for (route, tiers) in route_names {
+        for (route, tiers, has_breaker) in route_names {
+            let breaker = has_breaker.then(|| {
+                let [opened, probes, closed, deferred] =
+                    breaker_families.each_ref().map(|(name, family)| {
+                        metrics.register(family, name, vec![("route", route.into())])
+                    });
+                BreakerCounters {
+                    opened,
+                    probes,
+                    closed,
+                    deferred,
+                }
+            });
             let counters = RouteCounters {
                 retries: tiers
                     .into_iter()
@@ -277,6 +319,7 @@ impl Metrics {
                         (outcome, counter)
                     })
                     .collect(),
+                breaker,
             };
             metrics.routes.insert(route.to_string(), counters);
         }
@@ -375,6 +418,32 @@ impl Metrics {
     pub fn emits_discarded(&self, route: &str, count: u64) {
         if let Some(route) = self.routes.get(route) {
             route.emits_discarded.inc_by(count);
+        }
+    }
+
+    /// `route`'s circuit breaker opened, or reopened.
+    pub fn breaker_opened(&self, route: &str) {
+        self.breaker(route, |b| &b.opened);
+    }
+
+    /// `route`'s half-open breaker let a probe through.
+    pub fn breaker_probed(&self, route: &str) {
+        self.breaker(route, |b| &b.probes);
+    }
+
+    /// `route`'s circuit breaker closed.
+    pub fn breaker_closed(&self, route: &str) {
+        self.breaker(route, |b| &b.closed);
+    }
+
+    /// `route`'s open breaker sent a tier message back to its tier.
+    pub fn breaker_deferred(&self, route: &str) {
+        self.breaker(route, |b| &b.deferred);
+    }
+
+    fn breaker(&self, route: &str, counter: impl Fn(&BreakerCounters) -> &Counter) {
+        if let Some(breaker) = self.routes.get(route).and_then(|r| r.breaker.as_ref()) {
+            counter(breaker).inc();
         }
     }
 

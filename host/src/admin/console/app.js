@@ -47,6 +47,13 @@ async function call(path, options) {
   return body;
 }
 
+/** A route's circuit breaker as text: closed, open until a time, or half-open. */
+function breaker(b) {
+  if (b.state === "open") return `open until ${new Date(b.until_ms).toISOString()}`;
+  if (b.state === "half_open") return `half-open (${b.admitted} of ${b.probes} probes out)`;
+  return b.state;
+}
+
 async function loadStatus() {
   const status = await call("/api/status");
   const ready = $("ready");
@@ -61,7 +68,8 @@ async function loadStatus() {
     const pending = p.pending.map((t) => `${t.topic} (${t.kind}): ${t.messages}`).join("\n");
     const held = p.held.map((h) => `${h.topic}[${h.partition}] due in ${(h.due_in_ms / 1000).toFixed(1)}s`).join("\n");
     const s = p.status.state + (p.status.partitions ? ` (${p.status.partitions} partitions)` : "")
-      + (p.status.reason ? `: ${p.status.reason}` : "");
+      + (p.status.reason ? `: ${p.status.reason}` : "")
+      + (p.breaker ? `\nbreaker ${breaker(p.breaker)}` : "");
     pipelines.appendChild(row([`${p.name} (${p.kind})`, s, pending || "—", held || "—"]));
     if (!known.has(p.name)) routeSelect.appendChild(el("option", p.name, { value: p.name }));
   }

@@ -422,6 +422,30 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
                 "{}",
                 table(&["ROUTE", "VERSION", "LAST RELOAD ERROR"], rows)
             );
+            let breakers: Vec<Vec<String>> = live["pipelines"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|p| p["breaker"].is_object())
+                .map(|p| {
+                    let b = &p["breaker"];
+                    let number = |k: &str| b[k].as_i64().unwrap_or_default();
+                    let (state, detail) = match b["state"].as_str().unwrap_or("-") {
+                        "open" => ("open", format!("until {}", iso(number("until_ms")))),
+                        "half_open" => (
+                            "half-open",
+                            format!("{} of {} probes out", number("admitted"), number("probes")),
+                        ),
+                        other => (other, "-".to_string()),
+                    };
+                    let name = p["name"].as_str().unwrap_or("-").to_string();
+                    vec![name, state.to_string(), detail]
+                })
+                .collect();
+            if !breakers.is_empty() {
+                println!();
+                print!("{}", table(&["ROUTE", "BREAKER", "DETAIL"], breakers));
+            }
         }
     }
     Ok(())

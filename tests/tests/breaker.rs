@@ -1,0 +1,323 @@
+//! A route's circuit breaker against a real broker: the `fetch` fixture
+//! calls a loopback service that answers 503 for a while. With the breaker,
+//! the route stops taking messages out of its retry tiers while the service
+//! is down, probes it after each cool-down, and once it is back every
+//! message is handled `ok` with attempts to spare. Without it, the same
+//! outage spends every attempt and dead-letters every message.
+
+use hopper::breaker::BreakerState;
+use hopper::events::Event;
+use hopper::metrics::Format;
+use hopper_tests::http_server::TestServer;
+use hopper_tests::*;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use std::collections::HashMap;
+use std::time::Duration;
+
+/// Messages each test sends.
+const MESSAGES: usize = 20;
+
+/// A route around `fetch` calling `server`'s `/flaky`, with a 1s and a 2s
+/// tier and three attempts; `extra` goes after its tables.
+fn fetch_route(server: &TestServer, extra: &str) -> TestRoute {
+    TestRoute::new(
+        &plugin("fetch"),
+        &format!(
+            "allowed_hosts = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3\n\n[route.config]\nurl = \"{}\"\n{extra}",
+            server.origin(),
+            server.url("/flaky"),
+        ),
+    )
+}
+
+async fn send_messages(route: &TestRoute) {
+    let producer = producer();
+    for i in 0..MESSAGES {
+        let id = format!("m{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "{}",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+}
+
+/// Records on `topic`, from its partitions' high watermarks.
+fn records_on(topic: &str) -> i64 {
+    let consumer: BaseConsumer = client_config().create().unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    metadata.topics()[0]
+        .partitions()
+        .iter()
+        .map(|p| {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .unwrap();
+            high - low
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back() {
+    init_tracing();
+    let server = TestServer::start();
+    server.set_down(true);
+    let route = fetch_route(
+        &server,
+        "[route.breaker]\nretryable_rate = 0.5\nmin_calls = 5\nwindow = 10\ncool_down = \"3s\"\nmax_cool_down = \"3s\"\nprobes = 1\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+    );
+    let hopper = route.start().await;
+    let health = hopper.telemetry().health().clone();
+    assert_eq!(health.breaker(&route.name), Some(BreakerState::Closed));
+    let mut events = hopper.events();
+    send_messages(&route).await;
+    let is_tier = |topic: &str| topic.starts_with(&format!("{}.retry.", route.name));
+
+    // Five retryable verdicts of five calls open it.
+    let mut before = Vec::new();
+    next_matching(
+        &mut events,
+        |e| before.push(e.clone()),
+        |e| match e {
+            Event::BreakerOpened {
+                retryable: 5,
+                calls: 5,
+                reopened: false,
+                ..
+            } => Some(()),
+            _ => None,
+        },
+    )
+    .await;
+    let until_ms = match health.breaker(&route.name) {
+        Some(BreakerState::Open {
+            until_ms,
+            cool_down_ms: 3_000,
+        }) => until_ms,
+        other => panic!("expected open for 3s, got {other:?}"),
+    };
+    let scrape = hopper.telemetry().metrics().encode(Format::Prometheus);
+    let gauge = format!("hopper_breaker_state{{route=\"{}\"}} 1", route.name);
+    assert!(scrape.contains(&gauge), "{gauge} missing from:\n{scrape}");
+    let admin = hopper.admin_addr().expect("the admin server runs");
+    let routes = get_json(admin, "/api/routes").await;
+    assert_eq!(routes[0]["breaker"]["state"], "open", "{routes}");
+    assert_eq!(routes[0]["status"]["state"], "consuming", "still ready");
+
+    // Open: nothing is taken out of a tier, nothing is dead-lettered, until
+    // the cool-down ends. The input is not paused: the messages still on it
+    // are handled and wait in the first tier.
+    let mut open = Vec::new();
+    next_matching(
+        &mut events,
+        |e| open.push(e.clone()),
+        |e| matches!(e, Event::BreakerHalfOpen { .. }).then_some(()),
+    )
+    .await;
+    assert!(now_ms() >= until_ms, "half-open before the cool-down ended");
+    // The tiers are paused at the broker, not only guarded: no tier message
+    // even reaches the route to be sent back.
+    let deferred = open
+        .iter()
+        .filter(|e| matches!(e, Event::BreakerDeferred { .. }))
+        .count();
+    assert_eq!(deferred, 0, "tier messages fetched while open");
+    for event in &open {
+        match event {
+            Event::Handled { topic, id, .. } if is_tier(topic) => {
+                panic!("{id} was handled from {topic} while the breaker was open")
+            }
+            Event::DeadLettered { id, reason, .. } => {
+                panic!("{id} was dead-lettered ({reason}) while the breaker was open")
+            }
+            _ => {}
+        }
+    }
+
+    // The probe still gets 503: open again, for another cool-down. Then the
+    // service comes back.
+    let mut probing = Vec::new();
+    next_matching(
+        &mut events,
+        |e| probing.push(e.clone()),
+        |e| match e {
+            Event::BreakerOpened { reopened: true, .. } => Some(()),
+            _ => None,
+        },
+    )
+    .await;
+    assert!(
+        probing.iter().any(|e| matches!(
+            e,
+            Event::BreakerProbed {
+                verdict: "retryable",
+                ..
+            }
+        )),
+        "{probing:?}"
+    );
+    let calls_while_down = server.requests();
+    server.set_down(false);
+
+    // The next probe passes, the breaker closes, and every message is
+    // handled `ok`.
+    let mut ok: HashMap<String, u32> = HashMap::new();
+    let mut closed = false;
+    let mut after = Vec::new();
+    while !(closed && ok.len() == MESSAGES) {
+        let event = next_matching(&mut events, |_| {}, |e| Some(e.clone())).await;
+        match &event {
+            Event::Handled {
+                id,
+                verdict: "ok",
+                attempt,
+                ..
+            } => _ = ok.insert(id.clone(), *attempt),
+            Event::BreakerClosed { .. } => closed = true,
+            _ => {}
+        }
+        after.push(event);
+    }
+    for event in &after {
+        if let Event::DeadLettered { id, reason, .. } = event {
+            panic!("{id} was dead-lettered ({reason})");
+        }
+    }
+    // Each message was tried once from the input while the service was
+    // down; the probe that found it still down was tried once more. The
+    // messages that reached the breaker while it was open kept their
+    // attempts.
+    assert_eq!(calls_while_down, MESSAGES as u64 + 1);
+    let mut attempts: Vec<u32> = ok.values().copied().collect();
+    attempts.sort();
+    assert_eq!(attempts.iter().filter(|a| **a == 3).count(), 1, "{ok:?}");
+    assert!(attempts.iter().all(|a| *a <= 3), "{ok:?}");
+    assert_eq!(records_on(&route.dlq), 0, "nothing was dead-lettered");
+
+    let counter = |name: &str| {
+        hopper
+            .telemetry()
+            .counters()
+            .get(&format!("{name}_total{{route={}}}", route.name))
+            .copied()
+            .unwrap_or_else(|| panic!("{name} is not registered"))
+    };
+    assert_eq!(counter("hopper_breaker_opened"), 2);
+    assert_eq!(counter("hopper_breaker_probes"), 2);
+    assert_eq!(counter("hopper_breaker_closed"), 1);
+    assert_eq!(health.breaker(&route.name), Some(BreakerState::Closed));
+    let deferred = counter("hopper_breaker_deferred");
+    eprintln!(
+        "breaker on: {calls_while_down} calls while the service was down, \
+         0 of {MESSAGES} dead-lettered, {deferred} sent back to their tier unhandled"
+    );
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_breaker_the_same_outage_dead_letters_every_message() {
+    init_tracing();
+    let server = TestServer::start();
+    server.set_down(true);
+    let route = fetch_route(&server, "");
+    let hopper = route.start().await;
+    assert_eq!(hopper.telemetry().health().breaker(&route.name), None);
+    send_messages(&route).await;
+
+    let dead = consume(&route.dlq, MESSAGES, PATIENCE).await;
+    for record in &dead {
+        let (h, _) = header_map(record);
+        assert_eq!(h["hopper-reason"], "RETRIES_EXHAUSTED");
+        assert_eq!(h["hopper-attempt"], "3");
+    }
+    let calls = server.requests();
+    assert_eq!(calls, 3 * MESSAGES as u64, "every attempt was spent");
+    eprintln!(
+        "breaker off: {calls} calls while the service was down, {MESSAGES} of {MESSAGES} dead-lettered"
+    );
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_open() {
+    init_tracing();
+    let server = TestServer::start();
+    server.set_down(true);
+    let route = fetch_route(
+        &server,
+        "[route.breaker]\nmin_calls = 5\nwindow = 5\ncool_down = \"3s\"\npause_input = true\n",
+    );
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let producer = producer();
+    for i in 0..5 {
+        let id = format!("early{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "{}",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| matches!(e, Event::BreakerOpened { .. }).then_some(()),
+    )
+    .await;
+    // Past the next store tick, the input is paused: what arrives now waits.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 0..5 {
+        let id = format!("late{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "{}",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    server.set_down(false);
+    let mut open = Vec::new();
+    next_matching(
+        &mut events,
+        |e| open.push(e.clone()),
+        |e| matches!(e, Event::BreakerHalfOpen { .. }).then_some(()),
+    )
+    .await;
+    for event in &open {
+        if let Event::Handled { id, topic, .. } = event {
+            panic!("{id} was handled from {topic} while the breaker was open");
+        }
+    }
+    assert_eq!(server.requests(), 5, "only the calls that opened it");
+
+    // The probe passes (the service is back), and everything flows: the
+    // late messages from the input, the early ones from the tier.
+    let mut ok = std::collections::HashSet::new();
+    while ok.len() < 10 {
+        let id = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::Handled {
+                    id, verdict: "ok", ..
+                } => Some(id.clone()),
+                _ => None,
+            },
+        )
+        .await;
+        ok.insert(id);
+    }
+    assert_eq!(records_on(&route.dlq), 0);
+    hopper.stop().await;
+}
