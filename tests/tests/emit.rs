@@ -267,7 +267,9 @@ async fn consume_for(topic: &str, wait: Duration) -> Vec<rdkafka::message::Owned
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_kill_9_between_the_emit_and_the_commit_loses_no_record_and_no_message() {
     const MESSAGES: usize = 200;
-    let (route, closed) = emitting_route("").await;
+    // One message at a time per partition, so the kill lands while both
+    // partitions are busy, not after every message was handled.
+    let (route, closed) = emitting_route("ordering = \"partition\"").await;
     create_topics(&[&closed]).await;
     let spawn = || {
         Killed(

@@ -98,7 +98,7 @@ impl Handler {
                 timeout: route.timeout,
                 memory_bytes: route.memory_bytes,
                 policy: route.instance,
-                pool: Pool::default(),
+                pool: Pool::new(route.max_instances),
                 cached,
                 load_time,
             }),

@@ -18,12 +18,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use wasmtime::{Engine, Store, UpdateDeadline};
 
-/// Idle warm guests a handler keeps. More than a route has partitions
-/// working at once are never needed; the cap only guards the pooling
-/// allocator's slots, shared by every route, if a burst of partitions leaves
-/// many behind.
-const MAX_IDLE: usize = 64;
-
 /// A store and the handler instance in it.
 pub(super) struct Guest {
     pub(super) store: Store<GuestState>,
@@ -78,13 +72,23 @@ impl Guest {
 
 /// Idle warm guests of one handler version. Dropped with the version, so
 /// after a reload the old version's instances go once its last call ends.
-#[derive(Default)]
 pub(super) struct Pool {
     // std Mutex: held only to push or pop, never across an .await.
     idle: Mutex<Vec<Guest>>,
+    /// Idle guests kept at most: the route's `max_instances`, the most
+    /// calls it runs at once, so a route at full concurrency never drops a
+    /// guest only to instantiate another for its next call.
+    max_idle: usize,
 }
 
 impl Pool {
+    pub(super) fn new(max_idle: usize) -> Pool {
+        Pool {
+            idle: Mutex::default(),
+            max_idle,
+        }
+    }
+
     pub(super) fn take(&self) -> Option<Guest> {
         self.idle.lock().unwrap().pop()
     }
@@ -92,7 +96,7 @@ impl Pool {
     /// Keeps `guest` for a later call, unless the pool is full.
     pub(super) fn put(&self, guest: Guest) {
         let mut idle = self.idle.lock().unwrap();
-        if idle.len() < MAX_IDLE {
+        if idle.len() < self.max_idle {
             idle.push(guest);
             return;
         }

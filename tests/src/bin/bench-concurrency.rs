@@ -181,7 +181,7 @@ async fn measure(
     let hopper = Hopper::start(config.config(), hopper_tests::options())
         .await
         .expect("hopper starts");
-    let ok = format!("hopper_handled_total{{route={name},verdict=ok}}");
+    let ok = format!("hopper_handler_outcomes_total{{route={name},outcome=ok}}");
     let deadline = Instant::now() + TIME_LIMIT;
     let handled = |hopper: &Hopper| {
         assert!(Instant::now() < deadline, "route {name} is stuck");

@@ -335,8 +335,8 @@ async fn hopper_route(
     let hopper = Hopper::start(config.config(), hopper_tests::options())
         .await
         .expect("hopper starts");
-    let ok = format!("hopper_handled_total{{route={name},verdict=ok}}");
-    let retryable = format!("hopper_handled_total{{route={name},verdict=retryable}}");
+    let ok = format!("hopper_handler_outcomes_total{{route={name},outcome=ok}}");
+    let retryable = format!("hopper_handler_outcomes_total{{route={name},outcome=retryable}}");
     let deadline = Instant::now() + TIME_LIMIT;
     let wait_for = |target: u64| {
         let counters = hopper.telemetry().counters();
