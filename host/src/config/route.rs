@@ -331,7 +331,7 @@ pub(super) fn resolve_route(
     if timeout.is_zero() {
         problems.push(format!("{label}: timeout must be more than 0s"));
     }
-    let grants = grants::resolve(
+    let mut grants = grants::resolve(
         RawGrants {
             allowed_hosts: &raw.allowed_hosts,
             http: &raw.http,
@@ -365,6 +365,11 @@ pub(super) fn resolve_route(
         problems.push(format!(
             "{label}: max_instances must be between 1 and {MAX_INSTANCES}, not {max_instances}"
         ));
+    }
+    // Every call running at once may hold a connection; keeping fewer idle
+    // would close and reopen connections (and TLS sessions) all the time.
+    if raw.http.max_idle_per_host.is_none() {
+        grants.http.max_idle_per_host = max_instances;
     }
     let breaker = raw.breaker.as_ref().map(|b| b.resolve(label, problems));
     if breaker.as_ref().is_some_and(|b| !b.pause_input) && max_attempts == 1 {
