@@ -93,11 +93,11 @@ mod tests {
 
     #[test]
     fn a_route_named_delay_takes_the_relays_group() {
-        let problems = problems(&(route("delay", "") + "[delay]\n"));
+        let found = problems(&(route("delay", "") + "[delay]\n"));
         assert!(
-            problems.iter().any(|p| p
+            found.iter().any(|p| p
                 == "route `delay` and the delay relay share consumer group `hopper.delay`: give each its own `group`"),
-            "{problems:?}"
+            "{found:?}"
         );
         assert!(
             problems(&(route("delay", "") + "[delay]\ngroup = \"relay\"\n"))
