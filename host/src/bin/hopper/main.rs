@@ -52,10 +52,13 @@ enum Command {
         /// The config file.
         #[arg(short, long, default_value = "hopper.toml")]
         config: PathBuf,
-        /// Bootstrap servers; overrides `kafka.brokers`. Without either,
-        /// hopper starts an embedded broker on 127.0.0.1.
+        /// Bootstrap servers; overrides `kafka.brokers`.
         #[arg(long, env = "HOPPER_BROKERS")]
         brokers: Option<String>,
+        /// Run on an embedded in-memory broker on 127.0.0.1 (trials only:
+        /// it keeps nothing).
+        #[arg(long, conflicts_with = "brokers")]
+        embedded: bool,
     },
     /// Runs the order-timeout demo on the embedded broker: sample orders
     /// that succeed, retry, and land in the dead-letter topic.
@@ -154,7 +157,11 @@ async fn main() -> ExitCode {
         cli.cache_dir.or_else(default_cache_dir)
     };
     let result = match cli.command {
-        Command::Run { config, brokers } => run(config, brokers, cache_dir).await,
+        Command::Run {
+            config,
+            brokers,
+            embedded,
+        } => run(config, brokers, embedded, cache_dir).await,
         Command::Demo {
             config,
             linger,
@@ -209,32 +216,33 @@ fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("hopper/components"))
 }
 
-/// Loads the config and, when no broker is given, starts the embedded one.
+/// Loads the config and, when it is asked for, starts the embedded broker.
 /// The broker must outlive hopper, so it is returned to the caller.
 pub(crate) fn prepare(
     path: &Path,
     brokers: Option<String>,
+    embedded: bool,
 ) -> anyhow::Result<(Config, Option<EmbeddedBroker>)> {
     let mut config = Config::load(path)?;
     if let Some(brokers) = brokers {
         config.kafka.brokers = Some(brokers);
     }
-    if config.kafka.brokers.is_some() {
-        return Ok((config, None));
+    let broker = EmbeddedBroker::when_asked(&mut config, embedded)?;
+    if let Some(broker) = &broker {
+        let address = broker.bootstrap_servers();
+        println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
     }
-    let broker = EmbeddedBroker::serve(&mut config)?;
-    let address = broker.bootstrap_servers();
-    println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
-    Ok((config, Some(broker)))
+    Ok((config, broker))
 }
 
 async fn run(
     path: PathBuf,
     brokers: Option<String>,
+    embedded: bool,
     cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let (config, _embedded) =
-        prepare(&path, brokers).with_context(|| format!("loading {}", path.display()))?;
+        prepare(&path, brokers, embedded).with_context(|| format!("loading {}", path.display()))?;
     let hopper = Hopper::start(config, Options { cache_dir }).await?;
     hopper.run_until(ctrl_c()).await;
     Ok(())
