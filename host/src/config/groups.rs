@@ -3,29 +3,31 @@
 //! other was meant to handle, so a config that shares a group is rejected.
 
 use super::{DelayRelay, Route};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Adds a problem for every consumer group that more than one pipeline
-/// (route, or the delay relay) uses, naming all of them and the group.
+/// (route, or the delay relay) uses, naming all of them and the group. Two
+/// routes with one name are reported as such already, not again here.
 pub(super) fn check_groups(
     routes: &[Route],
     delay: Option<&DelayRelay>,
     problems: &mut Vec<String>,
 ) {
-    let mut users: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut users: BTreeMap<&str, BTreeSet<String>> = BTreeMap::new();
     for route in routes {
         users
             .entry(route.group.as_str())
             .or_default()
-            .push(format!("route `{}`", route.name));
+            .insert(format!("route `{}`", route.name));
     }
     if let Some(relay) = delay {
         users
             .entry(relay.group.as_str())
             .or_default()
-            .push("the delay relay".to_string());
+            .insert("the delay relay".to_string());
     }
     for (group, users) in users {
+        let users: Vec<String> = users.into_iter().collect();
         if users.len() > 1 {
             problems.push(format!(
                 "{} share consumer group `{group}`: give each its own `group`",
@@ -104,6 +106,19 @@ mod tests {
                 .iter()
                 .all(|p| !p.contains("consumer group")),
             "a relay with its own group does not clash"
+        );
+    }
+
+    #[test]
+    fn a_repeated_route_name_is_reported_once() {
+        let problems = problems(&(route("orders", "") + &route("orders", "")));
+        assert!(
+            problems.iter().any(|p| p.contains("name is used by route #1")),
+            "{problems:?}"
+        );
+        assert!(
+            problems.iter().all(|p| !p.contains("consumer group")),
+            "{problems:?}"
         );
     }
 
