@@ -19,6 +19,9 @@ use std::time::Duration;
 
 const PATIENCE: Duration = Duration::from_secs(60);
 
+/// Header names and raw values, in order.
+type Headers<'a> = Vec<(&'a str, &'a [u8])>;
+
 /// Produces a record with raw header values (so a value can be any bytes),
 /// all on key `k` so that every record of a test shares one partition.
 async fn send(producer: &FutureProducer, topic: &str, payload: &str, headers: &[(&str, &[u8])]) {
@@ -136,7 +139,7 @@ async fn hostile_headers_on_a_route_are_dead_lettered_and_the_route_goes_on() {
     let mut replay_trail: Vec<(&str, &[u8])> =
         tier_record("replay-trail", ("hopper-trail", trail_overflow.as_bytes()));
     replay_trail.push(("hopper-replay-count", b"1"));
-    let input_cases: Vec<(&str, Vec<(&str, &[u8])>)> = vec![
+    let input_cases: Vec<(&str, Headers)> = vec![
         ("id-binary", vec![("hopper-id", b"\xc3\x28")]),
         ("id-empty", vec![("hopper-id", b"")]),
         ("id-long", vec![("hopper-id", &[b'a'; 300])]),
