@@ -195,6 +195,7 @@ impl Envelope {
     /// Every field must be present and well-formed.
     pub fn from_tier<H: Headers>(rec: &Incoming<'_, H>) -> Result<Envelope, HeaderError> {
         let h = rec.headers;
+        let id = check_id(required(h, ID)?)?;
         let attempts_made: u32 = number(h, ATTEMPT)?;
         if attempts_made.checked_add(1).is_none() {
             return Err(HeaderError {
@@ -203,7 +204,7 @@ impl Envelope {
             });
         }
         Ok(Envelope {
-            id: check_id(required(h, ID)?)?,
+            id,
             attempts_made,
             origin: origin(h)?,
             first_failure_at: optional_number(h, FIRST_FAILURE_AT)?,
