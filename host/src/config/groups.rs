@@ -113,7 +113,9 @@ mod tests {
     fn a_repeated_route_name_is_reported_once() {
         let problems = problems(&(route("orders", "") + &route("orders", "")));
         assert!(
-            problems.iter().any(|p| p.contains("name is used by route #1")),
+            problems
+                .iter()
+                .any(|p| p.contains("name is used by route #1")),
             "{problems:?}"
         );
         assert!(
