@@ -329,3 +329,55 @@ async fn hostile_schedules_on_the_delay_relay_are_dead_lettered_and_it_goes_on()
     );
     hopper.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_dead_letter_records_are_listed_and_replayed_without_a_panic() {
+    init_tracing();
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        "\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"t\"\n",
+    );
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let producer = producer();
+    // As hopper writes them, but with times at the ends of i64 (the
+    // histogram spans them) and a replay count at the end of u32 (the loop
+    // guard adds to it).
+    let (min, max) = (i64::MIN.to_string(), i64::MAX.to_string());
+    let replays = u32::MAX.to_string();
+    for (id, failed_at) in [("early", &min), ("late", &max)] {
+        send(
+            &producer,
+            &route.dlq,
+            "fatal",
+            &[
+                ("hopper-id", id.as_bytes()),
+                ("hopper-attempt", b"1"),
+                ("hopper-route", route.name.as_bytes()),
+                ("hopper-origin-topic", route.input.as_bytes()),
+                ("hopper-origin-partition", b"0"),
+                ("hopper-origin-offset", b"0"),
+                ("hopper-reason", b"FATAL"),
+                ("hopper-last-failure-at", failed_at.as_bytes()),
+                ("hopper-replay-count", replays.as_bytes()),
+            ],
+        )
+        .await;
+    }
+    let listed = get_json(addr, &format!("/api/dlq?route={}", route.name)).await;
+    assert_eq!(listed["total"], 2, "{listed}");
+    assert!(
+        !listed["histogram"].as_array().unwrap().is_empty(),
+        "{listed}"
+    );
+    let body = serde_json::json!({ "filter": {}, "dry_run": true }).to_string();
+    let (status, answer) = http(addr, "POST", "/api/replay", Some("t"), Some(&body)).await;
+    assert_eq!(status, 200, "{answer}");
+    let report: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let outcomes = report["outcomes"].as_array().unwrap();
+    assert_eq!(outcomes.len(), 2, "{report}");
+    for outcome in outcomes {
+        assert_eq!(outcome["action"], "loop", "past any loop guard: {report}");
+    }
+    hopper.stop().await;
+}
