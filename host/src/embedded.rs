@@ -29,6 +29,29 @@ impl EmbeddedBroker {
         Ok(broker)
     }
 
+    /// Starts a broker for `config` when one is asked for: by `--embedded`
+    /// (`asked`, which wins over `kafka.brokers`), or by `kafka.embedded =
+    /// true` in a config without brokers. A config with neither brokers nor
+    /// the flag is an error that says how to fix it: an in-memory broker is
+    /// never chosen silently, because it loses every message on exit.
+    pub fn when_asked(config: &mut Config, asked: bool) -> anyhow::Result<Option<EmbeddedBroker>> {
+        let has_brokers = config
+            .kafka
+            .brokers
+            .as_deref()
+            .is_some_and(|b| !b.trim().is_empty());
+        if !asked && has_brokers {
+            return Ok(None);
+        }
+        if !asked && !config.kafka.embedded {
+            anyhow::bail!(
+                "no brokers: set kafka.brokers in the config, or pass --brokers (or HOPPER_BROKERS); \
+                 to try hopper on an in-memory broker that keeps nothing, pass --embedded or set kafka.embedded = true"
+            );
+        }
+        EmbeddedBroker::serve(config).map(Some)
+    }
+
     /// The mock cluster itself: its broker can be taken down and brought
     /// back, and errors injected into its requests (the fault tests).
     pub fn mock(&self) -> &MockCluster<'static, DefaultProducerContext> {

@@ -149,7 +149,9 @@ pub struct Origin {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Envelope {
     pub id: String,
-    /// Handler attempts already made before this delivery.
+    /// Handler attempts already made before this delivery. Below
+    /// `u32::MAX` in every envelope read from a record, so the attempt
+    /// number of this delivery (`attempts_made + 1`) cannot overflow.
     pub attempts_made: u32,
     pub origin: Origin,
     pub first_failure_at: Option<i64>,
@@ -180,7 +182,7 @@ impl Envelope {
                 attempts_made: 0,
                 origin: origin(h)?,
                 first_failure_at: None,
-                trail: text(h, TRAIL)?.map(parse_trail).unwrap_or_default(),
+                trail: trail(h)?,
                 replays,
             });
         }
@@ -207,12 +209,20 @@ impl Envelope {
     /// Every field must be present and well-formed.
     pub fn from_tier<H: Headers>(rec: &Incoming<'_, H>) -> Result<Envelope, HeaderError> {
         let h = rec.headers;
+        let id = check_id(required(h, ID)?)?;
+        let attempts_made: u32 = number(h, ATTEMPT)?;
+        if attempts_made.checked_add(1).is_none() {
+            return Err(HeaderError {
+                name: ATTEMPT,
+                problem: format!("`{attempts_made}` is too large: there is no attempt after it"),
+            });
+        }
         Ok(Envelope {
-            id: check_id(required(h, ID)?)?,
-            attempts_made: number(h, ATTEMPT)?,
+            id,
+            attempts_made,
             origin: origin(h)?,
             first_failure_at: optional_number(h, FIRST_FAILURE_AT)?,
-            trail: text(h, TRAIL)?.map(parse_trail).unwrap_or_default(),
+            trail: trail(h)?,
             replays: replay_count(h),
         })
     }
@@ -319,6 +329,31 @@ fn optional_number<T: std::str::FromStr, H: Headers>(
     }
 }
 
+/// `hopper-trail`, checked: its `+N` counts of folded hops must add up
+/// to a number, so that appending a hop cannot overflow.
+fn trail<H: Headers>(h: Option<&H>) -> Result<Vec<String>, HeaderError> {
+    let Some(text) = text(h, TRAIL)? else {
+        return Ok(Vec::new());
+    };
+    let trail = parse_trail(text);
+    let mut folded: u64 = 0;
+    for entry in &trail {
+        // The same reading as `push_trail`'s: anything else is a hop name.
+        let Some(count) = entry.strip_prefix('+').and_then(|n| n.parse::<u64>().ok()) else {
+            continue;
+        };
+        folded = folded.checked_add(count).ok_or_else(|| HeaderError {
+            name: TRAIL,
+            problem: format!(
+                "the folded hop counts add up to more than {} (at `{}`)",
+                u64::MAX,
+                shorten(entry, 64)
+            ),
+        })?;
+    }
+    Ok(trail)
+}
+
 fn parse_trail(text: &str) -> Vec<String> {
     text.split(',')
         .map(str::trim)
@@ -328,13 +363,15 @@ fn parse_trail(text: &str) -> Vec<String> {
 }
 
 /// Appends a hop to a trail, folding the oldest hops into a `+N` count so
-/// the header stays bounded however many hops a message makes.
+/// the header stays bounded however many hops a message makes. The count
+/// saturates at `u64::MAX` (a trail read from a record is checked against
+/// that already).
 pub fn push_trail(trail: &[String], hop: &str) -> Vec<String> {
     let mut folded: u64 = 0;
-    let mut hops: Vec<String> = Vec::with_capacity(trail.len() + 1);
+    let mut hops: Vec<String> = Vec::with_capacity(trail.len().saturating_add(1));
     for entry in trail {
         match entry.strip_prefix('+').and_then(|n| n.parse::<u64>().ok()) {
-            Some(n) => folded += n,
+            Some(n) => folded = folded.saturating_add(n),
             None => hops.push(entry.clone()),
         }
     }
@@ -342,7 +379,7 @@ pub fn push_trail(trail: &[String], hop: &str) -> Vec<String> {
     let keep = MAX_TRAIL_HOPS - 1;
     if hops.len() > keep {
         let excess = hops.len() - keep;
-        folded += excess as u64;
+        folded = folded.saturating_add(excess as u64);
         hops.drain(..excess);
     }
     let mut out = Vec::with_capacity(hops.len() + 1);

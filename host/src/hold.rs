@@ -20,18 +20,34 @@ use std::time::Duration;
 
 pub use crate::health::TopicPartition;
 
+/// How far a tier message's due time may lie beyond `now + wait` and
+/// still be believed: room for the clocks of two hosts to disagree.
+pub const MAX_CLOCK_SKEW: Duration = Duration::from_secs(60);
+
 /// When a tier message is due: its `hopper-due-at`, else its timestamp plus
 /// the tier's wait, else now.
 pub fn due_at<M: Message>(message: &M, wait: Duration) -> i64 {
-    if let Ok(Some(due)) = headers::text(message.headers(), headers::DUE_AT)
-        && let Ok(due) = due.parse::<i64>()
-    {
-        return due;
-    }
-    match message.timestamp().to_millis() {
-        Some(ts) => ts.saturating_add(wait.as_millis() as i64),
-        None => now_ms(),
-    }
+    let header = headers::text(message.headers(), headers::DUE_AT)
+        .ok()
+        .flatten();
+    due_from(header, message.timestamp().to_millis(), wait, now_ms())
+}
+
+/// [`due_at`] from its parts. Hopper writes a tier record due at most the
+/// tier's wait after it writes it, so a due time further ahead than
+/// `now + wait` (plus [`MAX_CLOCK_SKEW`]) is not one hopper wrote: a
+/// hostile header or timestamp. Such a message is due at once, and its
+/// processor judges it, instead of holding its partition for ever.
+pub fn due_from(header: Option<&str>, timestamp: Option<i64>, wait: Duration, now_ms: i64) -> i64 {
+    let wait_ms = i64::try_from(wait.as_millis()).unwrap_or(i64::MAX);
+    let due = header
+        .and_then(|due| due.parse::<i64>().ok())
+        .or_else(|| timestamp.map(|ts| ts.saturating_add(wait_ms)))
+        .unwrap_or(now_ms);
+    let latest = now_ms
+        .saturating_add(wait_ms)
+        .saturating_add(MAX_CLOCK_SKEW.as_millis() as i64);
+    if due > latest { now_ms } else { due }
 }
 
 #[derive(Debug, Default)]
@@ -132,6 +148,34 @@ mod tests {
 
     fn tp(p: i32) -> TopicPartition {
         ("orders.retry.5s".to_string(), p)
+    }
+
+    #[test]
+    fn a_due_time_beyond_the_wait_is_not_believed() {
+        let wait = Duration::from_secs(5);
+        assert_eq!(due_from(Some("9000"), Some(1), wait, 5_000), 9_000);
+        assert_eq!(due_from(None, Some(1_000), wait, 5_000), 6_000);
+        assert_eq!(due_from(Some("soon"), Some(1_000), wait, 5_000), 6_000);
+        assert_eq!(due_from(None, None, wait, 5_000), 5_000);
+        let skew = MAX_CLOCK_SKEW.as_millis() as i64;
+        assert_eq!(
+            due_from(Some(&(10_000 + skew).to_string()), None, wait, 5_000),
+            10_000 + skew,
+            "a clock a little ahead is believed"
+        );
+        for hostile in [i64::MAX.to_string(), (10_001 + skew).to_string()] {
+            assert_eq!(
+                due_from(Some(&hostile), None, wait, 5_000),
+                5_000,
+                "{hostile}"
+            );
+        }
+        assert_eq!(due_from(None, Some(i64::MAX), wait, 5_000), 5_000);
+        assert_eq!(
+            due_from(Some(&i64::MIN.to_string()), None, wait, 5_000),
+            i64::MIN,
+            "long overdue: passes"
+        );
     }
 
     #[test]

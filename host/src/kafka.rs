@@ -140,6 +140,14 @@ impl Cluster {
             anyhow::bail!("cannot create topics: {}", failures.join("; "));
         }
         self.wait_for_topics(&missing).await?;
+        if self.kafka.replication == 1 {
+            // One broker's disk is then the only copy of every message
+            // waiting in these topics (docs/scaling.md).
+            tracing::warn!(
+                topics = missing.join(", "),
+                "Topics created with replication 1: a broker lost loses their messages; set kafka.replication (3 in production) or create them beforehand."
+            );
+        }
         Ok(missing)
     }
 

@@ -87,7 +87,7 @@ pub fn decide(route: &Route, attempt: u32, verdict: &Verdict) -> Decision {
 /// retry-after hint. A hint longer than every tier gets the longest tier.
 pub fn tier_delay(route: &Route, attempt: u32, hint: Option<Duration>) -> Duration {
     let ladder = &route.retry_ladder;
-    let rung = ladder[(attempt as usize - 1).min(ladder.len() - 1)];
+    let rung = ladder[(attempt.saturating_sub(1) as usize).min(ladder.len() - 1)];
     let wanted = hint.map_or(rung, |h| h.max(rung));
     route
         .tiers()

@@ -217,7 +217,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     if admit == Admit::Defer {
         return Action::Hop(defer(shared, message, &envelope));
     }
-    let attempt = envelope.attempts_made + 1;
+    // `from_tier` refuses an attempt count with no next attempt.
+    let attempt = envelope.attempts_made.saturating_add(1);
     // Never closed, so acquiring only waits.
     let _instance = shared.instances.acquire().await.expect("never closed");
     let handler = shared.handler.current();

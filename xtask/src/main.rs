@@ -42,6 +42,7 @@ fn main() -> Result<()> {
         "broker" => broker(),
         "promtool" => ensure_promtool().map(|p| println!("{}", p.display())),
         "bench" => bench(rest),
+        "fuzz" => fuzz(rest),
         _ => {
             eprintln!(
                 "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)"
@@ -53,6 +54,31 @@ fn main() -> Result<()> {
             }
         }
     }
+}
+
+/// `cargo xtask fuzz [CASES]`: every function of a header value
+/// (host/tests/fuzz.rs), CASES (default 1,000,000) proptest cases per
+/// target, in the dev profile, which builds hopper with overflow checks on.
+/// Any panic fails it. Prints the time taken (BENCHMARKS.md).
+fn fuzz(rest: &[String]) -> Result<()> {
+    let cases = rest.first().map_or("1000000", String::as_str);
+    let test = |extra: &[&str]| {
+        let mut test = cargo();
+        test.current_dir(root())
+            .args(["test", "-p", "hopper", "--test", "fuzz"])
+            .args(extra)
+            .env("PROPTEST_CASES", cases);
+        test
+    };
+    run(test(&["--no-run"]), "building the fuzz targets")?;
+    step(&format!("fuzzing header values, {cases} cases per target"));
+    let started = Instant::now();
+    run(test(&[]), "the fuzz targets")?;
+    eprintln!(
+        "==> {cases} cases per target, 0 panics, in {:.1?}",
+        started.elapsed()
+    );
+    Ok(())
 }
 
 fn root() -> PathBuf {

@@ -5,8 +5,10 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 
 /// Properties hopper sets itself; a config that sets them is rejected,
-/// because changing them would break the delivery guarantees.
-pub const PROTECTED_PROPERTIES: [&str; 7] = [
+/// because changing them would break the delivery guarantees (with
+/// `auto.offset.reset = latest`, a tier whose group offsets expired would
+/// skip the messages waiting in it).
+pub const PROTECTED_PROPERTIES: [&str; 8] = [
     "bootstrap.servers",
     "group.id",
     "enable.auto.commit",
@@ -14,15 +16,22 @@ pub const PROTECTED_PROPERTIES: [&str; 7] = [
     "enable.idempotence",
     "acks",
     "isolation.level",
+    "auto.offset.reset",
 ];
 
 /// How hopper reaches Kafka.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
-    /// Bootstrap servers. When absent, hopper starts an embedded in-process
-    /// broker on 127.0.0.1 (for demos and trials, not production).
+    /// Bootstrap servers. Required, unless `embedded` is set (or `hopper
+    /// run --embedded` is given, or `--brokers` names them).
     pub brokers: Option<String>,
+    /// Run on an embedded in-process broker on 127.0.0.1 that keeps
+    /// everything in memory: for demos and trials, never production. Off by
+    /// default, so that a config that forgot its brokers fails at startup
+    /// instead of taking traffic that is lost on exit.
+    #[serde(default)]
+    pub embedded: bool,
     /// Create missing topics at startup. When false, startup fails naming
     /// every missing topic instead.
     #[serde(default = "default_true")]
@@ -44,6 +53,7 @@ impl Default for KafkaConfig {
     fn default() -> Self {
         Self {
             brokers: None,
+            embedded: false,
             create_topics: true,
             partitions: default_partitions(),
             replication: default_replication(),
@@ -76,6 +86,12 @@ impl KafkaConfig {
                 "kafka.replication must be at least 1, not {}",
                 self.replication
             ));
+        }
+        if self.embedded && self.brokers.is_some() {
+            problems.push(
+                "kafka.embedded = true and kafka.brokers are both set: remove one (the embedded broker is for trials only)"
+                    .to_string(),
+            );
         }
         for key in self.properties.keys() {
             if PROTECTED_PROPERTIES.contains(&key.as_str()) {

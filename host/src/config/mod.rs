@@ -10,6 +10,7 @@ mod admin;
 mod breaker;
 mod delay;
 mod grants;
+mod groups;
 mod kafka;
 mod limits;
 mod route;
@@ -150,6 +151,7 @@ impl ConfigFile {
         route::check_topic_overlap(&routes, &mut problems);
         self.limits.check(&routes, &mut problems);
         let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
+        groups::check_groups(&routes, delay.as_ref(), &mut problems);
         let admin = self.admin.as_ref().and_then(|a| a.resolve(&mut problems));
         self.replay.check(&mut problems);
         if delay.is_some() && routes.iter().any(|r| r.name == RELAY_ROUTE) {

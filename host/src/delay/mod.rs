@@ -13,6 +13,6 @@ mod relay;
 mod schedule;
 mod send;
 
-pub use relay::DelayProcessor;
+pub use relay::{DelayProcessor, Lookup, TARGET_TRUSTED_FOR};
 pub use schedule::{HOP_MARGIN, Rejected, Schedule, Step, parse_instant, parse_schedule, step};
 pub use send::DelayedMessage;

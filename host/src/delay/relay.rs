@@ -10,41 +10,132 @@ use crate::headers;
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
 use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Topics known to exist, so each target is looked up once.
+/// How long a target found to exist is trusted before it is looked up
+/// again. Short, so that a target deleted while hopper runs is noticed
+/// before the relay forwards to it for long (a produce to a deleted topic
+/// does not succeed); one lookup per target per second costs nothing.
+pub const TARGET_TRUSTED_FOR: Duration = Duration::from_secs(1);
+/// How long one metadata lookup may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
+/// The first and the longest wait between lookups that got no answer.
+const LOOKUP_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+/// What a metadata lookup says about a target topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// It exists and has partitions: forward to it.
+    Exists,
+    /// The cluster says it is not there, or not ours to use: dead-letter.
+    Missing(String),
+    /// No answer, or an answer that may change by itself (no leader yet,
+    /// a broker down, a timeout): ask again.
+    Unknown(String),
+}
+
+impl Lookup {
+    /// Reads the cluster's answer for one topic: the request's failure, or
+    /// the topic's error code and partition count as the metadata response
+    /// had them (`None`: the topic was not in the response). A partition
+    /// without a leader is the producer's to wait for, not a missing topic.
+    pub fn of(
+        topic: &str,
+        answer: Result<Option<(Option<RDKafkaErrorCode>, usize)>, String>,
+    ) -> Lookup {
+        let (error, partitions) = match answer {
+            Err(failure) => return Lookup::Unknown(format!("metadata request failed: {failure}")),
+            Ok(None) => {
+                return Lookup::Missing(format!(
+                    "topic `{topic}` is not in the cluster's metadata"
+                ));
+            }
+            Ok(Some(answer)) => answer,
+        };
+        match error {
+            Some(RDKafkaErrorCode::UnknownTopicOrPartition) => {
+                Lookup::Missing(format!("topic `{topic}` does not exist"))
+            }
+            Some(
+                code
+                @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::InvalidTopic),
+            ) => Lookup::Missing(format!("topic `{topic}` cannot be used: {code}")),
+            Some(code) => Lookup::Unknown(format!("topic `{topic}`: {code}")),
+            None if partitions == 0 => {
+                Lookup::Unknown(format!("topic `{topic}` has no partitions yet"))
+            }
+            None => Lookup::Exists,
+        }
+    }
+}
+
+/// Target topics and when each was last found to exist.
 struct KnownTopics {
     metadata: Arc<BaseConsumer>,
     // std Mutex: no .await while it is held.
-    known: Mutex<HashSet<String>>,
+    known: Mutex<HashMap<String, Instant>>,
 }
 
 impl KnownTopics {
-    async fn exists(&self, topic: &str) -> bool {
-        if self.known.lock().unwrap().contains(topic) {
-            return true;
+    /// Whether `topic` exists, or why not. A lookup that gets no clear
+    /// answer is made again with backoff, for as long as it takes: a valid
+    /// message is never dead-lettered because the cluster could not answer,
+    /// and a cluster that cannot answer a metadata request could not take
+    /// the forward either.
+    async fn check(&self, topic: &str) -> Result<(), String> {
+        if let Some(at) = self.known.lock().unwrap().get(topic)
+            && at.elapsed() < TARGET_TRUSTED_FOR
+        {
+            return Ok(());
         }
+        let mut backoff = LOOKUP_BACKOFF.0;
+        loop {
+            match self.lookup(topic).await {
+                Lookup::Exists => {
+                    self.known
+                        .lock()
+                        .unwrap()
+                        .insert(topic.to_string(), Instant::now());
+                    return Ok(());
+                }
+                Lookup::Missing(why) => {
+                    self.known.lock().unwrap().remove(topic);
+                    return Err(why);
+                }
+                Lookup::Unknown(why) => {
+                    tracing::warn!(
+                        pipeline = "delay",
+                        topic,
+                        error = why,
+                        retry_in_ms = backoff.as_millis() as u64,
+                        "Delay target lookup got no answer; retrying."
+                    );
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(LOOKUP_BACKOFF.1);
+                }
+            }
+        }
+    }
+
+    async fn lookup(&self, topic: &str) -> Lookup {
         let metadata = self.metadata.clone();
         let name = topic.to_string();
-        let found = tokio::task::spawn_blocking(move || {
-            metadata
-                .fetch_metadata(Some(&name), Duration::from_secs(10))
-                .map(|m| {
-                    m.topics().iter().any(|t| {
-                        t.name() == name && t.error().is_none() && !t.partitions().is_empty()
-                    })
-                })
-                .unwrap_or(false)
+        let answer = tokio::task::spawn_blocking(move || {
+            let m = metadata
+                .fetch_metadata(Some(&name), LOOKUP_TIMEOUT)
+                .map_err(|e| e.to_string())?;
+            Ok(m.topics()
+                .iter()
+                .find(|t| t.name() == name)
+                .map(|t| (t.error().map(RDKafkaErrorCode::from), t.partitions().len())))
         })
         .await
-        .unwrap_or(false);
-        if found {
-            self.known.lock().unwrap().insert(topic.to_string());
-        }
-        found
+        .unwrap_or_else(|e| Err(format!("lookup task failed: {e}")));
+        Lookup::of(topic, answer)
     }
 }
 
@@ -70,7 +161,7 @@ impl DelayProcessor {
             topic_of: relay.tiers.iter().map(|(d, t)| (*d, t.clone())).collect(),
             topics: KnownTopics {
                 metadata: Arc::new(metadata),
-                known: Mutex::new(HashSet::new()),
+                known: Mutex::new(HashMap::new()),
             },
             relay,
             telemetry,
@@ -160,16 +251,21 @@ impl Processor for DelayProcessor {
                 return self.reject(message, id, rejected);
             }
         };
-        if from_inbox && !self.topics.exists(&schedule.target).await {
-            let error = format!(
-                "header {}: topic `{}` does not exist",
-                headers::TARGET,
-                schedule.target
-            );
-            return self.reject(message, schedule.id, invalid(error));
+        // The target is checked when a message arrives, so a typo is
+        // dead-lettered at once rather than after its delay, and again
+        // before it is forwarded, in case the topic was deleted meanwhile.
+        let mut now = now_ms();
+        let mut next = step(schedule.deliver_at.saturating_sub(now), &self.waits);
+        if from_inbox || !matches!(next, Step::Tier(_)) {
+            if let Err(why) = self.topics.check(&schedule.target).await {
+                let error = format!("header {}: {why}", headers::TARGET);
+                return self.reject(message, schedule.id, invalid(error));
+            }
+            // The lookup may have waited for an answer: time has moved on.
+            now = now_ms();
+            next = step(schedule.deliver_at.saturating_sub(now), &self.waits);
         }
-        let now = now_ms();
-        match step(schedule.deliver_at - now, &self.waits) {
+        match next {
             Step::Forward => Action::Hop(forward(message, &schedule)),
             Step::Schedule => Action::HopAt {
                 at_ms: schedule.deliver_at,
@@ -180,7 +276,10 @@ impl Processor for DelayProcessor {
                     (headers::ID, schedule.id.clone()),
                     (headers::TARGET, schedule.target.clone()),
                     (headers::DELIVER_AT, schedule.deliver_at.to_string()),
-                    (headers::DUE_AT, (now + wait.as_millis() as i64).to_string()),
+                    (
+                        headers::DUE_AT,
+                        now.saturating_add(wait.as_millis() as i64).to_string(),
+                    ),
                 ];
                 let topic = self.topic_of[&wait].clone();
                 let record = OutRecord::like(
@@ -217,5 +316,39 @@ fn forward(message: &OwnedMessage, schedule: &Schedule) -> PlannedHop {
             target: schedule.target.clone(),
             deliver_at: schedule.deliver_at,
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lookup_tells_a_missing_topic_from_no_answer() {
+        let of = |answer| Lookup::of("orders", answer);
+        assert_eq!(of(Ok(Some((None, 3)))), Lookup::Exists);
+        assert_eq!(
+            of(Ok(Some((
+                Some(RDKafkaErrorCode::UnknownTopicOrPartition),
+                0
+            )))),
+            Lookup::Missing("topic `orders` does not exist".into())
+        );
+        assert!(matches!(
+            of(Ok(Some((Some(RDKafkaErrorCode::TopicAuthorizationFailed), 0)))),
+            Lookup::Missing(why) if why.contains("cannot be used")
+        ));
+        assert!(matches!(of(Ok(None)), Lookup::Missing(_)));
+        for transient in [
+            Err("Meta data fetch error: OperationTimedOut (Local: Timed out)".to_string()),
+            Ok(Some((Some(RDKafkaErrorCode::LeaderNotAvailable), 3))),
+            Ok(Some((Some(RDKafkaErrorCode::BrokerNotAvailable), 0))),
+            Ok(Some((None, 0))),
+        ] {
+            assert!(
+                matches!(of(transient.clone()), Lookup::Unknown(_)),
+                "{transient:?}"
+            );
+        }
     }
 }

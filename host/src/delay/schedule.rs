@@ -113,16 +113,26 @@ pub fn parse_schedule<H: Headers>(
                     headers::shorten(delay, 64)
                 ))
             })?;
-            reference_ms.saturating_add(delay.as_millis().min(i64::MAX as u128) as i64)
+            let delay = i64::try_from(delay.as_millis()).unwrap_or(i64::MAX);
+            reference_ms.max(0).saturating_add(delay)
         }
     };
-    if deliver_at.saturating_sub(now_ms) > max_delay.as_millis() as i64 {
+    // Checked: `deliver_at` comes from a header, and every later step
+    // (the tier choice, the scheduler, lateness) works from this difference.
+    let remaining = deliver_at.checked_sub(now_ms).ok_or_else(|| {
+        invalid(format!(
+            "header {}: `{deliver_at}` is out of range",
+            headers::DELIVER_AT
+        ))
+    })?;
+    let max_delay_ms = i64::try_from(max_delay.as_millis()).unwrap_or(i64::MAX);
+    if remaining > max_delay_ms {
         return Err(Rejected {
             reason: Reason::DelayTooLong,
             error: format!(
                 "deliver-at {deliver_at} is {} away; the maximum delay is {}",
                 humantime::format_duration(Duration::from_millis(
-                    (deliver_at - now_ms) as u64 / 1000 * 1000
+                    remaining.unsigned_abs() / 1000 * 1000
                 )),
                 humantime::format_duration(max_delay)
             ),
@@ -147,15 +157,21 @@ pub fn parse_schedule<H: Headers>(
     })
 }
 
-/// Epoch milliseconds, or an RFC 3339 time.
+/// Epoch milliseconds, or an RFC 3339 time; never before 1970, so that
+/// the time left until it (`deliver_at - now`) cannot overflow.
 pub fn parse_instant(text: &str) -> Result<i64, String> {
     if let Ok(ms) = text.parse::<i64>() {
+        if ms < 0 {
+            return Err(format!(
+                "`{ms}` is before 1970: epoch milliseconds cannot be negative"
+            ));
+        }
         return Ok(ms);
     }
     humantime::parse_rfc3339_weak(text)
         .map(|t| {
             t.duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as i64)
+                .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
                 .unwrap_or(0)
         })
         .map_err(|_| {
@@ -330,6 +346,22 @@ mod tests {
             assert_eq!(err.reason, Reason::InvalidEnvelope);
             assert!(err.error.contains(expected), "{pairs:?}: {}", err.error);
         }
+        for hostile in ["-9223372036854775808", "-1"] {
+            let err = parse(&[("hopper-target", "t"), ("hopper-deliver-at", hostile)]).unwrap_err();
+            assert_eq!(err.reason, Reason::InvalidEnvelope, "{hostile}");
+            assert!(
+                err.error.contains("header hopper-deliver-at: `")
+                    && err.error.contains("is before 1970"),
+                "{hostile}: {}",
+                err.error
+            );
+        }
+        let err = parse(&[
+            ("hopper-target", "t"),
+            ("hopper-deliver-at", "9223372036854775807"),
+        ])
+        .unwrap_err();
+        assert_eq!(err.reason, Reason::DelayTooLong, "{}", err.error);
         let err = parse(&[("hopper-target", "t"), ("hopper-delay", "2h")]).unwrap_err();
         assert_eq!(err.reason, Reason::DelayTooLong);
         assert!(

@@ -373,7 +373,8 @@ fn histogram(matches: &[DlqSummary]) -> (i64, Vec<Bucket>) {
     let (Some(first), Some(last)) = (times.iter().min(), times.iter().max()) else {
         return (ROUND[0], Vec::new());
     };
-    let span = last - first;
+    // Times come from headers: saturating, so a hostile one cannot overflow.
+    let span = last.saturating_sub(*first);
     let width = ROUND
         .into_iter()
         .find(|w| span / w < 30)
@@ -383,7 +384,7 @@ fn histogram(matches: &[DlqSummary]) -> (i64, Vec<Bucket>) {
         let Some(at) = m.failed_at else { continue };
         let reason = m.reason.clone().unwrap_or_else(|| "NONE".into());
         *buckets
-            .entry(at - at.rem_euclid(width))
+            .entry(at.saturating_sub(at.rem_euclid(width)))
             .or_default()
             .entry(reason)
             .or_default() += 1;

@@ -141,7 +141,9 @@ impl Dlq<'_> {
                 (Ok(envelope), Some(route)) => match self.input_of(route, &envelope.origin.topic) {
                     Err(problem) => (skip(problem), &[][..]),
                     Ok((to, keep)) => {
-                        let replay = envelope.replays + replayed + 1;
+                        // Saturating: `replays` comes from a header, and a
+                        // count that large is past any loop guard.
+                        let replay = envelope.replays.saturating_add(replayed).saturating_add(1);
                         if replay > max_replays {
                             let replays = replay - 1;
                             (

@@ -107,7 +107,7 @@ pub async fn run(
     cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
     let (mut settings, _broker) =
-        prepare(&config, None).with_context(|| format!("loading {}", config.display()))?;
+        prepare(&config, None, true).with_context(|| format!("loading {}", config.display()))?;
     // The hot reload step swaps in order-timeout v2, so it only runs with
     // the demo's own handler.
     let custom_handler = handler.is_some();

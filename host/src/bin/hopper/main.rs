@@ -55,10 +55,13 @@ enum Command {
         /// The config file.
         #[arg(short, long, default_value = "hopper.toml")]
         config: PathBuf,
-        /// Bootstrap servers; overrides `kafka.brokers`. Without either,
-        /// hopper starts an embedded broker on 127.0.0.1.
+        /// Bootstrap servers; overrides `kafka.brokers`.
         #[arg(long, env = "HOPPER_BROKERS")]
         brokers: Option<String>,
+        /// Run on an embedded in-memory broker on 127.0.0.1 (trials only:
+        /// it keeps nothing).
+        #[arg(long, conflicts_with = "brokers")]
+        embedded: bool,
         /// How long the drain after SIGTERM or Ctrl-C may take (humantime:
         /// 30s, 2m). What is not done by then is re-delivered after a
         /// restart.
@@ -166,12 +169,13 @@ async fn main() -> ExitCode {
             config,
             brokers,
             shutdown_timeout,
+            embedded,
         } => {
             let options = Options {
                 cache_dir,
                 shutdown_timeout: shutdown_timeout.into(),
             };
-            match run(config, brokers, options).await {
+            match run(config, brokers, embedded, options).await {
                 Ok(code) => return code,
                 Err(e) => Err(e),
             }
@@ -230,28 +234,33 @@ fn default_cache_dir() -> Option<PathBuf> {
     Some(base.join("hopper/components"))
 }
 
-/// Loads the config and, when no broker is given, starts the embedded one.
+/// Loads the config and, when it is asked for, starts the embedded broker.
 /// The broker must outlive hopper, so it is returned to the caller.
 pub(crate) fn prepare(
     path: &Path,
     brokers: Option<String>,
+    embedded: bool,
 ) -> anyhow::Result<(Config, Option<EmbeddedBroker>)> {
     let mut config = Config::load(path)?;
     if let Some(brokers) = brokers {
         config.kafka.brokers = Some(brokers);
     }
-    if config.kafka.brokers.is_some() {
-        return Ok((config, None));
+    let broker = EmbeddedBroker::when_asked(&mut config, embedded)?;
+    if let Some(broker) = &broker {
+        let address = broker.bootstrap_servers();
+        println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
     }
-    let broker = EmbeddedBroker::serve(&mut config)?;
-    let address = broker.bootstrap_servers();
-    println!("Embedded broker listening on {address} (bootstrap.servers={address}).");
-    Ok((config, Some(broker)))
+    Ok((config, broker))
 }
 
-async fn run(path: PathBuf, brokers: Option<String>, options: Options) -> anyhow::Result<ExitCode> {
+async fn run(
+    path: PathBuf,
+    brokers: Option<String>,
+    embedded: bool,
+    options: Options,
+) -> anyhow::Result<ExitCode> {
     let (config, _embedded) =
-        prepare(&path, brokers).with_context(|| format!("loading {}", path.display()))?;
+        prepare(&path, brokers, embedded).with_context(|| format!("loading {}", path.display()))?;
     let deadline = options.shutdown_timeout;
     let hopper = Hopper::start(config, options).await?;
     // The first signal starts the drain; a second one forces the exit.

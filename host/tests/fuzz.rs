@@ -1,0 +1,363 @@
+//! Every function of a header value, fed hostile headers: none may panic
+//! (this crate's tests build with overflow checks on), and each keeps the
+//! bound its callers rely on.
+//!
+//! A plain `cargo test` runs a few thousand cases per target;
+//! `cargo xtask fuzz` runs a million (`PROPTEST_CASES=1000000`).
+
+use hopper::config::{ConfigFile, Route};
+use hopper::delay::{Step, parse_instant, parse_schedule, step};
+use hopper::dlq::{self, DeadLetter, DlqRecord, DlqSummary};
+use hopper::headers::{self, Envelope, Hop, Incoming, Reason};
+use hopper::hold::{MAX_CLOCK_SKEW, due_from};
+use hopper::plugin::Verdict;
+use hopper::retry::{Decision, decide};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+use rdkafka::Timestamp;
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// `PROPTEST_CASES` when set, else enough to run in seconds.
+fn config() -> Config {
+    let mut config = Config::default();
+    if std::env::var_os("PROPTEST_CASES").is_none() {
+        config.cases = 3_000;
+    }
+    config.failure_persistence = None;
+    config
+}
+
+/// Every header hopper reads, and one it does not.
+const NAMES: [&str; 21] = [
+    headers::ID,
+    headers::ATTEMPT,
+    headers::ROUTE,
+    headers::ORIGIN_TOPIC,
+    headers::ORIGIN_PARTITION,
+    headers::ORIGIN_OFFSET,
+    headers::ORIGIN_TIMESTAMP,
+    headers::FIRST_FAILURE_AT,
+    headers::LAST_FAILURE_AT,
+    headers::LAST_ERROR,
+    headers::REASON,
+    headers::HANDLER,
+    headers::HANDLER_VERSION,
+    headers::TRAIL,
+    headers::DUE_AT,
+    headers::TARGET,
+    headers::DELIVER_AT,
+    headers::DELAY,
+    headers::REPLAY_COUNT,
+    headers::REPLAYED_FROM,
+    "x-trace",
+];
+
+/// Values at and past every edge a header number has.
+const EDGES: [&str; 24] = [
+    "",
+    " ",
+    "0",
+    "-0",
+    "+1",
+    "-1",
+    "4294967295",
+    "4294967296",
+    "2147483647",
+    "-2147483648",
+    "9223372036854775807",
+    "-9223372036854775808",
+    "9223372036854775808",
+    "18446744073709551615",
+    "99999999999999999999999999",
+    "1970-01-01T00:00:00Z",
+    "9999-12-31T23:59:59Z",
+    "0000-01-01T00:00:00Z",
+    "+18446744073709551615,+1",
+    "+9223372036854775807,+9223372036854775807,retry.5s",
+    "584542046y",
+    "18446744073709551615s",
+    "5s",
+    "orders",
+];
+
+fn text(max: usize) -> impl Strategy<Value = String> {
+    prop::collection::vec(any::<char>(), 0..max).prop_map(|c| c.into_iter().collect())
+}
+
+fn value() -> impl Strategy<Value = Option<Vec<u8>>> {
+    prop_oneof![
+        1 => Just(None),
+        4 => prop::sample::select(EDGES.to_vec()).prop_map(|v| Some(v.as_bytes().to_vec())),
+        3 => any::<i64>().prop_map(|n| Some(n.to_string().into_bytes())),
+        2 => any::<u64>().prop_map(|n| Some(n.to_string().into_bytes())),
+        2 => any::<u32>().prop_map(|n| Some(n.to_string().into_bytes())),
+        2 => prop::collection::vec(any::<u8>(), 0..24).prop_map(Some),
+        2 => text(24).prop_map(|t| Some(t.into_bytes())),
+        2 => prop::collection::vec(
+            prop_oneof![
+                any::<u64>().prop_map(|n| format!("+{n}")),
+                prop::sample::select(vec!["retry.5s", "dlq", "replay", "+", "+x"])
+                    .prop_map(str::to_string),
+            ],
+            0..16,
+        )
+        .prop_map(|hops| Some(hops.join(",").into_bytes())),
+    ]
+}
+
+fn headers() -> impl Strategy<Value = Vec<(String, Option<Vec<u8>>)>> {
+    prop::collection::vec(
+        (
+            prop_oneof![
+                9 => prop::sample::select(NAMES.to_vec()).prop_map(str::to_string),
+                1 => text(12),
+            ],
+            value(),
+        ),
+        0..14,
+    )
+}
+
+fn owned(pairs: &[(String, Option<Vec<u8>>)]) -> OwnedHeaders {
+    let mut out = OwnedHeaders::new();
+    for (key, value) in pairs {
+        out = out.insert(Header {
+            key: key.as_str(),
+            value: value.as_deref(),
+        });
+    }
+    out
+}
+
+fn message(pairs: &[(String, Option<Vec<u8>>)], offset: i64, timestamp: i64) -> OwnedMessage {
+    OwnedMessage::new(
+        Some(b"payload".to_vec()),
+        Some(b"key".to_vec()),
+        "orders".to_string(),
+        Timestamp::CreateTime(timestamp),
+        0,
+        offset,
+        Some(owned(pairs)),
+    )
+}
+
+/// Routes with a short ladder, the default one, and one attempt only.
+fn routes() -> &'static [Route] {
+    static ROUTES: OnceLock<Vec<Route>> = OnceLock::new();
+    ROUTES.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap().keep();
+        std::fs::write(dir.join("h.wasm"), b"").unwrap();
+        let file = ConfigFile::parse(
+            "[[route]]\nname = \"a\"\ntopics = [\"a\"]\nhandler = \"h.wasm\"\nretry = [\"1s\", \"30s\"]\nmax_attempts = 4\n\
+             [[route]]\nname = \"b\"\ntopics = [\"b\"]\nhandler = \"h.wasm\"\n\
+             [[route]]\nname = \"c\"\ntopics = [\"c\"]\nhandler = \"h.wasm\"\nmax_attempts = 1\n",
+        )
+        .unwrap();
+        file.resolve(&dir).unwrap().routes
+    })
+}
+
+fn verdict() -> impl Strategy<Value = Verdict> {
+    prop_oneof![
+        Just(Verdict::Ok),
+        (text(8), prop::option::of(any::<u64>())).prop_map(|(reason, ms)| Verdict::Retryable {
+            reason,
+            retry_after: ms.map(Duration::from_millis),
+        }),
+        (
+            text(8),
+            prop::option::of((any::<u64>(), 0u32..1_000_000_000))
+        )
+            .prop_map(|(reason, at)| Verdict::Retryable {
+                reason,
+                retry_after: at.map(|(s, n)| Duration::new(s, n)),
+            }),
+        text(8).prop_map(|reason| Verdict::Fatal { reason }),
+        (prop::sample::select(Reason::ALL.to_vec()), text(8))
+            .prop_map(|(class, error)| Verdict::Failed { class, error }),
+    ]
+}
+
+/// Plans both next hops of an envelope read from a record, as a route does.
+fn plan_hops(message: &OwnedMessage, envelope: &Envelope, route: &Route, verdict: &Verdict) {
+    let attempt = envelope
+        .attempts_made
+        .checked_add(1)
+        .expect("an envelope read from a record has a next attempt");
+    match decide(route, attempt, verdict) {
+        Decision::Commit => {}
+        Decision::Retry { delay, .. } => {
+            let entry = Decision::retry_trail_entry(delay);
+            let out = headers::next_hop_headers(
+                rdkafka::message::Message::headers(message),
+                envelope,
+                &Hop {
+                    route: &route.name,
+                    attempts_made: attempt,
+                    reason: Some(Reason::Retryable),
+                    error: Some("e"),
+                    failed_at: Some(1),
+                    handler: Some(("h", "v")),
+                    trail_entry: &entry,
+                    due_at: Some(2),
+                    keep: &[],
+                },
+            );
+            let trail = header_text(&out, headers::TRAIL);
+            assert!(
+                trail.split(',').count() <= headers::MAX_TRAIL_HOPS,
+                "{trail}"
+            );
+        }
+        Decision::DeadLetter { reason, error } => {
+            dlq::plan(
+                message,
+                DeadLetter {
+                    topic: &route.dlq,
+                    route: &route.name,
+                    envelope,
+                    attempts_made: attempt,
+                    reason,
+                    error: &error,
+                    handler: None,
+                    keep: &[headers::TARGET],
+                },
+            );
+        }
+    }
+}
+
+fn header_text(h: &OwnedHeaders, name: &str) -> String {
+    use rdkafka::message::Headers;
+    h.iter()
+        .filter(|h| h.key == name)
+        .last()
+        .and_then(|h| h.value)
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .unwrap_or_default()
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn input_envelopes(pairs in headers(), offset in any::<i64>(), ts in any::<i64>(), verdict in verdict(), r in 0usize..3) {
+        let message = message(&pairs, offset, ts);
+        let h = owned(&pairs);
+        let incoming = Incoming { topic: "orders", partition: 0, offset, timestamp: Some(ts), headers: Some(&h) };
+        if let Ok(envelope) = Envelope::from_input(&incoming) {
+            prop_assert_eq!(envelope.attempts_made, 0);
+            plan_hops(&message, &envelope, &routes()[r], &verdict);
+        }
+    }
+
+    #[test]
+    fn tier_envelopes(pairs in headers(), verdict in verdict(), r in 0usize..3) {
+        let message = message(&pairs, 7, 1);
+        let h = owned(&pairs);
+        let incoming = Incoming { topic: "a.retry.1s", partition: 0, offset: 7, timestamp: Some(1), headers: Some(&h) };
+        match Envelope::from_tier(&incoming) {
+            Ok(envelope) => plan_hops(&message, &envelope, &routes()[r], &verdict),
+            Err(e) => prop_assert!(e.to_string().starts_with("header hopper-"), "{}", e),
+        }
+    }
+
+    #[test]
+    fn tier_envelopes_with_every_field(attempt in value(), trail in value(), verdict in verdict(), r in 0usize..3) {
+        let mut pairs: Vec<(String, Option<Vec<u8>>)> = [
+            (headers::ID, "m-1"), (headers::ORIGIN_TOPIC, "orders"),
+            (headers::ORIGIN_PARTITION, "0"), (headers::ORIGIN_OFFSET, "9"),
+        ].iter().map(|(k, v)| (k.to_string(), Some(v.as_bytes().to_vec()))).collect();
+        pairs.push((headers::ATTEMPT.to_string(), attempt));
+        pairs.push((headers::TRAIL.to_string(), trail));
+        let message = message(&pairs, 7, 1);
+        let h = owned(&pairs);
+        let incoming = Incoming { topic: "a.retry.1s", partition: 0, offset: 7, timestamp: Some(1), headers: Some(&h) };
+        if let Ok(envelope) = Envelope::from_tier(&incoming) {
+            prop_assert!(envelope.attempts_made < u32::MAX);
+            plan_hops(&message, &envelope, &routes()[r], &verdict);
+        }
+    }
+
+    #[test]
+    fn schedules(pairs in headers(), reference in any::<i64>(), now in any::<i64>(), max_ms in any::<u64>()) {
+        let h = owned(&pairs);
+        let max_delay = Duration::from_millis(max_ms);
+        if let Ok(s) = parse_schedule(Some(&h), "d".into(), reference, now, max_delay) {
+            prop_assert!(s.deliver_at >= 0);
+            let remaining = s.deliver_at.checked_sub(now);
+            prop_assert!(remaining.is_some());
+            prop_assert!(remaining.unwrap() as i128 <= max_ms as i128);
+            let tiers = [Duration::from_secs(1), Duration::from_secs(30), Duration::from_secs(86_400)];
+            if let Step::Tier(t) = step(remaining.unwrap(), &tiers) {
+                prop_assert!((t.as_millis() as i64) < remaining.unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn instants(text in prop_oneof![prop::sample::select(EDGES.to_vec()).prop_map(str::to_string), text(32), any::<i64>().prop_map(|n| n.to_string())]) {
+        if let Ok(ms) = parse_instant(&text) {
+            prop_assert!(ms >= 0);
+        }
+    }
+
+    #[test]
+    fn due_times(header in value(), ts in prop::option::of(any::<i64>()), wait_ms in any::<u64>(), now in any::<i64>()) {
+        let header = header.as_deref().and_then(|v| std::str::from_utf8(v).ok());
+        let wait = Duration::from_millis(wait_ms);
+        let due = due_from(header, ts, wait, now);
+        let latest = now
+            .saturating_add(i64::try_from(wait_ms).unwrap_or(i64::MAX))
+            .saturating_add(MAX_CLOCK_SKEW.as_millis() as i64);
+        prop_assert!(due <= latest, "due {} past {}", due, latest);
+    }
+
+    #[test]
+    fn decisions(attempt in any::<u32>(), verdict in verdict(), r in 0usize..3) {
+        let route = &routes()[r];
+        if let Decision::Retry { topic, delay, .. } = decide(route, attempt, &verdict) {
+            prop_assert!(attempt < route.max_attempts);
+            prop_assert_eq!(topic, route.tier_topic(delay));
+        }
+    }
+
+    #[test]
+    fn trails(trail in prop::collection::vec(prop_oneof![
+        any::<u64>().prop_map(|n| format!("+{n}")),
+        text(6),
+    ], 0..40)) {
+        let out = headers::push_trail(&trail, "dlq");
+        prop_assert!(out.len() <= headers::MAX_TRAIL_HOPS);
+        prop_assert_eq!(out.last().map(String::as_str), Some("dlq"));
+    }
+
+    #[test]
+    fn dead_letter_records(
+        pairs in headers(), attempts in any::<u32>(), replays in any::<u32>(),
+        partition in any::<i32>(), offset in any::<i64>(), ts in prop::option::of(any::<i64>()),
+        first in prop::option::of(any::<i64>()), error in text(2_000),
+    ) {
+        let message = message(&pairs, offset, ts.unwrap_or(-1));
+        let envelope = Envelope {
+            id: "m".into(),
+            attempts_made: attempts,
+            origin: headers::Origin { topic: "o".into(), partition, offset, timestamp: ts },
+            first_failure_at: first,
+            trail: vec!["+18446744073709551615".into(), "+1".into()],
+            replays,
+        };
+        let hop = dlq::plan(&message, DeadLetter {
+            topic: "orders.dlq", route: "orders", envelope: &envelope, attempts_made: attempts,
+            reason: Reason::InvalidEnvelope, error: &error, handler: None, keep: &[headers::DELIVER_AT],
+        });
+        prop_assert!(header_text(&hop.record.headers, headers::LAST_ERROR).len() <= headers::MAX_ERROR_BYTES);
+        // Read back as an operator sees it.
+        let written = OwnedMessage::new(None, None, "orders.dlq".into(), Timestamp::CreateTime(1), 0, 0, Some(hop.record.headers));
+        DlqRecord::of(&written, u32::MAX);
+        DlqSummary::of(&message, 0);
+        let _ = dlq::record::envelope_of(&message);
+    }
+}

@@ -1,0 +1,247 @@
+//! The delay relay's target topics: a lookup that gets no answer is not a
+//! missing topic, and a target deleted while hopper runs is noticed.
+//!
+//! Regressions: a metadata error while checking a target dead-lettered a
+//! valid message as "topic does not exist"; and a target, once found, was
+//! trusted for ever, so messages went on being forwarded to it after it was
+//! deleted.
+
+use hopper::Hopper;
+use hopper::config::Config;
+use hopper::delay::TARGET_TRUSTED_FOR;
+
+use hopper::embedded::EmbeddedBroker;
+use hopper_tests::*;
+use rdkafka::ClientConfig;
+use rdkafka::admin::{AdminClient, AdminOptions};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+use rdkafka::types::RDKafkaRespErr;
+use std::time::Duration;
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// The high watermark of each partition of `topic`, summed: how many
+/// records it holds.
+fn records_in(brokers: &str, topic: &str) -> i64 {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap();
+    let partitions = metadata.topics()[0].partitions().len() as i32;
+    (0..partitions)
+        .map(|p| {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p, Duration::from_secs(10))
+                .unwrap();
+            high - low
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered() {
+    init_tracing();
+    let broker = EmbeddedBroker::start().unwrap();
+    let bootstrap = broker.bootstrap_servers();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("hopper.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 1\n\n[delay]\ntiers = [\"1s\"]\n"
+        ),
+    )
+    .unwrap();
+    let config = Config::load(&path).unwrap();
+    let relay = config.delay.clone().unwrap();
+    broker.create_topics(&config.all_topics(), 1).unwrap();
+    let target = "orders".to_string();
+    broker.create_topics([&target], 1).unwrap();
+    // The target exists, but the cluster answers every lookup of it with
+    // LEADER_NOT_AVAILABLE, as it does during a leader election.
+    broker
+        .mock()
+        .topic_error(
+            &target,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+        )
+        .unwrap();
+    let hopper = Hopper::start(config, options())
+        .await
+        .expect("hopper starts");
+    // Consuming before the message is sent, so that the relay reads it
+    // while the error is in place.
+    let ready_by = tokio::time::Instant::now() + PATIENCE;
+    while !hopper.telemetry().health().ready() {
+        assert!(
+            tokio::time::Instant::now() < ready_by,
+            "the relay never got its partitions"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let at = (now_ms() + 300).to_string();
+    produce(
+        &producer,
+        &relay.inbox,
+        None,
+        "close order 7",
+        &[("hopper-target", &target), ("hopper-deliver-at", &at)],
+    )
+    .await;
+    // Several lookups fail meanwhile (they back off from 100 ms).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    broker
+        .mock()
+        .topic_error(&target, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
+        .unwrap();
+
+    let consumer: rdkafka::consumer::StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", rand_name("reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&target]).unwrap();
+    let got = tokio::time::timeout(PATIENCE, consumer.recv())
+        .await
+        .expect("the message reaches its target once the leader is back")
+        .unwrap();
+    assert_eq!(rdkafka::Message::payload(&got), Some(&b"close order 7"[..]));
+    assert_eq!(
+        records_in(&bootstrap, &relay.dlq),
+        0,
+        "a valid message was dead-lettered"
+    );
+    hopper.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_deleted_while_hopper_runs_dead_letters_instead_of_looping() {
+    init_tracing();
+    let inbox = rand_name("delay");
+    let config = TestConfig::new(&format!(
+        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\", \"2s\"]\nmax_delay = \"1h\""
+    ));
+    let dlq = format!("{inbox}.dlq");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let producer = producer();
+
+    // Delivered once: the relay now knows the target.
+    let soon = (now_ms() + 200).to_string();
+    produce(
+        &producer,
+        &inbox,
+        None,
+        "first",
+        &[
+            ("hopper-target", &target),
+            ("hopper-deliver-at", &soon),
+            ("hopper-id", "first"),
+        ],
+    )
+    .await;
+    consume(&target, 1, PATIENCE).await;
+
+    // Accepted while the target exists, then waiting in the tiers when it
+    // is deleted.
+    let later = (now_ms() + 6_000).to_string();
+    produce(
+        &producer,
+        &inbox,
+        None,
+        "waiting",
+        &[
+            ("hopper-target", &target),
+            ("hopper-deliver-at", &later),
+            ("hopper-id", "waiting"),
+        ],
+    )
+    .await;
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let deleted = admin
+        .delete_topics(&[&target], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let metadata: BaseConsumer = client_config().create().unwrap();
+    let gone = tokio::time::Instant::now() + Duration::from_secs(30);
+    while metadata
+        .fetch_metadata(Some(&target), Duration::from_secs(5))
+        .map(|m| m.topics()[0].error().is_none())
+        .unwrap_or(true)
+    {
+        assert!(
+            tokio::time::Instant::now() < gone,
+            "{target} is still there"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Sent once the relay's trust in the target has run out.
+    tokio::time::sleep(TARGET_TRUSTED_FOR).await;
+    let soon = (now_ms() + 200).to_string();
+    produce(
+        &producer,
+        &inbox,
+        None,
+        "after",
+        &[
+            ("hopper-target", &target),
+            ("hopper-deliver-at", &soon),
+            ("hopper-id", "after"),
+        ],
+    )
+    .await;
+
+    let dead = consume(&dlq, 2, PATIENCE).await;
+    let mut ids: Vec<String> = dead
+        .iter()
+        .map(|m| {
+            let (h, _) = header_map(m);
+            assert_eq!(h["hopper-reason"], "INVALID_ENVELOPE", "{h:?}");
+            assert!(
+                h["hopper-last-error"].contains(&format!(
+                    "header hopper-target: topic `{target}` does not exist"
+                )),
+                "{h:?}"
+            );
+            // Kept, so the record can be sent again once the topic is back.
+            assert_eq!(h["hopper-target"], target);
+            h["hopper-id"].clone()
+        })
+        .collect();
+    ids.sort();
+    assert_eq!(ids, ["after", "waiting"]);
+    // No loop: the relay goes on, and the target was not recreated.
+    let other = rand_name("target");
+    create_topics(&[&other]).await;
+    let soon = (now_ms() + 200).to_string();
+    produce(
+        &producer,
+        &inbox,
+        None,
+        "other",
+        &[("hopper-target", &other), ("hopper-deliver-at", &soon)],
+    )
+    .await;
+    consume(&other, 1, PATIENCE).await;
+    assert!(
+        metadata
+            .fetch_metadata(Some(&target), Duration::from_secs(5))
+            .map(|m| m.topics()[0].error().is_some())
+            .unwrap_or(false),
+        "{target} came back"
+    );
+    hopper.stop().await;
+}
