@@ -12,8 +12,9 @@
 //!
 //! - **hopper**: a route over a preloaded topic of P partitions (default 1)
 //!   with the `fetch` fixture (GET, read the body, `ok` on 2xx), warm
-//!   instances. A partition handles one message at a time, so at most P
-//!   requests are in flight.
+//!   instances, `ordering = "partition"`: a partition handles one message
+//!   at a time, so at most P requests are in flight, as for the bare client.
+//!   (`bench-concurrency` measures many calls per partition.)
 //! - **bare client**: hyper-util's pooled client, P tasks each making its
 //!   share of the requests one after another, reading each body.
 //! - **transport**: hopper's own HTTP client for a route
@@ -328,7 +329,7 @@ async fn hopper_route(
 ) -> Figures {
     let name = rand_name("bench");
     let config = TestConfig::new(&format!(
-        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\n{extra}\n",
+        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nordering = \"partition\"\n{extra}\n",
         plugin(handler).display()
     ));
     let (connections, requests) = server.stats();
