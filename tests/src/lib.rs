@@ -5,6 +5,8 @@
 //! its address in `HOPPER_TEST_BROKERS`. Without it, each test binary starts
 //! its own nisshi (it must be installed: `cargo install nisshi --locked`).
 
+pub mod crash_loop;
+pub mod fleet;
 pub mod http_server;
 
 use hopper::config::Config;
