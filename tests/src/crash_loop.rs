@@ -10,10 +10,13 @@
 //! | 14–15: retryable            | the route      | the DLQ, `RETRIES_EXHAUSTED`, attempt 3, after tiers 1s, 2s |
 //! | 16–19: delayed              | the delay inbox | the sink topic, not before its `hopper-deliver-at` (0.5–8 s ahead) |
 //!
-//! A kill comes once the current process has brought a random share of
-//! the messages still to go to their fate (30–100% of an even split among
-//! the kills left), plus a random 0–500 ms, so every kill lands while
-//! hopper is busy. A duplicate is a fate that arrived more than once;
+//! Kill k comes once about (k + 1) / (K + 1) of the stream is produced,
+//! and the current process has been bringing messages to their fate for
+//! 1.5 s (so it had the chance to commit once), plus a random 0–500 ms:
+//! every kill lands while hopper is busy. (A
+//! restarted process waits out the killed member's session timeout, 10 s,
+//! before its group hands it partitions; the stream is produced slowly
+//! enough, 500 messages/s by default, for the kills to fall inside it.) A duplicate is a fate that arrived more than once;
 //! each is put down to the last kill before its second copy, and its first
 //! copy's age at that kill is compared with the window an offset can stay
 //! uncommitted (the pipeline stores positions every 100 ms and librdkafka
@@ -25,6 +28,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 /// The run's sizes. `cargo xtask crash-loop --messages N --kills K --rate R`.
@@ -46,7 +51,7 @@ impl Default for Params {
         Params {
             messages: 100_000,
             kills: 20,
-            rate: 2_000,
+            rate: 500,
             settle: Duration::from_secs(300),
             progress: true,
         }
@@ -106,6 +111,10 @@ pub fn kind(i: usize) -> Kind {
 /// commit's round trip and a loaded machine.
 pub const UNCOMMITTED_WINDOW_MS: i64 = 2_000;
 
+/// How long a restarted process works (from its first fate) before it may
+/// be killed: longer than librdkafka's 1 s auto-commit interval.
+pub const BUSY_BEFORE_KILL: Duration = Duration::from_millis(1_500);
+
 /// One kill: when, and what it led to.
 #[derive(Clone, Debug, Default)]
 pub struct KillReport {
@@ -113,6 +122,8 @@ pub struct KillReport {
     pub at: i64,
     /// Distinct fates seen when it was killed.
     pub fates_before: usize,
+    /// Every message was at its fate already: nothing was in flight.
+    pub idle: bool,
     /// Fates whose first copy was produced within [`UNCOMMITTED_WINDOW_MS`]
     /// before the kill: what a restart may hand out again.
     pub window: usize,
@@ -196,13 +207,18 @@ impl fmt::Display for Summary {
         for (n, k) in self.kills.iter().enumerate() {
             writeln!(
                 f,
-                "    kill {:>2}: {:>7} done, window {:>5}, duplicates {:>5}, beyond window {:>3}, oldest {:>6} ms",
+                "    kill {:>2}: {:>7} done, window {:>5}, duplicates {:>5}, beyond window {:>3}, oldest {:>6} ms{}",
                 n + 1,
                 k.fates_before,
                 k.window,
                 k.duplicates,
                 k.beyond_window,
-                k.oldest_ms
+                k.oldest_ms,
+                if k.idle {
+                    " (idle: every message done)"
+                } else {
+                    ""
+                }
             )?;
         }
         for (what, list) in [("lost", &self.lost), ("unexpected", &self.unexpected)] {
@@ -277,7 +293,9 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
         params.messages,
         params.rate
     ));
+    let produced = Arc::new(AtomicUsize::new(0));
     let producing = tokio::spawn({
+        let produced = produced.clone();
         let (input, done, inbox, sink) = (
             t.input.clone(),
             t.done.clone(),
@@ -289,6 +307,7 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
         async move {
             let mut rng = StdRng::from_rng(&mut rand::rng());
             crate::fleet::produce_paced(messages, rate, move |i| {
+                produced.store(i + 1, Ordering::Relaxed);
                 let id = format!("c{i}");
                 let script = |verdict| acting_script(&id, verdict, &done);
                 let (topic, payload, mut headers) = match kind(i) {
@@ -321,17 +340,43 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
 
     let mut kills = Vec::new();
     let mut rng = StdRng::from_rng(&mut rand::rng());
+    let stride = params.messages / (params.kills + 1);
     for k in 0..params.kills {
-        // A random share of what is left for the kills still to come, so
-        // the last one does not land after the work is done.
-        let from = fates_now();
-        let share = params.messages.saturating_sub(from) / (params.kills - k + 1);
-        let need = from + rng.random_range(share * 3 / 10..=share.max(1));
+        // Kill k comes once about (k + 1) / (kills + 1) of the stream is
+        // produced (give or take half a stride), and once the process has
+        // been bringing messages to their fate for BUSY_BEFORE_KILL: it is
+        // past its start and its group's rebalance, and busy. When every message is
+        // done early, the kills left come anyway (`idle`).
+        let target = stride * (k + 1) - rng.random_range(0..=stride / 2);
+        let spawned = Instant::now();
+        let spawned_ms = now_ms();
+        // Fates this process produced: records stamped since it started.
+        // (The ledger reads with a lag, so a fate the killed process
+        // produced can arrive after the restart.)
+        let own_fates = || {
+            ledger.with(|r| {
+                r.iter()
+                    .filter(|s| s.timestamp >= spawned_ms && fate(s, &t).is_some())
+                    .count()
+            })
+        };
         let mut last_say = Instant::now();
-        loop {
+        let mut working: Option<Instant> = None;
+        let idle = loop {
             let now = fates_now();
-            if now >= need {
-                break;
+            if working.is_none() && own_fates() > 0 {
+                working = Some(Instant::now());
+            }
+            // Busy long enough for one auto-commit (1 s) to have happened:
+            // a process killed before its first commit re-handles all its
+            // predecessor re-handled, and the duplicates compound.
+            if produced.load(Ordering::Relaxed) >= target
+                && working.is_some_and(|t| t.elapsed() >= BUSY_BEFORE_KILL)
+            {
+                break false;
+            }
+            if now >= params.messages && spawned.elapsed() > Duration::from_secs(1) {
+                break true;
             }
             if let Some(status) = process.exited() {
                 anyhow::bail!(
@@ -342,21 +387,23 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
             }
             if last_say.elapsed() > Duration::from_secs(5) {
                 say(format!(
-                    "{now} of {} messages at their fate; kill {} at {need}",
+                    "{now} of {} messages at their fate, {} produced; kill {} at {target} produced",
                     params.messages,
+                    produced.load(Ordering::Relaxed),
                     k + 1
                 ));
                 last_say = Instant::now();
             }
-            if started.elapsed() > params.settle * 4 {
+            if spawned.elapsed() > params.settle {
                 anyhow::bail!(
-                    "no progress towards kill {}: {now} fates, waiting for {need}\n{}",
-                    k + 1,
+                    "{} made no progress in {:?}: {now} fates\n{}",
+                    process.label,
+                    params.settle,
                     process.log_tail(40)
                 );
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
         process.kill9();
         let at = now_ms();
@@ -370,6 +417,7 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
         kills.push(KillReport {
             at,
             fates_before,
+            idle,
             ..Default::default()
         });
         generation += 1;
