@@ -224,7 +224,7 @@ fn seen(m: &rdkafka::message::BorrowedMessage<'_>) -> Seen {
         reason: None,
         trail: None,
         version: None,
-        payload: String::from_utf8_lossy(&m.payload().unwrap_or_default()[..])
+        payload: String::from_utf8_lossy(m.payload().unwrap_or_default())
             .chars()
             .take(64)
             .collect(),
@@ -300,7 +300,7 @@ pub async fn produce_paced(count: usize, rate: u32, mut make: impl FnMut(usize) 
             let mut headers = OwnedHeaders::new();
             for (k, v) in &out.headers {
                 headers = headers.insert(Header {
-                    key: *k,
+                    key: k,
                     value: Some(v.as_str()),
                 });
             }
