@@ -6,6 +6,8 @@
 //! its own nisshi (it must be installed: `cargo install nisshi --locked`).
 
 pub mod bench_server;
+pub mod crash_loop;
+pub mod fleet;
 pub mod http_server;
 pub mod track_server;
 

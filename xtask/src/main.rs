@@ -8,6 +8,8 @@
 //!   the Rust ones with cargo, the Python, JavaScript and C ones with pinned
 //!   toolchains it installs on first use (see `polyglot.rs`).
 //! - `broker`: starts the test broker and prints its address, until Ctrl-C.
+//! - `crash-loop`: kills hopper with SIGKILL during a run of messages and
+//!   counts every message's fate (`--messages N --kills K`).
 //! - `promtool`: unpacks Debian's promtool (for the alert-rules test) and
 //!   prints its path.
 
@@ -43,9 +45,10 @@ fn main() -> Result<()> {
         "promtool" => ensure_promtool().map(|p| println!("{}", p.display())),
         "bench" => bench(rest),
         "fuzz" => fuzz(rest),
+        "crash-loop" => crash_loop(rest),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)"
             );
             if command == "help" {
                 Ok(())
@@ -295,6 +298,45 @@ fn bench(rest: &[String]) -> Result<()> {
     }
     bench.args(args);
     let result = run(bench, "the benchmark");
+    drop(broker);
+    result
+}
+
+/// Kills a running hopper with SIGKILL again and again during a run of
+/// messages, against a fresh broker, and counts every message's fate
+/// (`tests/src/crash_loop.rs`). `rest`: `--messages N --kills K --rate R`.
+fn crash_loop(rest: &[String]) -> Result<()> {
+    let nisshi = ensure_nisshi()?;
+    build_rust_plugins(&["acting"])?;
+    let mut build = cargo();
+    build.current_dir(root()).args([
+        "build",
+        "-p",
+        "hopper",
+        "-p",
+        "hopper-tests",
+        "--bin",
+        "hopper",
+        "--bin",
+        "crash-loop",
+    ]);
+    run(build, "building hopper and the crash loop")?;
+    let broker = Broker::start(&nisshi)?;
+    let mut crash = cargo();
+    crash
+        .current_dir(root())
+        .env("HOPPER_TEST_BROKERS", &broker.address)
+        .args([
+            "run",
+            "--quiet",
+            "-p",
+            "hopper-tests",
+            "--bin",
+            "crash-loop",
+            "--",
+        ])
+        .args(rest);
+    let result = run(crash, "the crash loop");
     drop(broker);
     result
 }

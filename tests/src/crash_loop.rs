@@ -1,0 +1,618 @@
+//! The crash loop: one `hopper run` process, killed with SIGKILL at random
+//! moments and restarted each time, while a stream of messages with mixed
+//! outcomes goes through it. Then every message's fate is counted from the
+//! topics where messages end, without asking hopper:
+//!
+//! | message `c<i>`, by `i % 20` | sent to        | its fate                                                   |
+//! |-----------------------------|----------------|------------------------------------------------------------|
+//! | 0–11: ok                    | the route      | `c<i>/emit/0` on the done topic (the `acting` fixture emits it) |
+//! | 12–13: fatal                | the route      | the DLQ, `FATAL`, attempt 1                                |
+//! | 14–15: retryable            | the route      | the DLQ, `RETRIES_EXHAUSTED`, attempt 3, after tiers 1s, 2s |
+//! | 16–19: delayed              | the delay inbox | the sink topic, not before its `hopper-deliver-at` (0.5–8 s ahead) |
+//!
+//! Kill k comes once about (k + 1) / (K + 1) of the stream is produced,
+//! and the current process has been bringing messages to their fate for
+//! 1.5 s (so it had the chance to commit once), plus a random 0–500 ms:
+//! every kill lands while hopper is busy. (A
+//! restarted process waits out the killed member's session timeout, 10 s,
+//! before its group hands it partitions; the stream is produced slowly
+//! enough, 500 messages/s by default, for the kills to fall inside it.) A duplicate is a fate that arrived more than once;
+//! each is put down to the last kill before its second copy, and its first
+//! copy's age at that kill is compared with the window an offset can stay
+//! uncommitted (the pipeline stores positions every 100 ms and librdkafka
+//! commits them every second).
+
+use crate::fleet::{HopperProcess, Ledger, Outgoing, Seen, acting_script};
+use crate::{brokers, create_topics_with, now_ms, plugin, rand_name};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+/// The run's sizes. `cargo xtask crash-loop --messages N --kills K --rate R`.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub messages: usize,
+    pub kills: usize,
+    /// Messages produced per second.
+    pub rate: u32,
+    /// How long the last process may take, after the stream, to bring every
+    /// message to its fate.
+    pub settle: Duration,
+    /// Print progress to stderr.
+    pub progress: bool,
+}
+
+impl Default for Params {
+    fn default() -> Params {
+        Params {
+            messages: 100_000,
+            kills: 20,
+            rate: 500,
+            settle: Duration::from_secs(300),
+            progress: true,
+        }
+    }
+}
+
+impl Params {
+    /// Parses `--messages N --kills K --rate R --settle SECS`.
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Params, String> {
+        let mut params = Params::default();
+        let mut args = args.into_iter();
+        while let Some(flag) = args.next() {
+            let value = args.next().ok_or_else(|| format!("{flag} needs a value"))?;
+            let number = |what: &str| -> Result<u64, String> {
+                value
+                    .parse()
+                    .map_err(|e| format!("{what} `{value}` is not a number: {e}"))
+            };
+            match flag.as_str() {
+                "--messages" => params.messages = number("--messages")? as usize,
+                "--kills" => params.kills = number("--kills")? as usize,
+                "--rate" => params.rate = number("--rate")?.max(1) as u32,
+                "--settle" => params.settle = Duration::from_secs(number("--settle")?),
+                other => {
+                    return Err(format!(
+                        "unknown flag `{other}` (usage: --messages N --kills K --rate R --settle SECS)"
+                    ));
+                }
+            }
+        }
+        if params.messages < 20 {
+            return Err("--messages must be at least 20, one of each kind".into());
+        }
+        Ok(params)
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Kind {
+    Ok,
+    Fatal,
+    Retry,
+    Delayed,
+}
+
+pub fn kind(i: usize) -> Kind {
+    match i % 20 {
+        0..=11 => Kind::Ok,
+        12 | 13 => Kind::Fatal,
+        14 | 15 => Kind::Retry,
+        _ => Kind::Delayed,
+    }
+}
+
+/// The window an offset can stay uncommitted after its hop was acknowledged:
+/// the 100 ms store tick, librdkafka's 1 s auto-commit, and margin for the
+/// commit's round trip and a loaded machine.
+pub const UNCOMMITTED_WINDOW_MS: i64 = 2_000;
+
+/// How long a restarted process works (from its first fate) before it may
+/// be killed: longer than librdkafka's 1 s auto-commit interval.
+pub const BUSY_BEFORE_KILL: Duration = Duration::from_millis(1_500);
+
+/// One kill: when, and what it led to.
+#[derive(Clone, Debug, Default)]
+pub struct KillReport {
+    /// Epoch ms when the killed process was gone.
+    pub at: i64,
+    /// Distinct fates seen when it was killed.
+    pub fates_before: usize,
+    /// Every message was at its fate already: nothing was in flight.
+    pub idle: bool,
+    /// Fates whose first copy was produced within [`UNCOMMITTED_WINDOW_MS`]
+    /// before the kill: what a restart may hand out again.
+    pub window: usize,
+    /// Extra copies put down to this kill.
+    pub duplicates: usize,
+    /// Of those, the ones whose first copy is older than the window.
+    pub beyond_window: usize,
+    /// The oldest first copy of a duplicate, ms before the kill (negative:
+    /// after it, as when a retry hop was duplicated and both copies then
+    /// went down the ladder).
+    pub oldest_ms: i64,
+}
+
+/// What the run found.
+#[derive(Debug, Default)]
+pub struct Summary {
+    pub messages: usize,
+    pub by_kind: BTreeMap<String, usize>,
+    pub lost: Vec<String>,
+    /// Records on the done, DLQ or sink topics that no message should
+    /// produce (an unknown id, a wrong reason, attempt or trail).
+    pub unexpected: Vec<String>,
+    /// Delayed messages delivered before their deliver-at, by the record's
+    /// timestamp or by when it was read: (id, ms early).
+    pub early: Vec<(String, i64)>,
+    pub lateness_p50_ms: i64,
+    pub lateness_p99_ms: i64,
+    pub lateness_max_ms: i64,
+    /// Duplicated messages and their extra copies, by kind.
+    pub duplicates: BTreeMap<String, (usize, usize)>,
+    /// Extra copies that came before the first kill.
+    pub duplicates_without_kill: usize,
+    pub kills: Vec<KillReport>,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// Whether the run kept every promise: nothing lost, nothing early,
+    /// nothing unexpected.
+    pub fn passed(&self) -> bool {
+        self.lost.is_empty() && self.early.is_empty() && self.unexpected.is_empty()
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "crash loop: {} messages {:?}, {} kills, {:.0?}",
+            self.messages,
+            self.by_kind,
+            self.kills.len(),
+            self.elapsed
+        )?;
+        writeln!(f, "  lost: {}", self.lost.len())?;
+        writeln!(
+            f,
+            "  delayed delivered early: {}; lateness p50 {} ms, p99 {} ms, max {} ms (by the target record's timestamp, kills included)",
+            self.early.len(),
+            self.lateness_p50_ms,
+            self.lateness_p99_ms,
+            self.lateness_max_ms
+        )?;
+        writeln!(f, "  unexpected records: {}", self.unexpected.len())?;
+        let (messages, copies) = self
+            .duplicates
+            .values()
+            .fold((0, 0), |(m, c), (dm, dc)| (m + dm, c + dc));
+        writeln!(
+            f,
+            "  duplicates: {messages} messages, {copies} extra copies ({} before the first kill)",
+            self.duplicates_without_kill
+        )?;
+        for (kind, (m, c)) in &self.duplicates {
+            writeln!(f, "    {kind}: {m} messages, {c} extra copies")?;
+        }
+        writeln!(
+            f,
+            "  per kill: fates done by then, fates in the {UNCOMMITTED_WINDOW_MS} ms before it (the uncommitted window), extra copies after it, of those older than the window, oldest first copy (ms before the kill)"
+        )?;
+        for (n, k) in self.kills.iter().enumerate() {
+            writeln!(
+                f,
+                "    kill {:>2}: {:>7} done, window {:>5}, duplicates {:>5}, beyond window {:>3}, oldest {:>6} ms{}",
+                n + 1,
+                k.fates_before,
+                k.window,
+                k.duplicates,
+                k.beyond_window,
+                k.oldest_ms,
+                if k.idle {
+                    " (idle: every message done)"
+                } else {
+                    ""
+                }
+            )?;
+        }
+        for (what, list) in [("lost", &self.lost), ("unexpected", &self.unexpected)] {
+            if !list.is_empty() {
+                writeln!(f, "  first {what}: {:?}", &list[..list.len().min(10)])?;
+            }
+        }
+        if !self.early.is_empty() {
+            writeln!(
+                f,
+                "  first early: {:?}",
+                &self.early[..self.early.len().min(10)]
+            )?;
+        }
+        write!(
+            f,
+            "  result: {}",
+            if self.passed() { "PASS" } else { "FAIL" }
+        )
+    }
+}
+
+struct Topics {
+    input: String,
+    done: String,
+    dlq: String,
+    inbox: String,
+    sink: String,
+}
+
+/// Runs the crash loop against the test broker ([`brokers`]); an error is a
+/// run that could not go on (hopper would not start, or the messages never
+/// all arrived), with the last process's log.
+pub async fn run(params: &Params) -> anyhow::Result<Summary> {
+    let started = Instant::now();
+    let name = rand_name("crash");
+    let t = Topics {
+        input: format!("{name}.in"),
+        done: format!("{name}.done"),
+        dlq: format!("{name}.dlq"),
+        inbox: format!("{name}.delay"),
+        sink: format!("{name}.later"),
+    };
+    create_topics_with(&[&t.input, &t.done, &t.dlq, &t.inbox, &t.sink], 6).await;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("hopper.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[kafka]\nbrokers = \"{}\"\npartitions = 6\n\n[[route]]\nname = \"{name}\"\ntopics = [\"{}\"]\nhandler = \"{}\"\nemit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3\n\n[delay]\ninbox = \"{}\"\ngroup = \"{}\"\ntiers = [\"1s\", \"5s\"]\n",
+            brokers(),
+            t.input,
+            plugin("acting").display(),
+            t.done,
+            t.inbox,
+            t.inbox,
+        ),
+    )?;
+    let ledger = Ledger::start(&[t.done.clone(), t.dlq.clone(), t.sink.clone()]);
+    let say = |line: String| {
+        if params.progress {
+            eprintln!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
+        }
+    };
+    let fates_now = || ledger.with(|r| fates(r, &t).len());
+
+    let mut generation = 1;
+    let mut process = HopperProcess::spawn("hopper-1", &config, dir.path());
+    say(format!(
+        "started hopper (pid {}), producing {} messages at {}/s",
+        process.pid(),
+        params.messages,
+        params.rate
+    ));
+    let produced = Arc::new(AtomicUsize::new(0));
+    let producing = tokio::spawn({
+        let produced = produced.clone();
+        let (input, done, inbox, sink) = (
+            t.input.clone(),
+            t.done.clone(),
+            t.inbox.clone(),
+            t.sink.clone(),
+        );
+        let messages = params.messages;
+        let rate = params.rate;
+        async move {
+            let mut rng = StdRng::from_rng(&mut rand::rng());
+            crate::fleet::produce_paced(messages, rate, move |i| {
+                produced.store(i + 1, Ordering::Relaxed);
+                let id = format!("c{i}");
+                let script = |verdict| acting_script(&id, verdict, &done);
+                let (topic, payload, mut headers) = match kind(i) {
+                    Kind::Ok => (input.clone(), script("ok"), vec![]),
+                    Kind::Fatal => (input.clone(), script("fatal"), vec![]),
+                    Kind::Retry => (input.clone(), script("retry"), vec![]),
+                    Kind::Delayed => {
+                        let at = now_ms() + rng.random_range(500..8_000);
+                        (
+                            inbox.clone(),
+                            format!("deliver-at:{at}"),
+                            vec![
+                                ("hopper-target", sink.clone()),
+                                ("hopper-deliver-at", at.to_string()),
+                            ],
+                        )
+                    }
+                };
+                headers.push(("hopper-id", id.clone()));
+                Outgoing {
+                    topic,
+                    key: id,
+                    payload,
+                    headers,
+                }
+            })
+            .await
+        }
+    });
+
+    let mut kills = Vec::new();
+    let mut rng = StdRng::from_rng(&mut rand::rng());
+    let stride = params.messages / (params.kills + 1);
+    for k in 0..params.kills {
+        // Kill k comes once about (k + 1) / (kills + 1) of the stream is
+        // produced (give or take half a stride), and once the process has
+        // been bringing messages to their fate for BUSY_BEFORE_KILL: it is
+        // past its start and its group's rebalance, and busy. When every message is
+        // done early, the kills left come anyway (`idle`).
+        let target = stride * (k + 1) - rng.random_range(0..=stride / 2);
+        let spawned = Instant::now();
+        let spawned_ms = now_ms();
+        // Fates this process produced: records stamped since it started.
+        // (The ledger reads with a lag, so a fate the killed process
+        // produced can arrive after the restart.)
+        let own_fates = || {
+            ledger.with(|r| {
+                r.iter()
+                    .filter(|s| s.timestamp >= spawned_ms && fate(s, &t).is_some())
+                    .count()
+            })
+        };
+        let mut last_say = Instant::now();
+        let mut working: Option<Instant> = None;
+        let idle = loop {
+            let now = fates_now();
+            if working.is_none() && own_fates() > 0 {
+                working = Some(Instant::now());
+            }
+            // Busy long enough for one auto-commit (1 s) to have happened:
+            // a process killed before its first commit re-handles all its
+            // predecessor re-handled, and the duplicates compound.
+            if produced.load(Ordering::Relaxed) >= target
+                && working.is_some_and(|t| t.elapsed() >= BUSY_BEFORE_KILL)
+            {
+                break false;
+            }
+            if now >= params.messages && spawned.elapsed() > Duration::from_secs(1) {
+                break true;
+            }
+            if let Some(status) = process.exited() {
+                anyhow::bail!(
+                    "{} exited on its own ({status}):\n{}",
+                    process.label,
+                    process.log_tail(40)
+                );
+            }
+            if last_say.elapsed() > Duration::from_secs(5) {
+                say(format!(
+                    "{now} of {} messages at their fate, {} produced; kill {} at {target} produced",
+                    params.messages,
+                    produced.load(Ordering::Relaxed),
+                    k + 1
+                ));
+                last_say = Instant::now();
+            }
+            if spawned.elapsed() > params.settle {
+                anyhow::bail!(
+                    "{} made no progress in {:?}: {now} fates\n{}",
+                    process.label,
+                    params.settle,
+                    process.log_tail(40)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..500))).await;
+        process.kill9();
+        let at = now_ms();
+        let fates_before = fates_now();
+        say(format!(
+            "kill {} of {} (pid {}) with {fates_before} messages at their fate",
+            k + 1,
+            params.kills,
+            process.pid()
+        ));
+        kills.push(KillReport {
+            at,
+            fates_before,
+            idle,
+            ..Default::default()
+        });
+        generation += 1;
+        process = HopperProcess::spawn(&format!("hopper-{generation}"), &config, dir.path());
+    }
+    producing.await?;
+    say("all messages produced; waiting for every fate".into());
+    let deadline = Instant::now() + params.settle;
+    let mut last_say = Instant::now();
+    loop {
+        let now = fates_now();
+        if now >= params.messages {
+            break;
+        }
+        if let Some(status) = process.exited() {
+            anyhow::bail!(
+                "{} exited on its own ({status}):\n{}",
+                process.label,
+                process.log_tail(40)
+            );
+        }
+        if Instant::now() > deadline {
+            say(format!(
+                "only {now} of {} messages at their fate after {:?}",
+                params.messages, params.settle
+            ));
+            break;
+        }
+        if last_say.elapsed() > Duration::from_secs(5) {
+            say(format!(
+                "{now} of {} messages at their fate",
+                params.messages
+            ));
+            last_say = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Late duplicates from the last restart arrive within the window.
+    tokio::time::sleep(Duration::from_millis(UNCOMMITTED_WINDOW_MS as u64)).await;
+    match process.stop(Duration::from_secs(45)).await {
+        Ok(status) if status.success() => {}
+        Ok(status) => say(format!("the last hopper exited with {status}")),
+        Err(e) => say(e),
+    }
+    if let Some(e) = ledger.last_error() {
+        say(format!("the reader saw an error (and read on): {e}"));
+    }
+    let records = ledger.with(|r| r.to_vec());
+    let mut summary = summarise(params, &records, &t, kills);
+    summary.elapsed = started.elapsed();
+    Ok(summary)
+}
+
+/// The fate of every message that has one, by id: which kind of end it
+/// reached.
+fn fates(records: &[Seen], t: &Topics) -> HashMap<String, Kind> {
+    let mut out = HashMap::new();
+    for r in records {
+        if let Some(kind) = fate(r, t) {
+            out.insert(fate_id(r).to_string(), kind);
+        }
+    }
+    out
+}
+
+fn fate_id(r: &Seen) -> &str {
+    r.id.strip_suffix("/emit/0").unwrap_or(&r.id)
+}
+
+/// The end `r` stands for, if it is one (not checked against the id).
+fn fate(r: &Seen, t: &Topics) -> Option<Kind> {
+    if r.topic == t.done {
+        r.id.ends_with("/emit/0").then_some(Kind::Ok)
+    } else if r.topic == t.sink {
+        Some(Kind::Delayed)
+    } else if r.topic == t.dlq {
+        match r.reason.as_deref() {
+            Some("FATAL") => Some(Kind::Fatal),
+            Some("RETRIES_EXHAUSTED") => Some(Kind::Retry),
+            _ => None,
+        }
+    } else {
+        None
+    }
+}
+
+fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillReport>) -> Summary {
+    let mut s = Summary {
+        messages: params.messages,
+        ..Default::default()
+    };
+    for i in 0..params.messages {
+        *s.by_kind.entry(format!("{:?}", kind(i))).or_default() += 1;
+    }
+    // First copy of each fate, and every later one.
+    let mut first: HashMap<&str, &Seen> = HashMap::new();
+    let mut extra: Vec<(&Seen, &Seen)> = Vec::new();
+    let mut lateness = Vec::new();
+    for r in records {
+        let id = fate_id(r);
+        let i = id
+            .strip_prefix('c')
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|i| *i < params.messages);
+        let expected = i.map(kind);
+        let fits = match (expected, fate(r, t)) {
+            (Some(Kind::Ok), Some(Kind::Ok)) => true,
+            (Some(Kind::Fatal), Some(Kind::Fatal)) => {
+                r.attempt == Some(1) && r.trail.as_deref() == Some("dlq")
+            }
+            (Some(Kind::Retry), Some(Kind::Retry)) => {
+                r.attempt == Some(3) && r.trail.as_deref() == Some("retry.1s,retry.2s,dlq")
+            }
+            (Some(Kind::Delayed), Some(Kind::Delayed)) => true,
+            _ => false,
+        };
+        if !fits {
+            s.unexpected.push(format!(
+                "{}[{}]@{} id={} reason={:?} attempt={:?} trail={:?}",
+                r.topic, r.partition, r.offset, r.id, r.reason, r.attempt, r.trail
+            ));
+            continue;
+        }
+        if expected == Some(Kind::Delayed) {
+            let due: i64 = r
+                .payload
+                .strip_prefix("deliver-at:")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(i64::MAX);
+            let early = (due - r.timestamp).max(due - r.received);
+            if early > 0 {
+                s.early.push((id.to_string(), early));
+            }
+            lateness.push(r.timestamp - due);
+        }
+        if let Some(original) = first.get(id).copied() {
+            extra.push((original, r));
+        } else {
+            first.insert(id, r);
+        }
+    }
+    for i in 0..params.messages {
+        let id = format!("c{i}");
+        if !first.contains_key(id.as_str()) {
+            s.lost.push(id);
+        }
+    }
+    lateness.sort_unstable();
+    let pick = |q: f64| {
+        lateness
+            .get(((lateness.len() as f64 * q) as usize).min(lateness.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or(0)
+    };
+    s.lateness_p50_ms = pick(0.50);
+    s.lateness_p99_ms = pick(0.99);
+    s.lateness_max_ms = lateness.last().copied().unwrap_or(0);
+
+    for k in kills.iter_mut() {
+        k.window = first
+            .values()
+            .filter(|r| r.timestamp > k.at - UNCOMMITTED_WINDOW_MS && r.timestamp <= k.at)
+            .count();
+        k.oldest_ms = i64::MIN;
+    }
+    let mut dup_ids: BTreeMap<Kind, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    let mut dup_copies: BTreeMap<Kind, usize> = BTreeMap::new();
+    for (original, copy) in &extra {
+        let kind = fate(copy, t).expect("checked above");
+        dup_ids.entry(kind).or_default().insert(fate_id(copy));
+        *dup_copies.entry(kind).or_default() += 1;
+        // The kill that led to it: the last before the copy was produced.
+        match kills.iter_mut().rev().find(|k| k.at <= copy.timestamp) {
+            Some(k) => {
+                k.duplicates += 1;
+                let age = k.at - original.timestamp;
+                k.oldest_ms = k.oldest_ms.max(age);
+                if age > UNCOMMITTED_WINDOW_MS {
+                    k.beyond_window += 1;
+                }
+            }
+            None => s.duplicates_without_kill += 1,
+        }
+    }
+    for k in kills.iter_mut() {
+        if k.oldest_ms == i64::MIN {
+            k.oldest_ms = 0;
+        }
+    }
+    for (kind, ids) in dup_ids {
+        s.duplicates.insert(
+            format!("{kind:?}"),
+            (ids.len(), dup_copies.get(&kind).copied().unwrap_or(0)),
+        );
+    }
+    s.kills = kills;
+    s
+}
