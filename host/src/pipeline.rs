@@ -1,15 +1,17 @@
 //! The consumer loop shared by routes and the delay relay.
 //!
 //! The loop owns the consumer. It gates messages of tier topics through
-//! [`Hold`] and queues every due message on its partition. From each
-//! partition's queue it starts up to `max_in_flight` calls at once, in the
-//! order the processor's [`Concurrency`] allows: one at a time
-//! (`partition`), one per key (`key`), or any (`unordered`). Each call is a
-//! task of its own; it never waits for a hop's acknowledgement: it enqueues
-//! the produce and ends, and the producer's delivery callback marks the
-//! offset done in the partition's [`OffsetTracker`], which stores the highest
-//! offset below which every message is done. So however calls overtake each
-//! other, only the contiguous prefix of done offsets is ever committed.
+//! [`Hold`] and queues every due message on its partition. Up to
+//! `max_in_flight` runner tasks per partition take messages from its queue
+//! in the order the processor's [`Concurrency`] allows: one at a time
+//! (`partition`), one per key (`key`), or any (`unordered`); a runner goes
+//! from one message to the next without the loop, which only starts runners
+//! when messages wait and a slot is free. A call never waits for a hop's
+//! acknowledgement: it enqueues the produce and ends, and the producer's
+//! delivery callback marks the offset done in the partition's
+//! [`OffsetTracker`], which stores the highest offset below which every
+//! message is done. So however calls overtake each other, only the
+//! contiguous prefix of done offsets is ever committed.
 //!
 //! Nothing here blocks the loop: a partition whose queue is full is paused at
 //! the broker (and resumed at half), the blocking seek of a hold runs on a
@@ -44,14 +46,22 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Messages queued on one partition, at least, before it is paused at the
-/// broker; it is resumed when half of them have started. Enough that a
-/// partition of a fast handler does not wait on a fetch after each resume.
-const MIN_QUEUE: usize = 1024;
+/// broker (or `MAX_QUEUE_BYTES` of keys and payloads, whichever comes
+/// first); it is resumed when a quarter of them have started. A pause drops
+/// what librdkafka prefetched and a resume waits on a fetch, so the queue
+/// must hold more than a fast handler gets through in a fetch's time, or it
+/// would wait on the broker after every resume.
+const MIN_QUEUE: usize = 32_768;
+/// The bytes (keys and payloads) queued on one partition before it is
+/// paused.
+const MAX_QUEUE_BYTES: usize = 16 << 20;
 /// How often done offsets are stored for the next commit, and failed
 /// pauses, seeks and resumes retried. Commits run every second, so this adds
 /// nothing to commit latency, and it saves a call into librdkafka per
 /// message.
 const TICK: Duration = Duration::from_millis(100);
+/// How long a runner with nothing to do waits for a message before it ends.
+const RUNNER_IDLE: Duration = Duration::from_secs(1);
 /// The longest a hold's seek may block its (blocking) thread.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -176,30 +186,95 @@ struct Waiting {
     message: OwnedMessage,
 }
 
-/// A partition, as the loop sees it.
-struct Partition {
-    tp: Arc<TopicPartition>,
-    /// Tells this ownership of the partition from a later one.
-    generation: u64,
-    tracker: Arc<Mutex<OffsetTracker>>,
-    /// Received and due, not started.
+/// A partition's received, not yet started messages, shared by the loop
+/// (which adds them) and the partition's runners (which take them).
+#[derive(Default)]
+struct Queue {
     waiting: VecDeque<Waiting>,
     /// Keys with a call running.
     busy: HashSet<u64>,
+    /// Runners working on the partition.
     running: usize,
-    /// Paused at the broker because `waiting` is full.
+    /// Revoked or stopping: runners take nothing more.
+    closed: bool,
+    /// Paused at the broker because `waiting` reached the queue size.
     full: bool,
-    /// The backpressure pause failed; retried on the tick.
-    pause_failed: bool,
+    /// A runner asked the loop for more runners, not yet started.
+    more_asked: bool,
+    /// Key and payload bytes of `waiting`.
+    bytes: usize,
+    /// Runners waiting for a message to come free (counted in `running`).
+    parked: usize,
 }
 
-/// A call that ended, reported to the loop.
-struct Finished {
+impl Queue {
+    /// The oldest waiting message that `ordering` lets start now, its key
+    /// marked busy.
+    fn take(&mut self, ordering: Ordering) -> Option<Waiting> {
+        // Keys passed over in this scan: a later message of such a key must
+        // not overtake it.
+        let mut passed: HashSet<u64> = HashSet::new();
+        for i in 0..self.waiting.len() {
+            let key = self.waiting[i].key;
+            let free = key.is_none_or(|k| !self.busy.contains(&k) && !passed.contains(&k));
+            if free {
+                let waiting = self.waiting.remove(i).expect("in range");
+                self.bytes -= size_of(&waiting.message);
+                if let Some(k) = waiting.key {
+                    self.busy.insert(k);
+                }
+                return Some(waiting);
+            }
+            if ordering == Ordering::Partition {
+                return None;
+            }
+            passed.extend(key);
+        }
+        None
+    }
+}
+
+/// The bytes a queued message holds: its key and payload.
+fn size_of(message: &OwnedMessage) -> usize {
+    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len)
+}
+
+/// What a partition's runners work with.
+struct Lane<P> {
+    shared: Arc<Shared<P>>,
     tp: Arc<TopicPartition>,
-    generation: u64,
-    key: Option<u64>,
-    offset: i64,
-    panicked: bool,
+    tracker: Arc<Mutex<OffsetTracker>>,
+    queue: Arc<Mutex<Queue>>,
+    ordering: Ordering,
+    /// Runners at once, at most: `max_in_flight`, 1 under `partition`.
+    max: usize,
+    /// A full queue is resumed at this length.
+    half: usize,
+    /// Wakes a parked runner.
+    wake: tokio::sync::Notify,
+    scheduler: mpsc::UnboundedSender<Scheduled>,
+    notices: mpsc::UnboundedSender<Notice>,
+}
+
+/// What runners tell the loop.
+enum Notice {
+    /// A full partition's queue is down to half: resume it.
+    Drained(Arc<TopicPartition>),
+    /// The last runner of a closed (revoked) queue ended.
+    Idle(Arc<TopicPartition>),
+    /// More messages wait than runners run, with room for more.
+    More(Arc<TopicPartition>),
+}
+
+/// A partition, as the loop sees it.
+struct Partition<P> {
+    lane: Arc<Lane<P>>,
+    /// The queue of the partition's previous ownership while its runners
+    /// finish: nothing starts before, so no two calls of one partition
+    /// overlap across a rebalance.
+    previous: Option<Arc<Mutex<Queue>>>,
+    /// The backpressure pause failed; retried on the tick.
+    pause_failed: bool,
 }
 
 /// A hold's rewind (pause, then seek back to `offset`) not yet done.
@@ -224,12 +299,9 @@ struct Loop<P: Processor> {
     name: String,
     concurrency: Concurrency,
     queue: usize,
-    partitions: HashMap<String, HashMap<i32, Partition>>,
-    /// Calls still running from an earlier ownership of a partition: a
-    /// re-assigned partition starts nothing until they end, so no two calls
-    /// of one partition ever overlap across a rebalance.
-    draining: HashMap<TopicPartition, usize>,
-    generation: u64,
+    partitions: HashMap<String, HashMap<i32, Partition<P>>>,
+    /// Queues of revoked partitions whose runners have not ended yet.
+    retired: HashMap<TopicPartition, Arc<Mutex<Queue>>>,
     hold: Hold,
     rewinds: HashMap<TopicPartition, Rewind>,
     /// Partitions whose resume failed; retried on the tick.
@@ -237,7 +309,7 @@ struct Loop<P: Processor> {
     /// Partitions paused because the processor suspends their topic (a
     /// route's open circuit breaker).
     suspended: HashSet<TopicPartition>,
-    finished_tx: mpsc::UnboundedSender<Finished>,
+    notices_tx: mpsc::UnboundedSender<Notice>,
     seeked_tx: mpsc::UnboundedSender<Seeked>,
     scheduler: mpsc::UnboundedSender<Scheduled>,
 }
@@ -257,20 +329,19 @@ pub async fn run<P: Processor>(
     let consumer = shared.consumer.clone();
     let concurrency = shared.processor.concurrency();
     let stop_scheduler = CancellationToken::new();
-    let (finished_tx, mut finished) = mpsc::unbounded_channel();
+    let (notices_tx, mut notices) = mpsc::unbounded_channel();
     let (seeked_tx, mut seeked) = mpsc::unbounded_channel();
     let mut this = Loop {
         name: name.clone(),
         concurrency,
         queue: MIN_QUEUE.max(concurrency.max_in_flight.saturating_mul(4)),
         partitions: HashMap::new(),
-        draining: HashMap::new(),
-        generation: 0,
+        retired: HashMap::new(),
         hold: Hold::reporting(shared.telemetry.health().held_heads(&name)),
         rewinds: HashMap::new(),
         resume_failed: HashSet::new(),
         suspended: HashSet::new(),
-        finished_tx,
+        notices_tx,
         seeked_tx,
         scheduler: Scheduler::spawn(shared.producer.clone(), stop_scheduler.clone()),
         shared: shared.clone(),
@@ -288,7 +359,7 @@ pub async fn run<P: Processor>(
             _ = shutdown.cancelled() => break None,
             _ = shared.halt.failed() => break shared.halt.reason(),
             Some(event) = rebalances.recv() => this.rebalanced(event),
-            Some(done) = finished.recv() => this.finished(done),
+            Some(notice) = notices.recv() => this.noticed(notice),
             Some(seek) = seeked.recv() => this.seeked(seek),
             _ = tick.tick() => this.tick(),
             _ = async { match wake { Some(sleep) => sleep.await, None => std::future::pending().await } } => {
@@ -314,23 +385,25 @@ pub async fn run<P: Processor>(
     if let Ok(assigned) = consumer.assignment() {
         let _ = consumer.pause(&assigned);
     }
-    let mut running = 0;
-    for partition in this.partitions.values_mut().flat_map(|p| p.values_mut()) {
-        partition.waiting.clear();
-        running += partition.running;
+    let mut queues: Vec<Arc<Mutex<Queue>>> = this.retired.values().cloned().collect();
+    for partition in this.partitions.values().flat_map(|p| p.values()) {
+        queues.push(partition.lane.queue.clone());
+        queues.extend(partition.previous.clone());
     }
-    running += this.draining.values().sum::<usize>();
-    while running > 0 {
-        match tokio::time::timeout_at(until.into(), finished.recv()).await {
-            Ok(Some(done)) => {
-                running -= 1;
-                if done.panicked {
-                    this.panicked(&done);
-                }
-            }
-            Ok(None) | Err(_) => break,
-        }
+    for queue in &queues {
+        let mut queue = queue.lock().unwrap();
+        queue.closed = true;
+        queue.waiting.clear();
+        queue.bytes = 0;
     }
+    for partition in this.partitions.values().flat_map(|p| p.values()) {
+        partition.lane.wake.notify_waiters();
+    }
+    let running = || -> usize { queues.iter().map(|q| q.lock().unwrap().running).sum() };
+    while running() > 0 && Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let running = running();
     stop_scheduler.cancel();
     shared.acks.close();
     let acked = tokio::time::timeout_at(until.into(), shared.acks.wait())
@@ -394,24 +467,29 @@ impl<P: Processor> Loop<P> {
             Ordering::Unordered => None,
         };
         let message = message.detach();
-        let queue = self.queue;
+        let bytes = size_of(&message);
+        let queue_size = self.queue;
         let partition = self.partition(message.topic(), message.partition());
-        partition.tracker.lock().unwrap().begin(offset);
-        partition.waiting.push_back(Waiting { key, message });
-        let tp = partition.tp.clone();
+        partition.lane.tracker.lock().unwrap().begin(offset);
+        let full = {
+            let mut queue = partition.lane.queue.lock().unwrap();
+            queue.waiting.push_back(Waiting { key, message });
+            queue.bytes += bytes;
+            let full = !queue.full
+                && (queue.waiting.len() >= queue_size || queue.bytes >= MAX_QUEUE_BYTES);
+            queue.full |= full;
+            full
+        };
+        let tp = partition.lane.tp.clone();
         self.start(&tp);
-        let partition = self.get(&tp).expect("created above");
-        if partition.waiting.len() >= queue && !partition.full {
-            partition.full = true;
-            let tp = partition.tp.clone();
+        if full {
             self.pause_full(&tp);
         }
     }
 
     /// The partition `(topic, partition)`, created on its first message.
-    fn partition(&mut self, topic: &str, partition: i32) -> &mut Partition {
+    fn partition(&mut self, topic: &str, partition: i32) -> &mut Partition<P> {
         if self.get_by(topic, partition).is_none() {
-            self.generation += 1;
             let tp = (topic.to_string(), partition);
             let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
             self.shared
@@ -419,16 +497,31 @@ impl<P: Processor> Loop<P> {
                 .lock()
                 .unwrap()
                 .insert(tp.clone(), tracker.clone());
-            self.partitions.entry(tp.0.clone()).or_default().insert(
+            let previous = self.retired.remove(&tp);
+            let Concurrency {
+                ordering,
+                max_in_flight,
+            } = self.concurrency;
+            let lane = Lane {
+                shared: self.shared.clone(),
+                tp: Arc::new(tp.clone()),
+                tracker,
+                queue: Arc::default(),
+                ordering,
+                max: match ordering {
+                    Ordering::Partition => 1,
+                    _ => max_in_flight.max(1),
+                },
+                half: self.queue / 4 * 3,
+                wake: tokio::sync::Notify::new(),
+                scheduler: self.scheduler.clone(),
+                notices: self.notices_tx.clone(),
+            };
+            self.partitions.entry(tp.0).or_default().insert(
                 partition,
                 Partition {
-                    tp: Arc::new(tp),
-                    generation: self.generation,
-                    tracker,
-                    waiting: VecDeque::new(),
-                    busy: HashSet::new(),
-                    running: 0,
-                    full: false,
+                    lane: Arc::new(lane),
+                    previous,
                     pause_failed: false,
                 },
             );
@@ -436,115 +529,63 @@ impl<P: Processor> Loop<P> {
         self.get_by(topic, partition).expect("inserted above")
     }
 
-    fn get_by(&mut self, topic: &str, partition: i32) -> Option<&mut Partition> {
+    fn get_by(&mut self, topic: &str, partition: i32) -> Option<&mut Partition<P>> {
         self.partitions.get_mut(topic)?.get_mut(&partition)
     }
 
-    fn get(&mut self, tp: &TopicPartition) -> Option<&mut Partition> {
+    fn get(&mut self, tp: &TopicPartition) -> Option<&mut Partition<P>> {
         self.get_by(&tp.0, tp.1)
     }
 
-    /// Starts as many of `tp`'s waiting messages as its ordering and
-    /// `max_in_flight` allow, oldest first.
+    /// Starts runners for `tp`'s waiting messages, as many as its
+    /// `max_in_flight` leaves room for; each runner takes the next message
+    /// its ordering allows until none is left. Nothing starts while the
+    /// runners of the partition's previous ownership are still working.
     fn start(&mut self, tp: &TopicPartition) {
-        if self.draining.contains_key(tp) {
-            return;
-        }
-        let (ordering, max) = (
-            self.concurrency.ordering,
-            self.concurrency.max_in_flight.max(1),
-        );
-        let shared = self.shared.clone();
-        let (finished, scheduler) = (self.finished_tx.clone(), self.scheduler.clone());
         let Some(partition) = self.get(tp) else {
             return;
         };
-        // Keys passed over in this scan: a later message of such a key must
-        // not overtake it.
-        let mut passed: HashSet<u64> = HashSet::new();
-        let mut i = 0;
-        while partition.running < max && i < partition.waiting.len() {
-            let key = partition.waiting[i].key;
-            let free = key.is_none_or(|k| !partition.busy.contains(&k) && !passed.contains(&k));
-            if !free {
-                if ordering == Ordering::Partition {
-                    break;
-                }
-                passed.extend(key);
-                i += 1;
-                continue;
+        if let Some(previous) = &partition.previous {
+            if previous.lock().unwrap().running > 0 {
+                return;
             }
-            let Waiting { key, message } = partition.waiting.remove(i).expect("in range");
-            if let Some(k) = key {
-                partition.busy.insert(k);
-            }
-            partition.running += 1;
-            let offset = message.offset();
-            let done = Completion::new(offset, partition.tracker.clone());
-            let report = Finished {
-                tp: partition.tp.clone(),
-                generation: partition.generation,
-                key,
-                offset,
-                panicked: false,
-            };
-            let call = call(shared.clone(), message, done, scheduler.clone());
-            let finished = finished.clone();
-            tokio::spawn(async move {
-                let panicked = AssertUnwindSafe(call).catch_unwind().await.is_err();
-                let _ = finished.send(Finished { panicked, ..report });
-            });
+            partition.previous = None;
         }
-    }
-
-    fn finished(&mut self, done: Finished) {
-        if done.panicked {
-            self.panicked(&done);
-        }
-        let queue = self.queue;
-        let current = match self.get(&done.tp) {
-            Some(p) if p.generation == done.generation => {
-                p.running -= 1;
-                if let Some(k) = done.key {
-                    p.busy.remove(&k);
-                }
-                true
-            }
-            _ => false,
-        };
-        if !current {
-            // A call of an earlier ownership of the partition.
-            if let Some(left) = self.draining.get_mut(&done.tp) {
-                *left -= 1;
-                if *left == 0 {
-                    self.draining.remove(&done.tp);
-                    self.start(&done.tp);
-                }
-            }
+        let lane = partition.lane.clone();
+        let mut queue = lane.queue.lock().unwrap();
+        queue.more_asked = false;
+        if queue.parked > 0 {
+            lane.wake.notify_one();
             return;
         }
-        self.start(&done.tp);
-        if let Some(p) = self.get(&done.tp)
-            && p.full
-            && p.waiting.len() <= queue / 2
-        {
-            p.full = false;
-            p.pause_failed = false;
-            let tp = p.tp.clone();
-            if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
-                self.resume(&tp);
-            }
+        let room = lane.max.saturating_sub(queue.running);
+        let wanted = room.min(queue.waiting.len());
+        queue.running += wanted;
+        drop(queue);
+        for _ in 0..wanted {
+            tokio::spawn(run_lane(lane.clone()));
         }
     }
 
-    /// A call panicked: its offset is never done, so nothing past it is
-    /// committed, and the pipeline stops rather than run on around it.
-    fn panicked(&self, done: &Finished) {
-        let (topic, partition) = (&done.tp.0, done.tp.1);
-        self.shared.halt.fail(format!(
-            "processing {topic}[{partition}]@{} panicked; nothing from that offset on is committed",
-            done.offset
-        ));
+    fn noticed(&mut self, notice: Notice) {
+        match notice {
+            Notice::Drained(tp) => {
+                if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
+                    self.resume(&tp);
+                }
+            }
+            Notice::More(tp) => self.start(&tp),
+            Notice::Idle(tp) => {
+                if self
+                    .retired
+                    .get(&tp)
+                    .is_some_and(|q| q.lock().unwrap().running == 0)
+                {
+                    self.retired.remove(&tp);
+                }
+                self.start(&tp);
+            }
+        }
     }
 
     fn rebalanced(&mut self, event: Rebalanced) {
@@ -557,10 +598,21 @@ impl<P: Processor> Loop<P> {
                     self.suspended.remove(&tp);
                     self.shared.trackers.lock().unwrap().remove(&tp);
                     let removed = self.partitions.get_mut(&tp.0).and_then(|p| p.remove(&tp.1));
-                    if let Some(partition) = removed
-                        && partition.running > 0
-                    {
-                        *self.draining.entry(tp).or_default() += partition.running;
+                    let Some(partition) = removed else { continue };
+                    // Queued messages are left for the partition's next
+                    // owner; running calls finish, uncommitted.
+                    let mut queue = partition.lane.queue.lock().unwrap();
+                    queue.closed = true;
+                    queue.waiting.clear();
+                    queue.bytes = 0;
+                    let running = queue.running;
+                    drop(queue);
+                    partition.lane.wake.notify_waiters();
+                    let previous = partition.previous.filter(|q| q.lock().unwrap().running > 0);
+                    if running > 0 {
+                        self.retired.insert(tp, partition.lane.queue.clone());
+                    } else if let Some(previous) = previous {
+                        self.retired.insert(tp, previous);
                     }
                 }
             }
@@ -640,7 +692,11 @@ impl<P: Processor> Loop<P> {
     /// drains) or the processor suspends it (it resumes when no longer
     /// suspended); a failure is retried on the tick.
     fn resume(&mut self, tp: &TopicPartition) {
-        if self.suspended.contains(tp) || self.get(tp).is_some_and(|p| p.full) {
+        if self.suspended.contains(tp)
+            || self
+                .get(tp)
+                .is_some_and(|p| p.lane.queue.lock().unwrap().full)
+        {
             return;
         }
         match self.shared.consumer.resume(&tpl_of(tp)) {
@@ -728,8 +784,8 @@ impl<P: Processor> Loop<P> {
             .partitions
             .values()
             .flat_map(|p| p.values())
-            .filter(|p| p.full && p.pause_failed)
-            .map(|p| p.tp.clone())
+            .filter(|p| p.pause_failed && p.lane.queue.lock().unwrap().full)
+            .map(|p| p.lane.tp.clone())
             .collect();
         for tp in pause {
             self.pause_full(&tp);
@@ -739,15 +795,15 @@ impl<P: Processor> Loop<P> {
 
 /// Stores, in one call, the committable position of every partition whose
 /// position moved since the last store.
-fn store_positions(
+fn store_positions<P>(
     consumer: &PipelineConsumer,
-    partitions: &HashMap<String, HashMap<i32, Partition>>,
+    partitions: &HashMap<String, HashMap<i32, Partition<P>>>,
     pipeline: &str,
 ) {
     let mut tpl = TopicPartitionList::new();
     for partition in partitions.values().flat_map(|p| p.values()) {
-        if let Some(position) = partition.tracker.lock().unwrap().take_unstored() {
-            let tp = &partition.tp;
+        if let Some(position) = partition.lane.tracker.lock().unwrap().take_unstored() {
+            let tp = &partition.lane.tp;
             let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(position));
         }
     }
@@ -757,6 +813,97 @@ fn store_positions(
     if let Err(e) = consumer.store_offsets(&tpl) {
         // Expected after a revoke: the partition's next owner redelivers.
         tracing::debug!(pipeline, error = %e, "Offsets not stored.");
+    }
+}
+
+/// A runner of one partition: takes the next message its ordering allows
+/// and calls it, until none is left (or the queue is closed). While it has a
+/// message and more wait, it asks the loop for more runners, up to the
+/// lane's `max`. A call that panics halts the pipeline: its offset never
+/// completes, so nothing past it is committed.
+async fn run_lane<P: Processor>(lane: Arc<Lane<P>>) {
+    /// What a runner does next, decided under the queue's lock.
+    enum Step {
+        Run(Waiting),
+        Park,
+        Exit,
+    }
+    let mut done_key: Option<u64> = None;
+    loop {
+        let step = {
+            let mut queue = lane.queue.lock().unwrap();
+            if let Some(k) = done_key.take() {
+                queue.busy.remove(&k);
+            }
+            let next = match queue.closed {
+                true => None,
+                false => queue.take(lane.ordering),
+            };
+            match next {
+                None if queue.closed => {
+                    queue.running -= 1;
+                    if queue.running == 0 {
+                        let _ = lane.notices.send(Notice::Idle(lane.tp.clone()));
+                    }
+                    Step::Exit
+                }
+                None => {
+                    queue.parked += 1;
+                    Step::Park
+                }
+                Some(waiting) => {
+                    if !queue.waiting.is_empty() {
+                        if queue.parked > 0 {
+                            lane.wake.notify_one();
+                        } else if queue.running < lane.max && !queue.more_asked {
+                            queue.more_asked = true;
+                            let _ = lane.notices.send(Notice::More(lane.tp.clone()));
+                        }
+                    }
+                    if queue.full
+                        && queue.waiting.len() <= lane.half
+                        && queue.bytes <= MAX_QUEUE_BYTES / 4 * 3
+                    {
+                        queue.full = false;
+                        let _ = lane.notices.send(Notice::Drained(lane.tp.clone()));
+                    }
+                    Step::Run(waiting)
+                }
+            }
+        };
+        let Waiting { key, message } = match step {
+            Step::Exit => return,
+            Step::Park => {
+                // Wait for a message (or a key) to come free: the loop wakes
+                // a parked runner before it starts a new one.
+                let woken = tokio::time::timeout(RUNNER_IDLE, lane.wake.notified())
+                    .await
+                    .is_ok();
+                let mut queue = lane.queue.lock().unwrap();
+                queue.parked -= 1;
+                if !woken && queue.waiting.is_empty() {
+                    queue.running -= 1;
+                    if queue.closed && queue.running == 0 {
+                        let _ = lane.notices.send(Notice::Idle(lane.tp.clone()));
+                    }
+                    return;
+                }
+                continue;
+            }
+            Step::Run(waiting) => waiting,
+        };
+        let offset = message.offset();
+        let done = Completion::new(offset, lane.tracker.clone());
+        let call = call(lane.shared.clone(), message, done, lane.scheduler.clone());
+        if AssertUnwindSafe(call).catch_unwind().await.is_err() {
+            let (topic, partition) = (&lane.tp.0, lane.tp.1);
+            lane.shared.halt.fail(format!(
+                "processing {topic}[{partition}]@{offset} panicked; nothing from that offset on is committed"
+            ));
+            lane.queue.lock().unwrap().running -= 1;
+            return;
+        }
+        done_key = key;
     }
 }
 

@@ -22,6 +22,9 @@
 //! in the same order; the summary gives each one's median, and ratios of
 //! medians.
 //!
+//! `BENCH_ROUTE_EXTRA`, when set, goes inside every measured route's table
+//! (`BENCH_ROUTE_EXTRA='ordering = "partition"'`, say).
+//!
 //! Besides the rate, each row gives the CPU time per message of this process
 //! (the relay or hopper, with librdkafka's threads) and, when
 //! `HOPPER_BENCH_BROKER_PID` names the broker's process, of the broker.
@@ -413,8 +416,9 @@ impl Bench {
         let name = rand_name("bench");
         let hopper = self
             .start(&format!(
-                "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\n{extra}\n",
-                plugin(handler).display()
+                "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\n{}\n{extra}\n",
+                plugin(handler).display(),
+                std::env::var("BENCH_ROUTE_EXTRA").unwrap_or_default()
             ))
             .await;
         // With an admin server, scrape it every second, as a hurried
