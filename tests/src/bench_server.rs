@@ -1,6 +1,7 @@
 //! The loopback HTTP server of the HTTP benchmarks, in a child process (the
 //! benchmark binary run again with `--serve`), so the benchmark's own CPU
-//! time is hopper's side alone; and that CPU time.
+//! time is hopper's side alone; that CPU time; and the preloaded input they
+//! read.
 
 use crate::http_server::TestServer;
 use std::io::{BufRead, BufReader, Write};
@@ -82,4 +83,42 @@ pub fn cpu_seconds() -> f64 {
     let fields: Vec<&str> = rest.split(' ').collect();
     let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
     ticks / 100.0
+}
+
+/// A fresh topic named `prefix-...` of `partitions` partitions holding `n`
+/// records of `payload`, the i-th keyed `key(i)`, every one acknowledged.
+pub async fn preload(
+    prefix: &str,
+    n: u64,
+    partitions: i32,
+    key: impl Fn(u64) -> String,
+    payload: &str,
+) -> String {
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+    use std::time::Duration;
+    let topic = crate::rand_name(prefix);
+    crate::create_topics_with(&[&topic], partitions).await;
+    let producer: FutureProducer = crate::client_config()
+        .set("linger.ms", "10")
+        .set("queue.buffering.max.messages", "500000")
+        .create()
+        .unwrap();
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let key = key(i);
+        loop {
+            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(payload)) {
+                Ok(ack) => {
+                    acks.push(ack);
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        }
+    }
+    for ack in acks {
+        ack.await.unwrap().map_err(|(e, _)| e).unwrap();
+    }
+    producer.flush(Duration::from_secs(30)).unwrap();
+    topic
 }

@@ -16,9 +16,8 @@
 //! keyed over 10,000 keys.
 
 use hopper::Hopper;
-use hopper_tests::bench_server::{Server, cpu_seconds};
+use hopper_tests::bench_server::{Server, cpu_seconds, preload};
 use hopper_tests::*;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::time::{Duration, Instant};
 
 #[global_allocator]
@@ -77,7 +76,7 @@ async fn run(seconds: u64, service_ms: u64) {
     ] {
         let bound = PARTITIONS as f64 * max_in_flight as f64 * 1000.0 / service_ms as f64;
         let n = ((bound * seconds as f64) as u64).clamp(1_000, 30_000);
-        let input = preload(n, "go").await;
+        let input = preload("bench-conc-in", n, PARTITIONS, key_of, "go").await;
         let hosts = format!(
             "allowed_hosts = [\"{}\"]\n[route.config]\nurl = \"{}\"\n",
             server.origin, server.url
@@ -107,7 +106,7 @@ async fn run(seconds: u64, service_ms: u64) {
     for ordering in ["partition", "key", "unordered"] {
         let max_in_flight = if ordering == "partition" { 1 } else { 64 };
         let n = 3_000;
-        let input = preload(n, &payload).await;
+        let input = preload("bench-conc-in", n, PARTITIONS, key_of, &payload).await;
         let (rate, cpu_us) = measure(
             &mut server,
             &input,
@@ -130,34 +129,9 @@ async fn run(seconds: u64, service_ms: u64) {
     }
 }
 
-/// A fresh topic of `PARTITIONS` partitions with `n` records of `payload`,
-/// keyed over `KEYS` keys.
-async fn preload(n: u64, payload: &str) -> String {
-    let topic = rand_name("bench-conc-in");
-    create_topics_with(&[&topic], PARTITIONS).await;
-    let producer: FutureProducer = client_config()
-        .set("linger.ms", "10")
-        .set("queue.buffering.max.messages", "500000")
-        .create()
-        .unwrap();
-    let mut acks = Vec::new();
-    for i in 0..n {
-        let key = format!("k{}", i % KEYS);
-        loop {
-            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(payload)) {
-                Ok(ack) => {
-                    acks.push(ack);
-                    break;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
-            }
-        }
-    }
-    for ack in acks {
-        ack.await.unwrap().map_err(|(e, _)| e).unwrap();
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
-    topic
+/// The key of the i-th message: over `KEYS` keys.
+fn key_of(i: u64) -> String {
+    format!("k{}", i % KEYS)
 }
 
 /// Runs a route over `input` until its `n` messages are handled `ok`;

@@ -36,12 +36,11 @@
 
 use bytes::Bytes;
 use hopper::Hopper;
-use hopper_tests::bench_server::{Server, cpu_seconds};
+use hopper_tests::bench_server::{Server, cpu_seconds, preload};
 use hopper_tests::*;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::time::{Duration, Instant};
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
@@ -142,7 +141,14 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         brokers(),
         server.url
     );
-    let input = preload(messages, partitions).await;
+    let input = preload(
+        "bench-http-in",
+        messages,
+        partitions,
+        |i| (i % 1024).to_string(),
+        "go",
+    )
+    .await;
     const BARE: &str = "bare hyper client, one request loop per partition";
     const HOPPER: &str = "hopper, fetch handler: one GET per message, warm";
     const NOOP: &str = "hopper, no-op handler (no request), warm";
@@ -206,36 +212,6 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
             median(all.iter().map(|f| f.connections_per_10k).collect()),
         );
     }
-}
-
-/// A new topic of `partitions` partitions holding `n` messages, keys
-/// spread over 1024.
-async fn preload(n: u64, partitions: i32) -> String {
-    let topic = rand_name("bench-http-in");
-    create_topics_with(&[&topic], partitions).await;
-    let producer: FutureProducer = client_config()
-        .set("linger.ms", "10")
-        .set("queue.buffering.max.messages", "500000")
-        .create()
-        .unwrap();
-    let mut acks = Vec::new();
-    for i in 0..n {
-        let key = (i % 1024).to_string();
-        loop {
-            match producer.send_result(FutureRecord::to(&topic).key(&key).payload("go")) {
-                Ok(ack) => {
-                    acks.push(ack);
-                    break;
-                }
-                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
-            }
-        }
-    }
-    for ack in acks {
-        ack.await.unwrap().map_err(|(e, _)| e).unwrap();
-    }
-    producer.flush(Duration::from_secs(30)).unwrap();
-    topic
 }
 
 /// `loops` loops, each making its share of `n` GETs one after another on
