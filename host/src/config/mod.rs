@@ -278,6 +278,58 @@ mod tests {
     }
 
     #[test]
+    fn concurrency_settings_at_their_extremes_are_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let route = |extra: &str| {
+            ConfigFile::parse(&format!(
+                "[[route]]\nname = \"r\"\ntopics = [\"r\"]\nhandler = \"h.wasm\"\n{extra}\n"
+            ))
+        };
+        for (extra, wanted) in [
+            (
+                "max_in_flight = 0",
+                "max_in_flight must be between 1 and 1024, not 0",
+            ),
+            ("max_in_flight = 1025", "not 1025"),
+            (
+                "max_in_flight = 18446744073709551615",
+                "not 18446744073709551615",
+            ),
+            (
+                "max_instances = 0",
+                "max_instances must be between 1 and 1000, not 0",
+            ),
+            ("max_instances = 1001", "not 1001"),
+        ] {
+            let problems = route(extra).unwrap().resolve(dir.path()).unwrap_err();
+            assert!(
+                problems
+                    .iter()
+                    .any(|p| p.contains("route `r`") && p.contains(wanted)),
+                "{extra}: {problems:?}"
+            );
+        }
+        for extra in [
+            "max_in_flight = -1",
+            "ordering = \"\"",
+            "ordering = \"keys\"",
+            "max_instances = 18446744073709551616",
+        ] {
+            let error = route(extra).unwrap_err();
+            let key = extra.split(' ').next().unwrap();
+            assert!(error.contains(key), "{extra}: {error}");
+        }
+        let ok = route(
+            "ordering = \"unordered\"\nmax_in_flight = 1024\nmax_instances = 1000\nmemory_mib = 1",
+        )
+        .unwrap()
+        .resolve(dir.path())
+        .unwrap();
+        assert_eq!(ok.routes[0].concurrency.max_in_flight, 1024);
+    }
+
+    #[test]
     fn defaults_fill_in() {
         let dir = tempfile::tempdir().unwrap();
         write_handler(dir.path());
