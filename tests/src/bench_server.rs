@@ -94,10 +94,17 @@ pub async fn preload(
     key: impl Fn(u64) -> String,
     payload: &str,
 ) -> String {
-    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-    use std::time::Duration;
     let topic = crate::rand_name(prefix);
     crate::create_topics_with(&[&topic], partitions).await;
+    fill(&topic, n, key, payload).await;
+    topic
+}
+
+/// Produces `n` records of `payload` to `topic`, the i-th keyed `key(i)`,
+/// and waits until every one is acknowledged.
+pub async fn fill(topic: &str, n: u64, key: impl Fn(u64) -> String, payload: &str) {
+    use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+    use std::time::Duration;
     let producer: FutureProducer = crate::client_config()
         .set("linger.ms", "10")
         .set("queue.buffering.max.messages", "500000")
@@ -107,7 +114,7 @@ pub async fn preload(
     for i in 0..n {
         let key = key(i);
         loop {
-            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(payload)) {
+            match producer.send_result(FutureRecord::to(topic).key(&key).payload(payload)) {
                 Ok(ack) => {
                     acks.push(ack);
                     break;
@@ -120,5 +127,4 @@ pub async fn preload(
         ack.await.unwrap().map_err(|(e, _)| e).unwrap();
     }
     producer.flush(Duration::from_secs(30)).unwrap();
-    topic
 }

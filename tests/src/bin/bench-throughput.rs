@@ -36,7 +36,7 @@ use order_service::{Order, OrderService, Status};
 use rdkafka::Message;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{Offset, TopicPartitionList};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -243,28 +243,7 @@ impl Bench {
     async fn preload(&self, n: u64, payload: &str) -> String {
         let topic = rand_name("bench-in");
         self.create(&[&topic]).await;
-        let producer: FutureProducer = client_config()
-            .set("linger.ms", "10")
-            .set("queue.buffering.max.messages", "500000")
-            .create()
-            .unwrap();
-        let mut acks = Vec::new();
-        for i in 0..n {
-            let key = (i % 1024).to_string();
-            loop {
-                match producer.send_result(FutureRecord::to(&topic).key(&key).payload(payload)) {
-                    Ok(ack) => {
-                        acks.push(ack);
-                        break;
-                    }
-                    Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
-                }
-            }
-        }
-        for ack in acks {
-            ack.await.unwrap().map_err(|(e, _)| e).unwrap();
-        }
-        producer.flush(Duration::from_secs(30)).unwrap();
+        hopper_tests::bench_server::fill(&topic, n, |i| (i % 1024).to_string(), payload).await;
         topic
     }
 
