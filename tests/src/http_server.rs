@@ -46,8 +46,72 @@ pub struct Seen {
 pub struct TestServer {
     pub addr: SocketAddr,
     seen: Arc<Seen>,
+    _server: Loopback,
+}
+
+/// A listener on 127.0.0.1 and a free port, served on a thread and runtime
+/// of its own: each accepted connection (with `TCP_NODELAY`) is handed to
+/// `connection`, whose future runs on that runtime. Dropping it stops the
+/// server and drops the connections still open.
+pub struct Loopback {
+    pub addr: SocketAddr,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Loopback {
+    pub fn start<F, Fut>(name: &str, threads: usize, connection: F) -> Loopback
+    where
+        F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(name.into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                runtime.block_on(async move {
+                    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+                    loop {
+                        let (stream, _) = tokio::select! {
+                            _ = &mut stopped => return,
+                            accepted = listener.accept() => match accepted {
+                                Ok(accepted) => accepted,
+                                Err(_) => continue,
+                            },
+                        };
+                        let _ = stream.set_nodelay(true);
+                        tokio::spawn(connection(stream));
+                    }
+                });
+                // Connections still open are dropped with the runtime.
+                runtime.shutdown_timeout(Duration::from_millis(100));
+            })
+            .unwrap();
+        Loopback {
+            addr,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
+    }
+}
+
+impl Drop for Loopback {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl TestServer {
@@ -58,30 +122,25 @@ impl TestServer {
 
     /// Starts a server whose runtime has `threads` worker threads.
     pub fn start_with_threads(threads: usize) -> TestServer {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
         let seen = Arc::new(Seen::default());
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let counters = seen.clone();
-        let thread = std::thread::Builder::new()
-            .name("test-http-server".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(threads)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(serve(listener, counters, stopped));
-                // Connections still open are dropped with the runtime.
-                runtime.shutdown_timeout(Duration::from_millis(100));
-            })
-            .unwrap();
+        let server = Loopback::start("test-http-server", threads, move |stream| {
+            counters.connections.fetch_add(1, Ordering::SeqCst);
+            let seen = counters.clone();
+            async move {
+                let service = service_fn(move |request| answer(request, seen.clone()));
+                // Errors are the client going away mid-response: expected
+                // when a test cuts a body short.
+                let _ = http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            }
+        });
         TestServer {
-            addr,
+            addr: server.addr,
             seen,
-            stop: Some(stop),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -113,46 +172,6 @@ impl TestServer {
     /// Every `authorization` header `/auth` received, in order.
     pub fn authorizations(&self) -> Vec<String> {
         self.seen.authorizations.lock().unwrap().clone()
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    seen: Arc<Seen>,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(_) => continue,
-            },
-        };
-        seen.connections.fetch_add(1, Ordering::SeqCst);
-        let _ = stream.set_nodelay(true);
-        let seen = seen.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| answer(request, seen.clone()));
-            // Errors are the client going away mid-response: expected when
-            // a test cuts a body short.
-            let _ = http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
     }
 }
 

@@ -12,6 +12,7 @@
 //!
 //! It runs on a thread and runtime of its own and stops when dropped.
 
+use crate::http_server::Loopback;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::server::conn::http1;
@@ -40,36 +41,28 @@ struct Calls {
 pub struct TrackServer {
     pub addr: SocketAddr,
     calls: Arc<Mutex<Calls>>,
-    stop: Option<tokio::sync::oneshot::Sender<()>>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    _server: Loopback,
 }
 
 impl TrackServer {
     /// Starts a server on 127.0.0.1 and a free port.
     pub fn start() -> TrackServer {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1");
-        listener.set_nonblocking(true).unwrap();
-        let addr = listener.local_addr().unwrap();
         let calls = Arc::new(Mutex::new(Calls::default()));
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let shared = calls.clone();
-        let thread = std::thread::Builder::new()
-            .name("track-server".into())
-            .spawn(move || {
-                let runtime = tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .unwrap();
-                runtime.block_on(serve(listener, shared, stopped));
-                runtime.shutdown_timeout(Duration::from_millis(100));
-            })
-            .unwrap();
+        let server = Loopback::start("track-server", 2, move |stream| {
+            let calls = shared.clone();
+            async move {
+                let service = service_fn(move |request| answer(request, calls.clone()));
+                let _ = http1::Builder::new()
+                    .keep_alive(true)
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            }
+        });
         TrackServer {
-            addr,
+            addr: server.addr,
             calls,
-            stop: Some(stop),
-            thread: Some(thread),
+            _server: server,
         }
     }
 
@@ -128,43 +121,6 @@ impl TrackServer {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-    }
-}
-
-impl Drop for TrackServer {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.take() {
-            let _ = stop.send(());
-        }
-        if let Some(thread) = self.thread.take() {
-            let _ = thread.join();
-        }
-    }
-}
-
-async fn serve(
-    listener: std::net::TcpListener,
-    calls: Arc<Mutex<Calls>>,
-    mut stopped: tokio::sync::oneshot::Receiver<()>,
-) {
-    let listener = tokio::net::TcpListener::from_std(listener).unwrap();
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = &mut stopped => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(_) => continue,
-            },
-        };
-        let _ = stream.set_nodelay(true);
-        let calls = calls.clone();
-        tokio::spawn(async move {
-            let service = service_fn(move |request| answer(request, calls.clone()));
-            let _ = http1::Builder::new()
-                .keep_alive(true)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
     }
 }
 
