@@ -153,6 +153,12 @@ impl ConfigFile {
         let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
         groups::check_groups(&routes, delay.as_ref(), &mut problems);
         let admin = self.admin.as_ref().and_then(|a| a.resolve(&mut problems));
+        if let Some(admin) = &admin {
+            // No handler reaches the admin server through a wildcard grant.
+            for route in &mut routes {
+                route.grants.allowed_hosts.guard_own(admin.own.clone());
+            }
+        }
         self.replay.check(&mut problems);
         if delay.is_some() && routes.iter().any(|r| r.name == RELAY_ROUTE) {
             problems.push(format!(
