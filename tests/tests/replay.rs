@@ -62,7 +62,7 @@ async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
 
 /// The DLQ listing of `route` through the admin API.
 async fn listing(addr: std::net::SocketAddr, route: &str) -> Value {
-    get_json(addr, &format!("/api/dlq?route={route}")).await
+    get_json_as(addr, &format!("/api/dlq?route={route}"), Some(TOKEN)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
