@@ -377,7 +377,7 @@ fn classify(error: &hyper_util::client::legacy::Error) -> SendError {
             };
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            if let Some(tls) = tls_cause(io) {
                 return match tls {
                     rustls::Error::InvalidCertificate(reason) => {
                         SendError::TlsCertificate(format!("{reason:?}"))
@@ -406,6 +406,18 @@ fn classify(error: &hyper_util::client::legacy::Error) -> SendError {
         }
     } else {
         SendError::Protocol(detail)
+    }
+}
+
+/// The TLS error inside `io`, through the io errors that wrap it
+/// (hyper-rustls wraps tokio-rustls's io error in one of its own).
+fn tls_cause(io: &std::io::Error) -> Option<&rustls::Error> {
+    let mut inner: &(dyn StdError + 'static) = io.get_ref()?;
+    loop {
+        if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        inner = inner.downcast_ref::<std::io::Error>()?.get_ref()?;
     }
 }
 
