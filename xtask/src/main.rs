@@ -69,25 +69,24 @@ fn main() -> Result<()> {
 fn fuzz(rest: &[String]) -> Result<()> {
     let cases = rest.first().map_or("1000000", String::as_str);
     build_rust_plugins(&["imports"])?;
-    let test = |package: &str, target: &str, extra: &[&str]| {
+    // `--workspace`, as the test command builds: the same features, so the
+    // test build is reused rather than done again.
+    let test = |target: &str, extra: &[&str]| {
         let mut test = cargo();
         test.current_dir(root())
-            .args(["test", "-p", package, "--test", target])
+            .args(["test", "--workspace", "--test", target])
             .args(extra)
             .env("PROPTEST_CASES", cases);
         test
     };
-    let targets = [("hopper", "fuzz"), ("hopper-tests", "fuzz_imports")];
-    for (package, target) in targets {
-        run(
-            test(package, target, &["--no-run"]),
-            "building the fuzz targets",
-        )?;
+    let targets = ["fuzz", "fuzz_imports"];
+    for target in targets {
+        run(test(target, &["--no-run"]), "building the fuzz targets")?;
     }
-    for (package, target) in targets {
+    for target in targets {
         step(&format!("fuzzing {target}, {cases} cases per target"));
         let started = Instant::now();
-        run(test(package, target, &[]), "the fuzz targets")?;
+        run(test(target, &[]), "the fuzz targets")?;
         eprintln!(
             "==> {target}: {cases} cases per target, 0 panics, in {:.1?}",
             started.elapsed()
