@@ -7,7 +7,7 @@ use super::grants::RouteGrants;
 use super::instance::{Guest, Pool};
 use super::output::LineBudget;
 use super::state::GuestState;
-use super::{Delivery, EPOCH_TICK, Verdict, root_cause};
+use super::{Delivery, EPOCH_TICK, EpochTicker, Verdict, root_cause};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
 use std::borrow::Cow;
@@ -25,6 +25,8 @@ pub struct Handler {
 
 struct HandlerInner {
     engine: Engine,
+    /// Keeps the engine's epoch advancing while this version lives.
+    _ticker: Arc<EpochTicker>,
     pre: bindings::HandlerPre<GuestState>,
     guest: Arc<GuestInfo>,
     timeout: Duration,
@@ -84,7 +86,7 @@ pub struct Handled {
 
 impl Handler {
     pub(super) fn new(
-        engine: Engine,
+        (engine, ticker): (Engine, Arc<EpochTicker>),
         pre: bindings::HandlerPre<GuestState>,
         guest: GuestInfo,
         route: &Route,
@@ -93,6 +95,7 @@ impl Handler {
         Handler {
             inner: Arc::new(HandlerInner {
                 engine,
+                _ticker: ticker,
                 pre,
                 guest: Arc::new(guest),
                 timeout: route.timeout,
