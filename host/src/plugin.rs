@@ -154,6 +154,10 @@ pub const STANDALONE_INSTANCES: usize = 2 * DEFAULT_MAX_INSTANCES;
 const CORE_INSTANCES_PER_INSTANCE: u32 = 5;
 const MEMORIES_PER_INSTANCE: u32 = 2;
 const TABLES_PER_INSTANCE: u32 = 2;
+/// Freed memories whose pages are returned to the OS together. A slot waits
+/// in the batch until it is flushed, or until the pool runs short, which
+/// flushes it at once.
+const DECOMMIT_BATCH: usize = 32;
 
 impl Runtime {
     /// A runtime for the handlers of `routes`: linear memories as large as
@@ -190,9 +194,12 @@ impl Runtime {
             // One stack per call running at once, at most one per instance.
             .total_stacks(instances)
             .max_memory_size(max_memory_bytes.max(16 << 20))
-            // Keep a little of each slot resident so a fresh instance does not
-            // fault in its first pages again.
-            .linear_memory_keep_resident(64 << 10)
+            // A freed memory's pages are given back with madvise, batched:
+            // each madvise of a multi-threaded process flushes every core's
+            // TLB, and one per fresh call was a third of its cost. Keeping
+            // pages resident instead (memset on reuse), with or without
+            // PAGEMAP_SCAN, was slower for a small guest (BENCHMARKS.md).
+            .decommit_batch_size(DECOMMIT_BATCH)
             .table_keep_resident(16 << 10);
         let mut config = Config::new();
         config
