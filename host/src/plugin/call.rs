@@ -13,7 +13,8 @@ use crate::headers::Reason;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 use wasmtime::{Engine, Store, Trap};
 
 /// A compiled, validated handler version, cheap to clone. Calls made through
@@ -139,16 +140,26 @@ impl Handler {
             InstancePolicy::Fresh => None,
         }
         .unwrap_or_else(|| Guest::new(&inner.engine, &inner.guest, inner.memory_bytes));
-        guest.begin(inner.timeout, &delivery.id);
+        let started = Instant::now();
+        guest.begin(started + inner.timeout, &delivery.id);
 
         let message = to_wit(delivery);
-        // The epoch deadline stops guest code; this timeout also covers time
-        // spent inside host calls, which epochs do not interrupt.
-        let result = tokio::time::timeout(
-            inner.timeout + EPOCH_TICK * 50,
-            guest.call(&inner.pre, &message),
-        )
-        .await;
+        let result = {
+            let mut call = std::pin::pin!(guest.call(&inner.pre, &message));
+            // The epoch deadline stops guest code; the wall-clock timeout
+            // also covers time spent inside host calls, which epochs do not
+            // interrupt. A call that ends in its first poll waited on no
+            // host call, so it needs no timer: arming one would cost more
+            // than a no-op call. Any other call gets the timeout, counted
+            // from the start of the call.
+            match futures::poll!(call.as_mut()) {
+                Poll::Ready(result) => Ok(result),
+                Poll::Pending => {
+                    let limit = started + inner.timeout + EPOCH_TICK * 50;
+                    tokio::time::timeout_at(limit.into(), call).await
+                }
+            }
+        };
         let state = guest.store.data_mut();
         let emitted = state.emits.take();
         // Read before the flush empties it: a panicking guest says why here.
