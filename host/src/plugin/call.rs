@@ -162,10 +162,7 @@ impl Handler {
         };
         let state = guest.store.data_mut();
         let emitted = state.emits.take();
-        // Read before the flush empties it: a panicking guest says why here.
-        let stderr_summary = state.stderr.summary();
-        state.stdout.flush_to_log();
-        state.stderr.flush_to_log();
+        let stderr_summary = state.flush_output();
         let secrets = &inner.guest.grants.config.secrets;
         let verdict = match result {
             Err(_) => Verdict::Failed {
