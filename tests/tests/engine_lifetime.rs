@@ -94,6 +94,11 @@ async fn every_stopped_hopper_frees_its_engine() {
         reserved.push(status_kib("VmSize:"));
     }
     let gib = |kib: u64| kib as f64 / (1 << 20) as f64;
+    let samples: Vec<String> = [1, 10, 20, 30, 40, 50]
+        .iter()
+        .map(|&n| format!("{n}: {:.1} MiB", rss[n - 1] as f64 / 1024.0))
+        .collect();
+    eprintln!("RSS after hopper {}", samples.join(", "));
     eprintln!(
         "{HOPPERS} hoppers started and stopped: RSS after the first {:.1} MiB, after the last {:.1} MiB; address space after the first {:.1} GiB, after the last {:.1} GiB",
         rss[0] as f64 / 1024.0,
