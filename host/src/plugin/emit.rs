@@ -77,10 +77,7 @@ impl Emits {
         if !grants.emit_topics.contains(&record.topic) {
             return Err(EmitError::TopicNotGranted(record.topic));
         }
-        if let Some(header) = record.headers.iter().find(|h| {
-            h.key.len() >= headers::PREFIX.len()
-                && h.key[..headers::PREFIX.len()].eq_ignore_ascii_case(headers::PREFIX)
-        }) {
+        if let Some(header) = record.headers.iter().find(|h| headers::is_hoppers(&h.key)) {
             return Err(EmitError::Invalid(format!(
                 "header `{}` starts with `{}`, which is hopper's own",
                 header.key,
