@@ -252,6 +252,7 @@ pub struct Hopper {
     /// after the routes.
     admin: Option<admin::Server>,
     supervision: Supervision,
+    engine: plugin::EngineWatch,
 }
 
 impl Hopper {
@@ -260,21 +261,16 @@ impl Hopper {
     /// every handler that could not be loaded.
     pub async fn start(config: Config, options: Options) -> anyhow::Result<Hopper> {
         let cluster = Cluster::of(&config.kafka)?;
-        let max_memory = config
-            .routes
-            .iter()
-            .map(|r| r.memory_bytes)
-            .max()
-            .unwrap_or(64 << 20);
         let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
         let telemetry = Telemetry::for_config(&config, metrics_on);
-        let mut runtime = plugin::Runtime::new(max_memory)
+        let mut runtime = plugin::Runtime::for_routes(&config.routes)
             .context("starting the WebAssembly runtime")?
             .with_telemetry(telemetry.clone());
         if let Some(dir) = &options.cache_dir {
             runtime = runtime.with_cache(dir.clone())?;
         }
 
+        let engine = runtime.watch();
         let mut handlers = Vec::new();
         let mut failures = Vec::new();
         for route in &config.routes {
@@ -364,6 +360,10 @@ impl Hopper {
                 return Err(e.into());
             }
         };
+        // Health outlives the routes (the admin server, the telemetry in
+        // every route's grants), so it reads the handler versions through a
+        // weak handle: a strong one would keep every handler, and with them
+        // the engine, alive for as long as any of those.
         let status = reloader.status_reader();
         telemetry.health().set_handlers(Box::new(move || {
             status()
@@ -407,7 +407,15 @@ impl Hopper {
             reloader,
             admin,
             supervision,
+            engine,
         })
+    }
+
+    /// Whether this hopper's WebAssembly engine is alive. It is freed, with
+    /// its pooling reservation and epoch thread, by the time
+    /// [`Hopper::stop`] returns.
+    pub fn engine(&self) -> plugin::EngineWatch {
+        self.engine.clone()
     }
 
     /// Where the admin server listens, when it runs.
@@ -446,6 +454,8 @@ impl Hopper {
         if let Some(admin) = self.admin {
             admin.stop().await;
         }
+        // The reload task and any load it started hold the runtime.
+        self.reloader.stop().await;
         let ends = std::mem::take(&mut *self.supervision.ends.lock().unwrap());
         let reasons = |failed: bool| -> Vec<String> {
             ends.iter()

@@ -21,6 +21,7 @@ pub use call::{Handled, Handler, HandlerSlot};
 pub use emit::Emitted;
 pub use fit::{Fit, Grant};
 
+use crate::config::DEFAULT_MAX_INSTANCES;
 use crate::config::Route;
 use crate::egress::TransportError;
 use crate::events::Telemetry;
@@ -31,6 +32,7 @@ use sha2::{Digest, Sha256};
 use state::GuestState;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, PoolingAllocationConfig};
@@ -133,6 +135,8 @@ pub enum LoadError {
 #[derive(Clone)]
 pub struct Runtime {
     engine: Engine,
+    /// Advances the engine's epoch while a runtime or a handler of it lives.
+    ticker: Arc<EpochTicker>,
     linker: Arc<Linker<GuestState>>,
     cache: Option<Arc<ArtifactCache>>,
     grants: Arc<grants::Registry>,
@@ -140,19 +144,62 @@ pub struct Runtime {
     telemetry: Telemetry,
 }
 
+/// Instance slots of a runtime that no config sized (tools, tests, the
+/// benchmarks): room for the default route's `max_instances` twice.
+pub const STANDALONE_INSTANCES: usize = 2 * DEFAULT_MAX_INSTANCES;
+
+/// Pool slots per instance slot. A component instance holds several core
+/// instances (a Rust guest: its module and the WASI shims; Python and
+/// JavaScript guests: more), each with at most one memory and table.
+const CORE_INSTANCES_PER_INSTANCE: u32 = 5;
+const MEMORIES_PER_INSTANCE: u32 = 2;
+const TABLES_PER_INSTANCE: u32 = 2;
+/// Freed memories whose pages are returned to the OS together. A slot waits
+/// in the batch until it is flushed, or until the pool runs short, which
+/// flushes it at once.
+const DECOMMIT_BATCH: usize = 32;
+
 impl Runtime {
-    /// Builds the engine with the pooling allocator sized for
-    /// `max_memory_bytes` per linear memory, and starts the epoch ticker.
+    /// A runtime for the handlers of `routes`: linear memories as large as
+    /// the largest route's `memory_mib`, and instance slots for every
+    /// route's `max_instances` twice over, because a reload runs two
+    /// versions of a handler side by side for a while (the calls still on
+    /// the old version, and its idle instances until the last of them ends).
+    pub fn for_routes(routes: &[Route]) -> anyhow::Result<Runtime> {
+        let memory = routes.iter().map(|r| r.memory_bytes).max();
+        let instances: usize = routes.iter().map(|r| r.max_instances).sum();
+        Runtime::sized(memory.unwrap_or(64 << 20), (2 * instances).max(1))
+    }
+
+    /// A runtime with [`STANDALONE_INSTANCES`] instance slots and linear
+    /// memories of up to `max_memory_bytes`.
     pub fn new(max_memory_bytes: usize) -> anyhow::Result<Runtime> {
+        Runtime::sized(max_memory_bytes, STANDALONE_INSTANCES)
+    }
+
+    /// Builds the engine with a pooling allocator of `instances` instance
+    /// slots, each linear memory up to `max_memory_bytes`, and starts the
+    /// epoch ticker.
+    ///
+    /// Each memory slot reserves (not commits) 4 GiB of address space plus
+    /// its guard, so the pool is sized from the config, not for the most any
+    /// config could ask: a fixed 2,000 slots reserved 8 TiB per engine.
+    pub fn sized(max_memory_bytes: usize, instances: usize) -> anyhow::Result<Runtime> {
+        let instances = u32::try_from(instances).unwrap_or(u32::MAX);
         let mut pool = PoolingAllocationConfig::default();
-        pool.total_component_instances(1000)
-            .total_core_instances(5000)
-            .total_memories(2000)
-            .total_tables(2000)
+        pool.total_component_instances(instances)
+            .total_core_instances(instances.saturating_mul(CORE_INSTANCES_PER_INSTANCE))
+            .total_memories(instances.saturating_mul(MEMORIES_PER_INSTANCE))
+            .total_tables(instances.saturating_mul(TABLES_PER_INSTANCE))
+            // One stack per call running at once, at most one per instance.
+            .total_stacks(instances)
             .max_memory_size(max_memory_bytes.max(16 << 20))
-            // Keep a little of each slot resident so a fresh instance does not
-            // fault in its first pages again.
-            .linear_memory_keep_resident(64 << 10)
+            // A freed memory's pages are given back with madvise, batched:
+            // each madvise of a multi-threaded process flushes every core's
+            // TLB, and one per fresh call was a third of its cost. Keeping
+            // pages resident instead (memset on reuse), with or without
+            // PAGEMAP_SCAN, was slower for a small guest (BENCHMARKS.md).
+            .decommit_batch_size(DECOMMIT_BATCH)
             .table_keep_resident(16 << 10);
         let mut config = Config::new();
         config
@@ -170,24 +217,21 @@ impl Runtime {
         bindings::Handler::add_to_linker::<_, HasSelf<_>>(&mut linker, |s: &mut GuestState| s)
             .map_err(wasm_error)?;
 
-        let weak = engine.weak();
-        std::thread::Builder::new()
-            .name("hopper-epoch".into())
-            .spawn(move || {
-                // Ends when the last clone of the engine is dropped.
-                while let Some(engine) = weak.upgrade() {
-                    engine.increment_epoch();
-                    drop(engine);
-                    std::thread::sleep(EPOCH_TICK);
-                }
-            })?;
+        let ticker = Arc::new(EpochTicker::start(engine.clone())?);
         Ok(Runtime {
             engine,
+            ticker,
             linker: Arc::new(linker),
             cache: None,
             grants: Arc::default(),
             telemetry: Telemetry::new(),
         })
+    }
+
+    /// Tells whether this runtime's engine, and with it its pooling
+    /// reservation and epoch thread, is still alive.
+    pub fn watch(&self) -> EngineWatch {
+        EngineWatch(self.engine.weak())
     }
 
     /// Reports handlers' HTTP requests and refused emits to `telemetry`
@@ -240,7 +284,7 @@ impl Runtime {
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_else(|| "handler".into());
         Ok(Handler::new(
-            self.engine.clone(),
+            (self.engine.clone(), self.ticker.clone()),
             prepared.pre,
             GuestInfo {
                 route: route.name.clone(),
@@ -316,6 +360,55 @@ impl Runtime {
             cache.put(version, &component);
         }
         Ok((component, false))
+    }
+}
+
+/// Whether an engine still exists: it lives while a [`Runtime`] or a
+/// [`Handler`] made by one does, and is freed with the last of them.
+#[derive(Clone)]
+pub struct EngineWatch(wasmtime::EngineWeak);
+
+impl EngineWatch {
+    pub fn alive(&self) -> bool {
+        self.0.upgrade().is_some()
+    }
+}
+
+/// The thread that advances an engine's epoch every [`EPOCH_TICK`]. Shared
+/// by a runtime and every handler it loads; dropping the last of them stops
+/// the thread and waits for it, so its clone of the engine is gone by then.
+struct EpochTicker {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl EpochTicker {
+    fn start(engine: Engine) -> std::io::Result<EpochTicker> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopped = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("hopper-epoch".into())
+            .spawn(move || {
+                while !stopped.load(AtomicOrdering::Acquire) {
+                    engine.increment_epoch();
+                    std::thread::park_timeout(EPOCH_TICK);
+                }
+            })?;
+        Ok(EpochTicker {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for EpochTicker {
+    fn drop(&mut self) {
+        self.stop.store(true, AtomicOrdering::Release);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            // The thread ends within one tick; a panic in it was reported.
+            let _ = thread.join();
+        }
     }
 }
 

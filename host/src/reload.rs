@@ -26,11 +26,13 @@ use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
 use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
 
 /// How long a handler file must be quiet before it is loaded.
 pub const DEBOUNCE: Duration = Duration::from_millis(50);
@@ -83,6 +85,10 @@ pub struct Reloader {
     /// Dropping it cancels the reload task. A load already running finishes
     /// on the blocking pool, and its result is dropped unused.
     _stop: DropGuard,
+    /// The reload task, and the loads it started: each holds the runtime,
+    /// so [`Reloader::stop`] waits for them.
+    task: JoinHandle<()>,
+    loads: TaskTracker,
 }
 
 enum Message {
@@ -166,6 +172,7 @@ impl Reloader {
             errors: errors.clone(),
             telemetry,
             files,
+            loads: TaskTracker::new(),
             pending: (0..targets.len())
                 .map(|_| Pending {
                     due: Some(Instant::now()),
@@ -175,12 +182,15 @@ impl Reloader {
             tx,
         };
         let stop = CancellationToken::new();
-        tokio::spawn(task.run(rx, stop.clone()));
+        let loads = task.loads.clone();
+        let task = tokio::spawn(task.run(rx, stop.clone()));
         Ok(Reloader {
             targets,
             errors,
             _watcher: watcher,
             _stop: stop.drop_guard(),
+            task,
+            loads,
         })
     }
 
@@ -190,11 +200,34 @@ impl Reloader {
         status(&self.targets, &self.errors)
     }
 
-    /// [`Reloader::status`], as a function that outlives the reloader (and
-    /// then reports the versions that served last).
+    /// [`Reloader::status`], as a function that may outlive the reloader
+    /// and then reports no route. It holds the routes' slots weakly, so
+    /// whoever keeps it does not keep the handlers, and their engine, alive.
     pub fn status_reader(&self) -> impl Fn() -> Vec<RouteStatus> + Send + Sync + 'static {
-        let (targets, errors) = (self.targets.clone(), self.errors.clone());
-        move || status(&targets, &errors)
+        let targets: Weak<[Target]> = Arc::downgrade(&self.targets);
+        let errors = Arc::downgrade(&self.errors);
+        move || match (targets.upgrade(), errors.upgrade()) {
+            (Some(targets), Some(errors)) => status(&targets, &errors),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Stops watching, and waits for the reload task and any load it
+    /// started to end, so nothing of the reloader holds the runtime after.
+    /// A load that is compiling finishes first (seconds at most, for a
+    /// large component).
+    pub async fn stop(self) {
+        let Reloader {
+            _stop, task, loads, ..
+        } = self;
+        drop(_stop);
+        // The task returns once it sees the cancellation; it cannot panic
+        // short of a bug, which the await reports.
+        if let Err(e) = task.await {
+            tracing::warn!(error = %e, "The reload task ended abnormally.");
+        }
+        loads.close();
+        loads.wait().await;
     }
 }
 
@@ -245,6 +278,8 @@ struct Task {
     telemetry: Telemetry,
     files: HashMap<PathBuf, Vec<usize>>,
     pending: Vec<Pending>,
+    /// Loads running on the blocking pool.
+    loads: TaskTracker,
     /// For finished loads to report back.
     tx: mpsc::UnboundedSender<Message>,
 }
@@ -322,7 +357,7 @@ impl Task {
             let tx = self.tx.clone();
             // Compiling takes from milliseconds to seconds: off the async
             // workers, so no partition waits for it.
-            tokio::task::spawn_blocking(move || {
+            self.loads.spawn_blocking(move || {
                 let outcome = load(&runtime, &route, &serving, failed.as_deref());
                 let _ = tx.send(Message::Loaded {
                     target: index,

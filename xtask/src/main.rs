@@ -277,7 +277,14 @@ fn test(rest: &[String]) -> Result<()> {
 fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
-        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES] | concurrency [--seconds S] [--service-ms MS]")?;
+        .context("usage: cargo xtask bench throughput [--mock] [--only NAMES] [MESSAGES] | delay lateness|memory [ARGS] | handler [--profile perf] [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES] | concurrency [--seconds S] [--service-ms MS]")?;
+    // `--profile NAME` (first, before the benchmark's own arguments) builds
+    // and runs the benchmark in that cargo profile, for example `perf`
+    // (release-like, Cargo.toml) for the handler-call figures.
+    let (profile, args) = match args {
+        [flag, profile, rest @ ..] if flag == "--profile" => (Some(profile.as_str()), rest),
+        _ => (None, args),
+    };
     // The handler benchmarks call handlers in-process: no broker.
     let in_process = name == "handlers" || name == "handler";
     let nisshi = if in_process {
@@ -290,6 +297,9 @@ fn bench(rest: &[String]) -> Result<()> {
     build
         .current_dir(root())
         .args(["build", "-p", "hopper", "-p", "hopper-tests", "--bins"]);
+    if let Some(profile) = profile {
+        build.args(["--profile", profile]);
+    }
     run(build, "building the benchmarks")?;
     let broker = nisshi.as_deref().map(Broker::start).transpose()?;
     let mut bench = cargo();
@@ -300,8 +310,11 @@ fn bench(rest: &[String]) -> Result<()> {
         "hopper-tests",
         "--bin",
         &format!("bench-{name}"),
-        "--",
     ]);
+    if let Some(profile) = profile {
+        bench.args(["--profile", profile]);
+    }
+    bench.arg("--");
     if let Some(broker) = &broker {
         bench
             .env("HOPPER_TEST_BROKERS", &broker.address)

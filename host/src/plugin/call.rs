@@ -7,7 +7,7 @@ use super::grants::RouteGrants;
 use super::instance::{Guest, Pool};
 use super::output::LineBudget;
 use super::state::GuestState;
-use super::{Delivery, EPOCH_TICK, Verdict, root_cause};
+use super::{Delivery, EPOCH_TICK, EpochTicker, Verdict, root_cause};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
 use futures::FutureExt;
@@ -15,7 +15,8 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::task::Poll;
+use std::time::{Duration, Instant};
 use wasmtime::{Engine, Store, Trap};
 
 /// A compiled, validated handler version, cheap to clone. Calls made through
@@ -27,6 +28,8 @@ pub struct Handler {
 
 struct HandlerInner {
     engine: Engine,
+    /// Keeps the engine's epoch advancing while this version lives.
+    _ticker: Arc<EpochTicker>,
     pre: bindings::HandlerPre<GuestState>,
     guest: Arc<GuestInfo>,
     timeout: Duration,
@@ -86,7 +89,7 @@ pub struct Handled {
 
 impl Handler {
     pub(super) fn new(
-        engine: Engine,
+        (engine, ticker): (Engine, Arc<EpochTicker>),
         pre: bindings::HandlerPre<GuestState>,
         guest: GuestInfo,
         route: &Route,
@@ -95,6 +98,7 @@ impl Handler {
         Handler {
             inner: Arc::new(HandlerInner {
                 engine,
+                _ticker: ticker,
                 pre,
                 guest: Arc::new(guest),
                 timeout: route.timeout,
@@ -138,7 +142,8 @@ impl Handler {
             InstancePolicy::Fresh => None,
         }
         .unwrap_or_else(|| Guest::new(&inner.engine, &inner.guest, inner.memory_bytes));
-        guest.begin(inner.timeout, &delivery.id);
+        let started = Instant::now();
+        guest.begin(started + inner.timeout, &delivery.id);
 
         let message = to_wit(delivery);
         // A host function that panics on what the guest passed it unwinds
@@ -146,15 +151,25 @@ impl Handler {
         // instance, never the process: `catch_unwind` stops it here, and a
         // failed call's instance is never entered again.
         let call = AssertUnwindSafe(guest.call(&inner.pre, &message)).catch_unwind();
-        // The epoch deadline stops guest code; this timeout also covers time
-        // spent inside host calls, which epochs do not interrupt.
-        let result = tokio::time::timeout(inner.timeout + EPOCH_TICK * 50, call).await;
+        let result = {
+            let mut call = std::pin::pin!(call);
+            // The epoch deadline stops guest code; the wall-clock timeout
+            // also covers time spent inside host calls, which epochs do not
+            // interrupt. A call that ends in its first poll waited on no
+            // host call, so it needs no timer: arming one would cost more
+            // than a no-op call. Any other call gets the timeout, counted
+            // from the start of the call.
+            match futures::poll!(call.as_mut()) {
+                Poll::Ready(result) => Ok(result),
+                Poll::Pending => {
+                    let limit = started + inner.timeout + EPOCH_TICK * 50;
+                    tokio::time::timeout_at(limit.into(), call).await
+                }
+            }
+        };
         let state = guest.store.data_mut();
         let emitted = state.emits.take();
-        // Read before the flush empties it: a panicking guest says why here.
-        let stderr_summary = state.stderr.summary();
-        state.stdout.flush_to_log();
-        state.stderr.flush_to_log();
+        let stderr_summary = state.flush_output();
         let secrets = &inner.guest.grants.config.secrets;
         let verdict = match result {
             Err(_) => Verdict::Failed {

@@ -15,7 +15,7 @@ use super::bindings::{HandlerPre, hopper::handler::types};
 use super::state::GuestState;
 use super::{GuestInfo, YIELD_EVERY_TICKS};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 use wasmtime::{Engine, Store, UpdateDeadline};
 
 /// A store and the handler instance in it.
@@ -48,11 +48,9 @@ impl Guest {
     /// Resets the per-call state a previous call may have left behind, and
     /// arms the deadline. Guest output was already taken by the previous
     /// call's flush.
-    pub(super) fn begin(&mut self, timeout: Duration, message_id: &str) {
+    pub(super) fn begin(&mut self, deadline: Instant, message_id: &str) {
         self.calls += 1;
-        self.store
-            .data_mut()
-            .begin(message_id, Instant::now() + timeout);
+        self.store.data_mut().begin(message_id, deadline);
         self.store.set_epoch_deadline(YIELD_EVERY_TICKS);
     }
 

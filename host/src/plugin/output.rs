@@ -14,6 +14,7 @@
 use super::GuestInfo;
 use bytes::Bytes;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -33,6 +34,25 @@ pub(super) struct GuestOutput {
     guest: Arc<GuestInfo>,
     stream: &'static str,
     capture: Arc<Mutex<Capture>>,
+    /// Set by every write, on stdout and stderr alike (one flag per store),
+    /// so a call that wrote nothing, the common case, takes no lock to
+    /// find that out ([`Written::take`]).
+    written: Written,
+}
+
+/// Whether a store's guest wrote to stdout or stderr since the last
+/// [`Written::take`].
+#[derive(Clone, Default)]
+pub(super) struct Written(Arc<AtomicBool>);
+
+impl Written {
+    /// True when the guest wrote since the last call; clears the flag.
+    pub(super) fn take(&self) -> bool {
+        // Relaxed: the writes and this read happen in one call on one
+        // store, which the async runtime hands between threads with the
+        // ordering its own wake-ups give.
+        self.0.swap(false, Ordering::Relaxed)
+    }
 }
 
 #[derive(Default)]
@@ -42,11 +62,12 @@ struct Capture {
 }
 
 impl GuestOutput {
-    pub(super) fn new(guest: Arc<GuestInfo>, stream: &'static str) -> Self {
+    pub(super) fn new(guest: Arc<GuestInfo>, stream: &'static str, written: Written) -> Self {
         Self {
             guest,
             stream,
             capture: Arc::default(),
+            written,
         }
     }
 
@@ -58,6 +79,7 @@ impl GuestOutput {
         let take = room.min(bytes.len());
         capture.kept.extend_from_slice(&bytes[..take]);
         capture.dropped += (bytes.len() - take) as u64;
+        self.written.0.store(true, Ordering::Relaxed);
     }
 
     /// The first few meaningful lines, for a trap's error text (a Rust

@@ -9,7 +9,7 @@ use super::bindings::hopper::handler::{
 };
 use super::emit::Emits;
 use super::http::HttpHooks;
-use super::output::GuestOutput;
+use super::output::{GuestOutput, Written};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
@@ -31,14 +31,16 @@ pub(super) struct GuestState {
     /// set again before every call, since a warm store serves many calls.
     pub(super) deadline: Instant,
     pub(super) emits: Emits,
-    pub(super) stdout: GuestOutput,
-    pub(super) stderr: GuestOutput,
+    stdout: GuestOutput,
+    stderr: GuestOutput,
+    written: Written,
 }
 
 impl GuestState {
     pub(super) fn new(guest: &Arc<GuestInfo>, memory_bytes: usize) -> GuestState {
-        let stdout = GuestOutput::new(guest.clone(), "stdout");
-        let stderr = GuestOutput::new(guest.clone(), "stderr");
+        let written = Written::default();
+        let stdout = GuestOutput::new(guest.clone(), "stdout", written.clone());
+        let stderr = GuestOutput::new(guest.clone(), "stderr", written.clone());
         // No args, environment, preopened directories or sockets: stdout and
         // stderr go to the log, and the clocks and randomness every language
         // runtime expects are the host's (docs/operations.md, grants). HTTP
@@ -66,7 +68,22 @@ impl GuestState {
             emits: Emits::default(),
             stdout,
             stderr,
+            written,
         }
+    }
+
+    /// Logs what the call wrote to stdout and stderr, and returns the first
+    /// lines of stderr (a Rust guest's panic message arrives there). Takes
+    /// no lock when the guest wrote nothing.
+    pub(super) fn flush_output(&mut self) -> Option<String> {
+        if !self.written.take() {
+            return None;
+        }
+        // Read before the flush empties it.
+        let summary = self.stderr.summary();
+        self.stdout.flush_to_log();
+        self.stderr.flush_to_log();
+        summary
     }
 
     /// Arms the state for a call on message `message_id` that must end by

@@ -212,6 +212,7 @@ fn summary(samples: &mut [Duration]) -> (Duration, Duration, Duration, Duration)
     (at(0.5), at(0.99), samples[samples.len() - 1], mean)
 }
 
+/// Two decimals: a warm call is under a microsecond.
 fn micros(d: Duration) -> String {
-    format!("{:.1} µs", d.as_secs_f64() * 1e6)
+    format!("{:.2} µs", d.as_secs_f64() * 1e6)
 }
