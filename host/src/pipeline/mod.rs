@@ -63,12 +63,12 @@ const MIN_QUEUE: usize = 32_768;
 /// The bytes (keys and payloads) queued on one partition before it is
 /// paused.
 const MAX_QUEUE_BYTES: usize = 16 << 20;
-/// How often done offsets are stored for the next commit, and failed
-/// pauses, seeks and resumes retried. librdkafka commits what was stored
-/// every 100 ms ([`crate::kafka`]), so a done offset is committed within
-/// ~150 ms: a kill -9 makes hopper do again the calls in flight and about
-/// that much work. One store per tick for every partition that moved saves
-/// a call into librdkafka per message.
+/// How often done offsets are stored and committed (asynchronously), and
+/// failed pauses, seeks and resumes retried. A done offset is so committed
+/// within a tick and the commit's round trip: a kill -9 makes hopper do
+/// again the calls in flight and about that much work. One store and commit
+/// per tick for every partition that moved saves a call into librdkafka per
+/// message.
 const TICK: Duration = Duration::from_millis(50);
 /// How long a runner with nothing to do waits for a message before it ends.
 const RUNNER_IDLE: Duration = Duration::from_secs(1);
@@ -547,6 +547,14 @@ fn store_positions<P>(
     if let Err(e) = consumer.store_offsets(&tpl) {
         // Expected after a revoke: the partition's next owner redelivers.
         tracing::debug!(pipeline, error = %e, "Offsets not stored.");
+        return;
+    }
+    // Committed at once, asynchronously, rather than on librdkafka's next
+    // auto-commit: a kill -9 then re-handles one tick of done work and the
+    // commit's round trip, not a commit interval more. At most one commit
+    // per tick, whatever the load; auto-commit stays on as a backstop.
+    if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
+        tracing::debug!(pipeline, error = %e, "Stored offsets not committed; the next tick tries again.");
     }
 }
 
