@@ -8,6 +8,6 @@ mod allow;
 mod body;
 mod transport;
 
-pub use allow::{AllowList, Scheme, is_guarded};
+pub use allow::{AllowList, Guard, OwnEndpoint, Scheme, is_guarded};
 pub use body::{BodyError, LimitedBody};
-pub use transport::{SendError, Transport, TransportError, TransportSettings};
+pub use transport::{Resolve, SendError, Transport, TransportError, TransportSettings};

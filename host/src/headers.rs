@@ -11,6 +11,15 @@ use std::fmt;
 /// The prefix of every header hopper owns.
 pub const PREFIX: &str = "hopper-";
 
+/// Whether a header name is in hopper's namespace: it starts with
+/// [`PREFIX`] in any case. Compares bytes, so any name, including one whose
+/// seventh byte falls inside a multi-byte character, gets an answer.
+pub fn is_hoppers(name: &str) -> bool {
+    name.as_bytes()
+        .get(..PREFIX.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(PREFIX.as_bytes()))
+}
+
 pub const ID: &str = "hopper-id";
 pub const ATTEMPT: &str = "hopper-attempt";
 pub const ROUTE: &str = "hopper-route";
@@ -82,10 +91,13 @@ pub enum Reason {
     /// hopper's headers were added. Its payload is cut; its full size is in
     /// `hopper-payload-size`.
     RecordTooLarge,
+    /// A delayed message's `hopper-target` is one of hopper's own topics, or
+    /// not in the delay relay's `targets`.
+    InvalidTarget,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 12] = [
+    pub const ALL: [Reason; 13] = [
         Reason::Retryable,
         Reason::Fatal,
         Reason::RetriesExhausted,
@@ -98,6 +110,7 @@ impl Reason {
         Reason::ReplayLoop,
         Reason::HopFailed,
         Reason::RecordTooLarge,
+        Reason::InvalidTarget,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -114,6 +127,7 @@ impl Reason {
             Reason::ReplayLoop => "REPLAY_LOOP",
             Reason::HopFailed => "HOP_FAILED",
             Reason::RecordTooLarge => "RECORD_TOO_LARGE",
+            Reason::InvalidTarget => "INVALID_TARGET",
         }
     }
 
@@ -592,6 +606,19 @@ mod tests {
         assert_eq!(trail.len(), MAX_TRAIL_HOPS);
         assert_eq!(trail[0], "+29");
         assert_eq!(trail.last().unwrap(), "retry.39s");
+    }
+
+    /// Regression: emit sliced a header name at byte 7, which panicked the
+    /// host when that byte fell inside a multi-byte character.
+    #[test]
+    fn any_header_name_is_in_or_out_of_hoppers_namespace() {
+        assert!(is_hoppers("hopper-id"));
+        assert!(is_hoppers("HOPPER-Route"));
+        assert!(!is_hoppers("abcdefé"));
+        assert!(!is_hoppers("hoppeŕ-x"));
+        assert!(!is_hoppers("hopper"));
+        assert!(!is_hoppers(""));
+        assert!(!is_hoppers("x-hopper-id"));
     }
 
     #[test]

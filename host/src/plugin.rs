@@ -197,6 +197,14 @@ impl Runtime {
         self
     }
 
+    /// Resolves the host names of handlers' HTTP requests with `resolver`
+    /// instead of the system's (tests point names at chosen addresses).
+    /// Guarded addresses stay guarded whatever it answers.
+    pub fn with_resolver(mut self, resolver: Arc<dyn crate::egress::Resolve>) -> Runtime {
+        self.grants = Arc::new(grants::Registry::with_resolver(resolver));
+        self
+    }
+
     /// Keeps compiled artifacts in `dir`, and looks there before compiling.
     /// Fails when the directory cannot be created, or is not safe to run
     /// code from ([`CacheError`]).

@@ -389,6 +389,28 @@ impl InProcess {
     /// Like [`InProcess::new`], with `rest` after the route table (a
     /// `[delay]` table, say).
     pub fn with_config(handler: &Path, extra: &str, rest: &str) -> InProcess {
+        Self::with_runtime(handler, extra, rest, |runtime| runtime)
+    }
+
+    /// Like [`InProcess::with_config`], with host names resolved by
+    /// `resolver`.
+    pub fn with_resolver(
+        handler: &Path,
+        extra: &str,
+        rest: &str,
+        resolver: std::sync::Arc<dyn hopper::egress::Resolve>,
+    ) -> InProcess {
+        Self::with_runtime(handler, extra, rest, |runtime| {
+            runtime.with_resolver(resolver)
+        })
+    }
+
+    fn with_runtime(
+        handler: &Path,
+        extra: &str,
+        rest: &str,
+        adapt: impl FnOnce(hopper::plugin::Runtime) -> hopper::plugin::Runtime,
+    ) -> InProcess {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hopper.toml");
         std::fs::write(
@@ -406,6 +428,7 @@ impl InProcess {
             .with_cache(cache_dir())
             .unwrap()
             .with_telemetry(telemetry.clone());
+        let runtime = adapt(runtime);
         let route = config.routes.remove(0);
         let handler = runtime.load(&route.handler, &route).unwrap();
         InProcess {
@@ -608,7 +631,13 @@ fn dechunk(mut body: &[u8]) -> Vec<u8> {
 
 /// `GET path` as JSON, expecting 200.
 pub async fn get_json(addr: SocketAddr, path: &str) -> serde_json::Value {
-    let (status, body) = http(addr, "GET", path, None, None).await;
+    get_json_as(addr, path, None).await
+}
+
+/// `GET path` as JSON with the admin `token`, expecting 200: a server with
+/// a token configured answers no API call without it.
+pub async fn get_json_as(addr: SocketAddr, path: &str, token: Option<&str>) -> serde_json::Value {
+    let (status, body) = http(addr, "GET", path, token, None).await;
     assert_eq!(status, 200, "GET {path}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }

@@ -1,6 +1,7 @@
 //! The web console end to end, in headless Chromium driven over WebDriver:
-//! dead letters from a real route, filters, a record's detail, an XSS probe
-//! that must render as text, and a replay that gets handled.
+//! the token it asks for before it shows anything, dead letters from a real
+//! route, filters, a record's detail, an XSS probe that must render as
+//! text, and a replay that gets handled.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`./dev` installs them).
 
@@ -188,6 +189,20 @@ async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
     let driver = Driver::start();
     let browser = driver.browser().await;
     browser.goto(&console).await.unwrap();
+    // With a token configured, reads need it too: the console asks for it
+    // and shows nothing until it has it.
+    let asked = until(&browser, "a request for the token", async |b| {
+        let text = text_of(b, "error").await;
+        text.contains("admin token").then_some(text)
+    })
+    .await;
+    assert!(asked.contains("Authorization: Bearer"), "{asked}");
+    assert!(
+        rows(&browser).await.is_empty(),
+        "dead letters shown without the token"
+    );
+    let token = browser.find(Locator::Id("token")).await.unwrap();
+    token.send_keys(&format!("{TOKEN}\u{e004}")).await.unwrap();
     until(&browser, "3 dead letters", async |b| {
         (rows(b).await.len() == 3).then_some(())
     })
@@ -277,7 +292,7 @@ async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
         .unwrap();
     let chosen = first.attr("data-ref").await.unwrap().unwrap();
     first.click().await.unwrap();
-    let token = browser.find(Locator::Id("token")).await.unwrap();
+    token.clear().await.unwrap();
     token.send_keys("not-the-token").await.unwrap();
     browser
         .find(Locator::Id("replay"))

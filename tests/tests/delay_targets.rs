@@ -245,3 +245,101 @@ async fn a_target_deleted_while_hopper_runs_dead_letters_instead_of_looping() {
     );
     hopper.stop().await;
 }
+
+/// Regression: the relay forwarded to any topic that existed, so any
+/// producer could write into a route's retry tier or dead-letter topic, a
+/// replay journal or the relay's own tiers through `hopper-target`. hopper's
+/// own topics are never targets now, and `[delay] targets` narrows the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hoppers_own_topics_and_those_outside_targets_get_invalid_target() {
+    init_tracing();
+    let inbox = rand_name("delay");
+    let route = rand_name("route");
+    let allowed = rand_name("allowed");
+    let outside = rand_name("outside");
+    let config = TestConfig::new(&format!(
+        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\ntargets = [\"{allowed}*\", \"{route}.in\", \"{route}.*\"]\n\n[[route]]\nname = \"{route}\"\ntopics = [\"{route}.in\"]\nhandler = \"{}\"\n",
+        plugin("noop").display()
+    ));
+    let loaded = config.config();
+    let tier = loaded.routes[0].tiers()[0].1.clone();
+    let relay_tier = loaded.delay.as_ref().unwrap().tiers[0].1.clone();
+    let route_dlq = format!("{route}.dlq");
+    create_topics(&[&allowed, &outside]).await;
+    let hopper = config.start().await;
+    let producer = producer();
+    let sends = [
+        ("own-dlq", route_dlq.clone()),
+        ("own-tier", tier.clone()),
+        ("own-journal", format!("{route_dlq}.replays")),
+        ("relay-inbox", inbox.clone()),
+        ("relay-tier", relay_tier.clone()),
+        ("outside", outside.clone()),
+        ("allowed", allowed.clone()),
+    ];
+    for (id, target) in &sends {
+        let soon = (now_ms() + 200).to_string();
+        produce(
+            &producer,
+            &inbox,
+            Some(id),
+            id,
+            &[
+                ("hopper-target", target),
+                ("hopper-deliver-at", &soon),
+                ("hopper-id", id),
+            ],
+        )
+        .await;
+    }
+    // The positive control: a target the rules allow is delivered.
+    let delivered = consume(&allowed, 1, PATIENCE).await;
+    assert_eq!(header_map(&delivered[0]).0["hopper-id"], "allowed");
+    let dead = consume(&format!("{inbox}.dlq"), 6, PATIENCE).await;
+    let mut got: Vec<(String, String, String)> = dead
+        .iter()
+        .map(|m| {
+            let (h, _) = header_map(m);
+            (
+                h["hopper-id"].clone(),
+                h["hopper-reason"].clone(),
+                h["hopper-last-error"].clone(),
+            )
+        })
+        .collect();
+    got.sort();
+    let own = |topic: &str| {
+        format!(
+            "header hopper-target: `{topic}` is one of hopper's own topics, which a delayed message cannot target"
+        )
+    };
+    let mut want = vec![
+        ("own-dlq".to_string(), own(&route_dlq)),
+        ("own-tier".to_string(), own(&tier)),
+        (
+            "own-journal".to_string(),
+            own(&format!("{route_dlq}.replays")),
+        ),
+        ("relay-inbox".to_string(), own(&inbox)),
+        ("relay-tier".to_string(), own(&relay_tier)),
+        (
+            "outside".to_string(),
+            format!(
+                "header hopper-target: `{outside}` is not in the delay relay's targets ({allowed}*, {route}.in, {route}.*)"
+            ),
+        ),
+    ];
+    want.sort();
+    let want: Vec<(String, String, String)> = want
+        .into_iter()
+        .map(|(id, error)| (id, "INVALID_TARGET".to_string(), error))
+        .collect();
+    assert_eq!(got, want);
+    // A refusal is final: every refused message is in the relay's DLQ, so
+    // none of them can still reach the topic it named.
+    let brokers = brokers();
+    for topic in [&route_dlq, &tier, &relay_tier, &outside] {
+        assert_eq!(records_in(&brokers, topic), 0, "{topic}");
+    }
+    hopper.stop().await;
+}

@@ -1,7 +1,8 @@
 //! The admin server against a real broker: `/metrics` after a known mix of
-//! outcomes, the bearer token, and where it listens.
+//! outcomes, the bearer token, the `Host` check, and where it listens.
 
 use hopper_tests::*;
+use serde_json::json;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -200,7 +201,7 @@ async fn a_held_retry_partition_reports_when_its_head_is_due() {
         .find(|(k, _)| k.starts_with("hopper_hold_head_due_seconds{"))
         .unwrap();
     assert!(*due > 3500.0 && *due <= 3600.0, "due in {due}s");
-    let routes = get_json(addr, "/api/routes").await;
+    let routes = get_json_as(addr, "/api/routes", Some(TOKEN)).await;
     let held = &routes[0]["held"][0];
     assert_eq!(held["topic"], tier.as_str());
     hopper.stop().await;
@@ -252,14 +253,93 @@ async fn state_changing_calls_need_the_token_and_reads_answer_on_loopback() {
         assert!(Instant::now() < deadline, "never ready: {ready}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let handlers = get_json(addr, "/api/handlers").await;
+    let handlers = get_json_as(addr, "/api/handlers", Some(TOKEN)).await;
     assert_eq!(handlers[0]["route"], route.name.as_str());
     assert!(handlers[0]["last_reload_error"].is_null());
-    let (status, answer) = http(addr, "GET", "/api/dlq/some.topic/0/0", None, None).await;
+    let (status, answer) = http(addr, "GET", "/api/dlq/some.topic/0/0", Some(TOKEN), None).await;
     assert_eq!(status, 404, "only dead-letter topics can be read: {answer}");
     assert!(
         answer.contains("`some.topic` is not a dead-letter topic"),
         "{answer}"
+    );
+    hopper.stop().await;
+}
+
+/// `GET path` at `addr` naming `host` in the `Host` header: the status.
+async fn get_as_host(addr: SocketAddr, host: &str, path: &str, token: Option<&str>) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let authorization = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let request =
+        format!("GET {path} HTTP/1.1\r\nHost: {host}\r\n{authorization}Connection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
+        .await
+        .expect("the admin server answers")
+        .unwrap();
+    let text = String::from_utf8_lossy(&response);
+    text.split(' ').nth(1).unwrap().parse().unwrap()
+}
+
+/// Regressions: with a token configured, `/api` reads needed none on
+/// loopback; any `Host` was answered (a page rebinding its name to
+/// 127.0.0.1 could read `/api/dlq`); and a handler granted `*://*:*` could
+/// GET the admin server. The handler's GET of `/health`, which answers
+/// anyone, shows it would have been reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_api_needs_the_token_and_a_known_host_and_handlers_never_reach_it() {
+    init_tracing();
+    let route = TestRoute::new(
+        &plugin("acting"),
+        &format!("allowed_hosts = [\"*://*:*\"]\n{}", admin("")),
+    );
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    for path in ["/api/routes", "/api/status", "/api/handlers", "/api/dlq"] {
+        let (status, answer) = http(addr, "GET", path, None, None).await;
+        assert_eq!(status, 401, "{path} without the token: {answer}");
+        let (status, answer) = http(addr, "GET", path, Some(TOKEN), None).await;
+        assert_eq!(status, 200, "{path} with the token: {answer}");
+    }
+    for path in ["/health", "/metrics"] {
+        let (status, _) = http(addr, "GET", path, None, None).await;
+        assert_eq!(status, 200, "{path} stays open");
+    }
+    let port = addr.port();
+    for (host, expected) in [
+        (format!("127.0.0.1:{port}"), 200),
+        (format!("localhost:{port}"), 200),
+        ("localhost:8080".to_string(), 200),
+        (format!("[::1]:{port}"), 200),
+        (format!("rebound.example:{port}"), 403),
+        (format!("localhost.rebound.example:{port}"), 403),
+    ] {
+        let status = get_as_host(addr, &host, "/api/dlq", Some(TOKEN)).await;
+        assert_eq!(status, expected, "Host: {host}");
+        let status = get_as_host(addr, &host, "/", None).await;
+        assert_eq!(status, expected, "the console, Host: {host}");
+    }
+    assert_eq!(
+        get_as_host(addr, "rebound.example", "/health", None).await,
+        200,
+        "probes answer whatever name they use"
+    );
+
+    let steps = json!({"steps": [
+        {"get": format!("http://{addr}/health")},
+        {"get": format!("http://localhost:{port}/health")},
+    ], "verdict": "fatal"});
+    produce(&producer(), &route.input, None, &steps.to_string(), &[]).await;
+    let dead = consume(&route.dlq, 1, PATIENCE).await;
+    let (headers, _) = header_map(&dead[0]);
+    assert_eq!(
+        headers["hopper-last-error"],
+        format!(
+            "GET http://{addr}/health -> error ErrorCode::HttpRequestDenied | GET http://localhost:{port}/health -> error ErrorCode::HttpRequestDenied"
+        )
     );
     hopper.stop().await;
 }

@@ -364,7 +364,7 @@ async fn hostile_dead_letter_records_are_listed_and_replayed_without_a_panic() {
         )
         .await;
     }
-    let listed = get_json(addr, &format!("/api/dlq?route={}", route.name)).await;
+    let listed = get_json_as(addr, &format!("/api/dlq?route={}", route.name), Some("t")).await;
     assert_eq!(listed["total"], 2, "{listed}");
     assert!(
         !listed["histogram"].as_array().unwrap().is_empty(),

@@ -62,7 +62,7 @@ async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
 
 /// The DLQ listing of `route` through the admin API.
 async fn listing(addr: std::net::SocketAddr, route: &str) -> Value {
-    get_json(addr, &format!("/api/dlq?route={route}")).await
+    get_json_as(addr, &format!("/api/dlq?route={route}"), Some(TOKEN)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,4 +289,123 @@ async fn replay_holds_its_rate_limit() {
         took >= Duration::from_millis(2000),
         "11 replays took {took:?}"
     );
+}
+
+/// Regression: a replay took its destination from the record's own
+/// `hopper-route` and `hopper-origin-topic`, so anyone who could write to a
+/// dead-letter topic could forge a record that a replay sent to another
+/// route, or through the delay relay to any topic. A record now goes back
+/// only to an input of the route that owns the topic it was read from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_dead_letter_is_skipped_and_never_reaches_the_topic_it_names() {
+    init_tracing();
+    let other = rand_name("other");
+    let inbox = rand_name("inbox");
+    let victim = rand_name("victim");
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        &format!(
+            "\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n[delay]\ninbox = \"{inbox}\"\n\n[[route]]\nname = \"{other}\"\ntopics = [\"{other}.in\"]\nhandler = \"{}\"\n",
+            plugin("scripted").display()
+        ),
+    );
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let producer = producer();
+    create_topics(&[&victim]).await;
+    produce(
+        &producer,
+        &route.input,
+        Some("k"),
+        "fatal",
+        &[("hopper-id", "real")],
+    )
+    .await;
+    let genuine = consume(&route.dlq, 1, PATIENCE).await.remove(0);
+    let (h, _) = header_map(&genuine);
+    let forge = |changes: &[(&str, &str)]| {
+        let mut headers: Vec<(String, String)> =
+            h.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (key, value) in changes {
+            headers.retain(|(k, _)| k != key);
+            headers.push((key.to_string(), value.to_string()));
+        }
+        headers
+    };
+    let other_input = format!("{other}.in");
+    let forged = [
+        forge(&[("hopper-id", "as-other"), ("hopper-route", &other)]),
+        forge(&[
+            ("hopper-id", "as-relay"),
+            ("hopper-route", "delay"),
+            ("hopper-target", &victim),
+            ("hopper-deliver-at", "0"),
+        ]),
+        forge(&[
+            ("hopper-id", "outside"),
+            ("hopper-origin-topic", &other_input),
+        ]),
+    ];
+    for headers in &forged {
+        let headers: Vec<(&str, &str)> = headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        produce(&producer, &route.dlq, Some("k"), "forged", &headers).await;
+    }
+    consume(&route.dlq, 4, PATIENCE).await;
+
+    let dry = replay(addr, json!({ "filter": {}, "dry_run": true })).await;
+    let report = replay(addr, json!({ "filter": {} })).await;
+    for report in [&dry, &report] {
+        let problem = |id: &str| {
+            report["outcomes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|o| o["id"] == id)
+                .unwrap_or_else(|| panic!("{id} is not in {report}"))
+                .clone()
+        };
+        // The positive control: the genuine record is replayed to its input.
+        assert_eq!(problem("real")["action"], "replay", "{report}");
+        assert_eq!(problem("real")["to"], route.input.as_str());
+        assert_eq!(report["skipped"], 3, "{report}");
+        for id in ["as-other", "as-relay", "outside"] {
+            assert_eq!(problem(id)["action"], "skip", "{report}");
+        }
+        let text = |id: &str| problem(id)["problem"].as_str().unwrap().to_string();
+        assert_eq!(
+            text("as-other"),
+            format!(
+                "header hopper-route names `{other}`, but `{}` is the dead-letter topic of route `{}`",
+                route.dlq, route.name
+            )
+        );
+        assert_eq!(
+            text("as-relay"),
+            format!(
+                "header hopper-route names `delay`, but `{}` is the dead-letter topic of route `{}`",
+                route.dlq, route.name
+            )
+        );
+        assert_eq!(
+            text("outside"),
+            format!(
+                "header hopper-origin-topic names `{other_input}`, which is not an input of route `{}` ({})",
+                route.name, route.input
+            )
+        );
+    }
+    assert_eq!(report["replayed"], 1, "{report}");
+    // The replay produced (and awaited) every record before it answered, so
+    // what reached each topic is there now: the genuine record went back
+    // to its input, and nothing reached another route, the relay or the
+    // topic a forged header named.
+    let back = consume(&route.input, 2, PATIENCE).await;
+    assert_eq!(header_map(&back[1]).0["hopper-id"], "real");
+    assert_eq!(size(&other_input), 0);
+    assert_eq!(size(&inbox), 0);
+    assert_eq!(size(&victim), 0);
+    hopper.stop().await;
 }

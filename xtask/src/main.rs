@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 6] = [
+const PLUGINS: [&str; 7] = [
     "order-timeout",
     "noop",
     "scripted",
     "wrong-world",
     "acting",
     "fetch",
+    "imports",
 ];
 const NISSHI_VERSION: &str = "0.8.1";
 
@@ -60,27 +61,37 @@ fn main() -> Result<()> {
 }
 
 /// `cargo xtask fuzz [CASES]`: every function of a header value
-/// (host/tests/fuzz.rs), CASES (default 1,000,000) proptest cases per
-/// target, in the dev profile, which builds hopper with overflow checks on.
-/// Any panic fails it. Prints the time taken (BENCHMARKS.md).
+/// (host/tests/fuzz.rs) and every host import a guest calls
+/// (tests/tests/fuzz_imports.rs, through the `imports` fixture), CASES
+/// (default 1,000,000) proptest cases per target. The header targets run in
+/// the dev profile, which builds hopper with overflow checks on. Any panic
+/// fails it. Prints the time taken (BENCHMARKS.md).
 fn fuzz(rest: &[String]) -> Result<()> {
     let cases = rest.first().map_or("1000000", String::as_str);
-    let test = |extra: &[&str]| {
+    build_rust_plugins(&["imports"])?;
+    // `--workspace`, as the test command builds: the same features, so the
+    // test build is reused rather than done again.
+    let test = |target: &str, extra: &[&str]| {
         let mut test = cargo();
         test.current_dir(root())
-            .args(["test", "-p", "hopper", "--test", "fuzz"])
+            .args(["test", "--workspace", "--test", target])
             .args(extra)
             .env("PROPTEST_CASES", cases);
         test
     };
-    run(test(&["--no-run"]), "building the fuzz targets")?;
-    step(&format!("fuzzing header values, {cases} cases per target"));
-    let started = Instant::now();
-    run(test(&[]), "the fuzz targets")?;
-    eprintln!(
-        "==> {cases} cases per target, 0 panics, in {:.1?}",
-        started.elapsed()
-    );
+    let targets = ["fuzz", "fuzz_imports"];
+    for target in targets {
+        run(test(target, &["--no-run"]), "building the fuzz targets")?;
+    }
+    for target in targets {
+        step(&format!("fuzzing {target}, {cases} cases per target"));
+        let started = Instant::now();
+        run(test(target, &[]), "the fuzz targets")?;
+        eprintln!(
+            "==> {target}: {cases} cases per target, 0 panics, in {:.1?}",
+            started.elapsed()
+        );
+    }
     Ok(())
 }
 

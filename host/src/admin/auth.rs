@@ -1,4 +1,5 @@
-//! The bearer token: who may change state through the admin server.
+//! Who may call the admin server: the bearer token, and the `Host` a
+//! request names.
 //!
 //! Tokens are compared as sha256 digests with a constant-time equality, so
 //! neither the position of the first wrong byte nor the token's length shows
@@ -89,23 +90,142 @@ pub(super) async fn require_token(
     }
 }
 
-/// When the server is reachable from other hosts, refuses API reads without
-/// the token too.
+/// Refuses API reads without the token whenever one is configured (and
+/// always when the server is reachable from other hosts, which needs one to
+/// start). Without a configured token, reads answer on loopback only.
 pub(super) async fn require_token_for_reads(
     shared: Shared<Arc<State>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if shared.admin.remote() {
+    if shared.admin.token.is_some() || shared.admin.remote() {
         require_token(shared, request, next).await
     } else {
         next.run(request).await
     }
 }
 
+/// Refuses a request whose `Host` (or HTTP/2 authority) is not one this
+/// server answers to ([`host_allowed`]): a page whose name was rebound to
+/// 127.0.0.1 sends its own name, and reads nothing.
+pub(super) async fn require_known_host(
+    Shared(state): Shared<Arc<State>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_string())
+        .or_else(|| {
+            request
+                .headers()
+                .get(header::HOST)
+                .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        });
+    match host {
+        Some(host) if host_allowed(&host, &state.admin) => next.run(request).await,
+        host => {
+            let shown = host
+                .as_deref()
+                .map(|h| crate::headers::shorten(h, 100))
+                .unwrap_or_else(|| "(none)".into());
+            tracing::warn!(
+                path = crate::headers::shorten(request.uri().path(), 100),
+                host = shown,
+                "Admin call refused: unknown Host."
+            );
+            let error = format!(
+                "Host `{shown}` is not this server's address, a loopback name or one of admin.hosts"
+            );
+            (
+                StatusCode::FORBIDDEN,
+                axum::Json(serde_json::json!({ "error": error })),
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Whether `host` (a `Host` header value, port optional) names this server:
+/// - an IP literal that is the listen address, a loopback address, or any
+///   address when the server listens on every address (an IP literal is
+///   never a rebound name);
+/// - `localhost` or a name under `.localhost`, which browsers resolve to
+///   loopback themselves;
+/// - a name listed in `admin.hosts`.
+///
+/// The port is not compared: a port-forward (`kubectl port-forward 8080:9464`)
+/// changes it.
+pub(super) fn host_allowed(host: &str, admin: &crate::config::Admin) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((ip, rest)) if rest.is_empty() || rest.starts_with(':') => ip,
+            _ => return false,
+        },
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    if let Ok(ip) = name.parse::<std::net::IpAddr>() {
+        let listen = admin.listen.ip();
+        return ip == listen || ip.is_loopback() || listen.is_unspecified();
+    }
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == "localhost" || name.ends_with(".localhost") || admin.hosts.contains(&name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn admin(listen: &str, hosts: &[&str]) -> crate::config::Admin {
+        crate::config::Admin {
+            listen: listen.parse().unwrap(),
+            token: None,
+            metrics: true,
+            hosts: hosts.iter().map(|h| h.to_string()).collect(),
+            own: Default::default(),
+        }
+    }
+
+    #[test]
+    fn only_this_servers_own_names_pass_the_host_check() {
+        let local = admin("127.0.0.1:9464", &["hopper.internal"]);
+        for ok in [
+            "127.0.0.1:9464",
+            "127.0.0.1",
+            "127.0.0.1:8080",
+            "[::1]:9464",
+            "localhost:9464",
+            "LOCALHOST",
+            "localhost.:9464",
+            "console.localhost:9464",
+            "hopper.internal",
+            "Hopper.Internal:443",
+        ] {
+            assert!(host_allowed(ok, &local), "{ok}");
+        }
+        // Regression: any Host passed, so a page that rebound its own name
+        // to 127.0.0.1 could read /api/dlq.
+        for refused in [
+            "evil.example:9464",
+            "evil.example",
+            "localhost.evil.example",
+            "127.0.0.1.nip.io:9464",
+            "10.0.0.1:9464",
+            "[::1",
+            "[::1]x",
+            "",
+            "hopper.internal.evil.example",
+        ] {
+            assert!(!host_allowed(refused, &local), "{refused}");
+        }
+        let everywhere = admin("0.0.0.0:9464", &[]);
+        assert!(host_allowed("10.0.0.1:9464", &everywhere));
+        assert!(!host_allowed("evil.example:9464", &everywhere));
+        let one = admin("10.0.0.7:9464", &[]);
+        assert!(host_allowed("10.0.0.7:9464", &one));
+        assert!(!host_allowed("10.0.0.8:9464", &one));
+    }
 
     #[test]
     fn only_the_configured_token_passes() {

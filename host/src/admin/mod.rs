@@ -2,13 +2,19 @@
 //! JSON API over routes, handlers and dead-letter topics, replay, and the
 //! web console.
 //!
-//! It listens on 127.0.0.1 unless `admin.listen` says otherwise. Calls that
-//! change state (replay) need the bearer token (`admin.token` or
-//! `HOPPER_ADMIN_TOKEN`), compared in constant time; without a configured
-//! token they are always refused. When it listens on a non-loopback
-//! address, every `/api` call needs the token, reads included: DLQ payloads
-//! are data. `/health`, `/ready` and `/metrics` stay open for probes and
-//! scrapers.
+//! It listens on 127.0.0.1 unless `admin.listen` says otherwise. With a
+//! bearer token configured (`admin.token` or `HOPPER_ADMIN_TOKEN`), every
+//! `/api` call needs it, reads included: DLQ payloads are data. Without
+//! one, calls that change state (replay) are always refused, and reads
+//! answer on loopback only (a non-loopback listen needs a token to start).
+//! Tokens are compared in constant time. The API and the console also
+//! refuse a `Host` that is not this server's (`auth::host_allowed`), so a
+//! web page that rebinds its name to 127.0.0.1 reads nothing. `/health`,
+//! `/ready` and `/metrics` stay open for probes and scrapers, which name
+//! the server by whatever address they reach it at.
+//!
+//! Handlers cannot reach the server either: its address is guarded in every
+//! route's allow-list (`egress::OwnEndpoint`).
 
 mod api;
 mod auth;
@@ -70,6 +76,8 @@ impl Server {
             addr: admin.listen,
             source,
         })?;
+        // Guards the bound address (the chosen port, for `:0`) from handlers.
+        admin.own.set(addr);
         let state = Arc::new(State {
             pacer: Pacer::new(context.config.replay.rate),
             token: auth::Token::new(admin.token.as_deref()),
@@ -120,11 +128,17 @@ fn router(state: Arc<State>) -> Router {
             state.clone(),
             auth::require_token_for_reads,
         ));
+    let named = Router::new()
+        .nest("/api", api)
+        .merge(console::routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_known_host,
+        ));
     Router::new()
         .route("/health", get(api::health))
         .route("/ready", get(api::ready))
         .route("/metrics", get(api::metrics))
-        .nest("/api", api)
-        .merge(console::routes())
+        .merge(named)
         .with_state(state)
 }

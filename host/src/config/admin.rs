@@ -1,6 +1,7 @@
 //! `[admin]` (the admin HTTP server and metrics) and `[replay]` (how DLQ
 //! records are replayed).
 
+use crate::egress::OwnEndpoint;
 use serde::Deserialize;
 use std::net::SocketAddr;
 
@@ -16,10 +17,17 @@ pub struct AdminConfig {
     /// only.
     #[serde(default = "default_listen")]
     pub listen: String,
-    /// The bearer token that state-changing calls (replay) must present.
-    /// Default: `HOPPER_ADMIN_TOKEN` from the environment; without either,
-    /// nothing can change state through the server.
+    /// The bearer token that every `/api` call must present (reads too:
+    /// DLQ payloads are data). Default: `HOPPER_ADMIN_TOKEN` from the
+    /// environment; without either, nothing can change state through the
+    /// server, and reads answer on loopback only.
     pub token: Option<String>,
+    /// Host names, besides the listen address and loopback names, that
+    /// browsers may use to reach the server (`Host` header), such as the
+    /// name of a proxy in front of it. Others are refused, so a page that
+    /// rebinds its own name to 127.0.0.1 reads nothing.
+    #[serde(default)]
+    pub hosts: Vec<String>,
     /// Time handler calls, sample lag and serve `/metrics`. Default true.
     #[serde(default = "default_true")]
     pub metrics: bool,
@@ -39,11 +47,16 @@ pub struct Admin {
     /// From `admin.token`, else from `HOPPER_ADMIN_TOKEN`.
     pub token: Option<String>,
     pub metrics: bool,
+    /// `admin.hosts`, lowercased.
+    pub hosts: Vec<String>,
+    /// Where the server listens once bound, shared with every route's
+    /// allow-list so that no handler reaches it through a wildcard grant.
+    /// Set here for a fixed port, by the server when it binds port 0.
+    pub own: OwnEndpoint,
 }
 
 impl Admin {
-    /// Reachable from other hosts: then every API call needs the token,
-    /// reads included, since DLQ payloads are data.
+    /// Reachable from other hosts: then a token is required to start.
     pub fn remote(&self) -> bool {
         !self.listen.ip().is_loopback()
     }
@@ -80,13 +93,35 @@ impl AdminConfig {
                 "admin.listen `{listen}` is reachable from other hosts; set admin.token (or {TOKEN_ENV}) so that every call needs it"
             ));
         }
+        let mut hosts = Vec::new();
+        for host in &self.hosts {
+            let valid = !host.is_empty()
+                && host.len() <= 253
+                && host.split('.').all(|l| {
+                    !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                });
+            if valid {
+                hosts.push(host.to_ascii_lowercase());
+            } else {
+                problems.push(format!(
+                    "admin.hosts entry `{host}` is not a host name such as hopper.example.com (no port, scheme or wildcard)"
+                ));
+            }
+        }
         if problems.len() > before {
             return None;
         }
+        let listen = listen?;
+        let own = OwnEndpoint::default();
+        if listen.port() != 0 {
+            own.set(listen);
+        }
         Some(Admin {
-            listen: listen?,
+            listen,
             token,
             metrics: self.metrics,
+            hosts,
+            own,
         })
     }
 }
@@ -176,6 +211,15 @@ mod tests {
         );
         let remote = resolve("listen = \"0.0.0.0:9464\"\ntoken = \"t\"\n").unwrap();
         assert!(remote.remote(), "reachable from other hosts, with a token");
+        let problems =
+            resolve("hosts = [\"ok.example\", \"*.example\", \"a.example:80\"]").unwrap_err();
+        assert_eq!(
+            problems,
+            vec![
+                "admin.hosts entry `*.example` is not a host name such as hopper.example.com (no port, scheme or wildcard)",
+                "admin.hosts entry `a.example:80` is not a host name such as hopper.example.com (no port, scheme or wildcard)",
+            ]
+        );
         let err = toml::from_str::<AdminConfig>("listne = \"x\"").unwrap_err();
         assert!(err.to_string().contains("unknown field `listne`"), "{err}");
     }

@@ -2,6 +2,7 @@
 
 use super::{HumanDuration, check_name, compact_duration};
 use serde::Deserialize;
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// The route name the delay relay goes by in dead-letter records
@@ -38,6 +39,10 @@ pub struct DelayConfig {
     pub dlq: Option<String>,
     /// Consumer group. Default `hopper.delay`.
     pub group: Option<String>,
+    /// The topics a delayed message may target, as patterns where `*`
+    /// matches any run of characters (`orders.*`). Default: any topic that
+    /// is not hopper's own.
+    pub targets: Option<Vec<String>>,
     /// Prefix of tier topics. Default `<inbox>`, giving `hopper.delay.30m`.
     pub tier_prefix: Option<String>,
 }
@@ -58,6 +63,12 @@ pub struct DelayRelay {
     pub max_delay: Duration,
     pub dlq: String,
     pub group: String,
+    /// `[delay] targets`: the patterns a target must match; `None`: any.
+    pub targets: Option<Vec<String>>,
+    /// hopper's own topics in this config (every retry tier, dead-letter
+    /// topic and replay journal, and the relay's inbox and tiers): never a
+    /// target. Filled in once every route is resolved.
+    pub internal: BTreeSet<String>,
 }
 
 impl DelayRelay {
@@ -66,6 +77,47 @@ impl DelayRelay {
         topics.extend(self.tiers.iter().map(|(_, t)| t.clone()));
         topics
     }
+
+    /// Whether a delayed message may go to `topic`, or why not. Any producer
+    /// can name any topic in `hopper-target`, so a target is never one of
+    /// hopper's own topics, and must match `targets` when it is set.
+    pub fn check_target(&self, topic: &str) -> Result<(), String> {
+        if self.internal.contains(topic) {
+            return Err(format!(
+                "`{topic}` is one of hopper's own topics, which a delayed message cannot target"
+            ));
+        }
+        match &self.targets {
+            Some(patterns) if !patterns.iter().any(|p| glob_matches(p, topic)) => Err(format!(
+                "`{topic}` is not in the delay relay's targets ({})",
+                patterns.join(", ")
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` matches any run of
+/// characters (none included) and every other character itself. Linear in
+/// the lengths: a pattern is a list of literal pieces, each found in turn.
+pub fn glob_matches(pattern: &str, text: &str) -> bool {
+    let mut pieces = pattern.split('*');
+    let first = pieces.next().unwrap_or_default();
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    let pieces: Vec<&str> = pieces.collect();
+    let Some((last, middle)) = pieces.split_last() else {
+        // No `*`: the whole text must be the pattern.
+        return rest.is_empty();
+    };
+    for piece in middle {
+        match rest.find(piece) {
+            Some(at) => rest = &rest[at + piece.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
 }
 
 impl DelayConfig {
@@ -112,10 +164,23 @@ impl DelayConfig {
                 problems.push(format!("delay: {what} `{name}` {e}"));
             }
         }
+        for pattern in self.targets.iter().flatten() {
+            let literal = pattern.replace('*', "");
+            if pattern.is_empty()
+                || (!literal.is_empty() && check_name(&literal).is_err())
+                || literal.contains("..")
+            {
+                problems.push(format!(
+                    "delay: target pattern `{pattern}` is not a topic name with `*` wildcards"
+                ));
+            }
+        }
         if problems.len() > before {
             return None;
         }
         Some(DelayRelay {
+            targets: self.targets.clone(),
+            internal: BTreeSet::new(),
             tiers: waits
                 .into_iter()
                 .map(|d| (d, format!("{prefix}.{}", compact_duration(d))))
@@ -125,5 +190,66 @@ impl DelayConfig {
             dlq,
             group,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_glob_matches_runs_of_any_characters_at_its_stars() {
+        for (pattern, text, want) in [
+            ("orders", "orders", true),
+            ("orders", "orders2", false),
+            ("orders", "order", false),
+            ("orders.*", "orders.created", true),
+            ("orders.*", "orders.", true),
+            ("orders.*", "orders", false),
+            ("*.commands", "payments.commands", true),
+            ("*.commands", "payments.commandsx", false),
+            ("a*b*c", "abc", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "acb", false),
+            ("ab*ba", "aba", false),
+            ("*", "", true),
+            ("*", "anything", true),
+            ("**", "x", true),
+        ] {
+            assert_eq!(glob_matches(pattern, text), want, "{pattern} ~ {text}");
+        }
+    }
+
+    fn relay(targets: Option<&[&str]>) -> DelayRelay {
+        DelayRelay {
+            inbox: "hopper.delay".into(),
+            tiers: vec![(Duration::from_secs(1), "hopper.delay.1s".into())],
+            max_delay: Duration::from_secs(60),
+            dlq: "hopper.delay.dlq".into(),
+            group: "hopper.delay".into(),
+            targets: targets.map(|t| t.iter().map(|s| s.to_string()).collect()),
+            internal: ["hopper.delay", "orders.dlq"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn hoppers_own_topics_are_never_targets_and_targets_narrow_the_rest() {
+        let open = relay(None);
+        assert!(open.check_target("orders").is_ok());
+        assert!(open.check_target("orders.dlq").is_err());
+        assert!(open.check_target("hopper.delay").is_err());
+        let narrow = relay(Some(&["orders.*", "orders.dlq"]));
+        assert!(narrow.check_target("orders.created").is_ok());
+        assert_eq!(
+            narrow.check_target("payments").unwrap_err(),
+            "`payments` is not in the delay relay's targets (orders.*, orders.dlq)"
+        );
+        assert!(
+            narrow.check_target("orders.dlq").is_err(),
+            "an own topic stays refused even when a pattern names it"
+        );
     }
 }

@@ -109,6 +109,26 @@ impl Config {
     }
 }
 
+/// hopper's own topics: every route's retry tiers and dead-letter topic,
+/// the relay's inbox, tiers and dead-letter topic, and each dead-letter
+/// topic's replay journal. A route's inputs and emit topics are not among
+/// them: producers write to those.
+fn internal_topics(routes: &[Route], relay: &DelayRelay) -> BTreeSet<String> {
+    let mut topics: BTreeSet<String> = relay.all_topics().into_iter().collect();
+    for route in routes {
+        topics.extend(route.tiers().into_iter().map(|(_, t)| t));
+        topics.insert(route.dlq.clone());
+    }
+    let journals: Vec<String> = routes
+        .iter()
+        .map(|r| r.dlq.clone())
+        .chain([relay.dlq.clone()])
+        .map(|t| replay_journal(&t))
+        .collect();
+    topics.extend(journals);
+    topics
+}
+
 /// The topic that records each replay of a dead-letter topic's records:
 /// `<dlq>.replays`. The dead-letter topic itself is never written to by a
 /// replay, except for REPLAY_LOOP records.
@@ -150,15 +170,24 @@ impl ConfigFile {
         }
         route::check_topic_overlap(&routes, &mut problems);
         self.limits.check(&routes, &mut problems);
-        let delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
+        let mut delay = self.delay.as_ref().and_then(|d| d.resolve(&mut problems));
         groups::check_groups(&routes, delay.as_ref(), &mut problems);
         let admin = self.admin.as_ref().and_then(|a| a.resolve(&mut problems));
+        if let Some(admin) = &admin {
+            // No handler reaches the admin server through a wildcard grant.
+            for route in &mut routes {
+                route.grants.allowed_hosts.guard_own(admin.own.clone());
+            }
+        }
         self.replay.check(&mut problems);
         if delay.is_some() && routes.iter().any(|r| r.name == RELAY_ROUTE) {
             problems.push(format!(
                 "route `{}`: the name is the delay relay's in dead-letter records and metrics; choose another",
                 RELAY_ROUTE
             ));
+        }
+        if let Some(relay) = &mut delay {
+            relay.internal = internal_topics(&routes, relay);
         }
         if let Some(relay) = &delay {
             for route in &mut routes {
@@ -275,6 +304,45 @@ mod tests {
 
     fn write_handler(dir: &Path) {
         std::fs::write(dir.join("h.wasm"), b"not checked here").unwrap();
+    }
+
+    #[test]
+    fn delay_targets_are_checked_and_hoppers_own_topics_are_known() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let problems =
+            ConfigFile::parse("[delay]\ntargets = [\"\", \"orders.*\", \"a b*\", \"..*\"]\n")
+                .unwrap()
+                .resolve(dir.path())
+                .unwrap_err();
+        for bad in ["``", "`a b*`", "`..*`"] {
+            assert!(
+                problems.contains(&format!(
+                    "delay: target pattern {bad} is not a topic name with `*` wildcards"
+                )),
+                "{bad}: {problems:?}"
+            );
+        }
+        assert_eq!(problems.len(), 3, "{problems:?}");
+        let config = ConfigFile::parse(
+            "[delay]\n\n[[route]]\nname = \"r\"\ntopics = [\"r.in\"]\nhandler = \"h.wasm\"\nretry = [\"5s\"]\n",
+        )
+        .unwrap()
+        .resolve(dir.path())
+        .unwrap();
+        let internal = &config.delay.unwrap().internal;
+        for own in [
+            "r.retry.5s",
+            "r.dlq",
+            "r.dlq.replays",
+            "hopper.delay",
+            "hopper.delay.1s",
+            "hopper.delay.dlq",
+            "hopper.delay.dlq.replays",
+        ] {
+            assert!(internal.contains(own), "{own}: {internal:?}");
+        }
+        assert!(!internal.contains("r.in"), "a route's input is a target");
     }
 
     #[test]

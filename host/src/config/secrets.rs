@@ -40,19 +40,141 @@ impl Secrets {
         self.0.insert(name.to_string(), Secret(value.into()));
     }
 
-    /// `text` with every secret value in it replaced by `[secret NAME]`.
-    /// Borrows when there is nothing to replace, which is the common case.
+    /// The length of the longest secret value, in bytes.
+    pub fn longest(&self) -> usize {
+        self.0.values().map(|s| s.expose().len()).max().unwrap_or(0)
+    }
+
+    /// `text` with every secret value in it replaced by `[secret NAME]`,
+    /// whether it is written as is or percent-encoded, wholly or in part
+    /// (`%2B` for base64's `+`, in either case of hex): a handler may put a
+    /// secret into a URL. A secret spanning lines is found too, so redact a
+    /// whole text before splitting it into lines. Borrows when there is
+    /// nothing to replace, which is the common case.
     pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        if self.0.is_empty() {
+            return std::borrow::Cow::Borrowed(text);
+        }
+        let secrets = self.longest_first();
+        // Copies as written first: a `%` just before one would otherwise
+        // decode with its first characters and hide it.
         let mut out = std::borrow::Cow::Borrowed(text);
-        for (name, secret) in &self.0 {
+        for (name, secret) in &secrets {
             if out.contains(secret.expose()) {
                 out = out
                     .replace(secret.expose(), &format!("[secret {name}]"))
                     .into();
             }
         }
-        out
+        if !out.contains('%') {
+            return out;
+        }
+        let encoded = match redact_encoded(&out, &secrets) {
+            std::borrow::Cow::Owned(encoded) => Some(encoded),
+            std::borrow::Cow::Borrowed(_) => None,
+        };
+        encoded.map_or(out, std::borrow::Cow::Owned)
     }
+
+    /// Secrets, longest first, so a secret that contains another is
+    /// replaced whole.
+    fn longest_first(&self) -> Vec<(&String, &Secret)> {
+        let mut all: Vec<_> = self.0.iter().collect();
+        all.sort_by_key(|(_, s)| std::cmp::Reverse(s.expose().len()));
+        all
+    }
+
+    /// How many bytes at the end of `text` are the start of a secret (and
+    /// not the whole of one): what a cut through a secret leaves behind,
+    /// for the caller to drop.
+    pub fn partial_at_end(&self, text: &[u8]) -> usize {
+        self.0
+            .values()
+            .map(|secret| {
+                let secret = secret.expose().as_bytes();
+                (1..secret.len().min(text.len() + 1))
+                    .rev()
+                    .find(|&n| text.ends_with(&secret[..n]))
+                    .unwrap_or(0)
+            })
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Redacts `secrets` in `text` as if every `%XX` in it were decoded: finds
+/// each secret in the decoded bytes, and replaces the text it came from.
+fn redact_encoded<'a>(text: &'a str, secrets: &[(&String, &Secret)]) -> std::borrow::Cow<'a, str> {
+    let bytes = text.as_bytes();
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    // Each decoded byte, with the span of `text` it came from.
+    let mut decoded = Vec::with_capacity(bytes.len());
+    let mut spans = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && let (Some(hi), Some(lo)) = (
+                bytes.get(i + 1).copied().and_then(hex),
+                bytes.get(i + 2).copied().and_then(hex),
+            )
+        {
+            decoded.push(hi << 4 | lo);
+            spans.push((i, i + 3));
+            i += 3;
+        } else {
+            decoded.push(bytes[i]);
+            spans.push((i, i + 1));
+            i += 1;
+        }
+    }
+    // The start of each replaced span in `text`: its end and the name.
+    let mut taken = vec![false; decoded.len()];
+    let mut replaced: Vec<(usize, usize, &str)> = Vec::new();
+    for (name, secret) in secrets {
+        let needle = secret.expose().as_bytes();
+        let mut at = 0;
+        while at + needle.len() <= decoded.len() {
+            let end = at + needle.len();
+            if decoded[at..end] == *needle && !taken[at..end].iter().any(|t| *t) {
+                taken[at..end].iter_mut().for_each(|t| *t = true);
+                replaced.push((spans[at].0, spans[end - 1].1, name.as_str()));
+                at = end;
+            } else {
+                at += 1;
+            }
+        }
+    }
+    if replaced.is_empty() {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    replaced.sort_unstable();
+    let mut out = String::with_capacity(text.len());
+    let mut from = 0;
+    for (start, end, name) in replaced {
+        // Spans begin at `%` or at the first byte of a character, and end
+        // after a whole one, so these are character boundaries; a secret
+        // whose bytes were decoded into the middle of one is cut around it.
+        let start = floor_boundary(text, start);
+        out.push_str(&text[from..start.max(from)]);
+        out.push_str(&format!("[secret {name}]"));
+        from = ceil_boundary(text, end);
+    }
+    out.push_str(&text[from.min(text.len())..]);
+    std::borrow::Cow::Owned(out)
+}
+
+fn floor_boundary(text: &str, mut i: usize) -> usize {
+    while !text.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ceil_boundary(text: &str, mut i: usize) -> usize {
+    while i < text.len() && !text.is_char_boundary(i) {
+        i += 1;
+    }
+    i
 }
 
 /// Reads a secret from `env:VARIABLE` or `file:PATH`. A problem names the
@@ -94,4 +216,69 @@ pub(super) fn read_secret(name: &str, source: &str, base: &Path) -> Result<Strin
         return Err(format!("{source} is empty"));
     }
     Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secrets(values: &[(&str, &str)]) -> Secrets {
+        let mut s = Secrets::default();
+        for (name, value) in values {
+            s.insert(name, value.to_string());
+        }
+        s
+    }
+
+    #[test]
+    fn a_secret_spanning_lines_is_redacted_in_the_whole_text() {
+        let pem = "-----BEGIN KEY-----\nMIIBOgIBAAJBAK\n-----END KEY-----";
+        let s = secrets(&[("key", pem)]);
+        let text = format!("before\n{pem}\nafter");
+        assert_eq!(s.redact(&text), "before\n[secret key]\nafter");
+        // Line by line, no line holds it whole: why whole texts are redacted.
+        assert!(text.lines().all(|l| s.redact(l) == l));
+    }
+
+    #[test]
+    fn a_percent_encoded_secret_is_redacted() {
+        // Regression: base64's `+/=` percent-encoded into a URL passed.
+        let s = secrets(&[("token", "ab+c/d=")]);
+        for (text, expected) in [
+            ("http://h/x/ab%2Bc%2Fd%3D/y", "http://h/x/[secret token]/y"),
+            ("http://h/ab%2bc%2fd%3d", "http://h/[secret token]"),
+            ("http://h/ab%2Bc/d%3D?", "http://h/[secret token]?"),
+            ("%61%62%2B%63%2F%64%3D", "[secret token]"),
+            ("ab+c/d= and %ab+c/d=", "[secret token] and %[secret token]"),
+            ("ab%2Bc%2F", "ab%2Bc%2F"),
+            ("100% sure, ab+c/d=", "100% sure, [secret token]"),
+            ("é%C3%A9 ab+c/d=%", "é%C3%A9 [secret token]%"),
+        ] {
+            assert_eq!(s.redact(text), expected, "{text}");
+        }
+        let unicode = secrets(&[("u", "é!")]);
+        assert_eq!(unicode.redact("x%C3%A9%21y"), "x[secret u]y");
+    }
+
+    #[test]
+    fn the_longest_secret_wins_and_nothing_else_changes() {
+        let s = secrets(&[("short", "abc"), ("long", "xabcx")]);
+        assert_eq!(s.redact("xabcx abc"), "[secret long] [secret short]");
+        assert_eq!(s.redact("x%61bcx"), "[secret long]");
+        assert!(matches!(
+            s.redact("nothing %41"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn the_start_of_a_cut_secret_is_found_at_the_end() {
+        let s = secrets(&[("a", "secret-value"), ("b", "xy")]);
+        assert_eq!(s.partial_at_end(b"output secret-va"), 9);
+        assert_eq!(s.partial_at_end(b"output x"), 1);
+        assert_eq!(s.partial_at_end(b"output secret-value"), 0, "a whole one");
+        assert_eq!(s.partial_at_end(b"output"), 0);
+        assert_eq!(s.partial_at_end(b""), 0);
+        assert_eq!(s.longest(), 12);
+    }
 }

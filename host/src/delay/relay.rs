@@ -251,6 +251,18 @@ impl Processor for DelayProcessor {
                 return self.reject(message, id, rejected);
             }
         };
+        // hopper's own topics, and those outside `[delay] targets`, are
+        // refused on every pass: a rule may have changed since the inbox.
+        if let Err(why) = self.relay.check_target(&schedule.target) {
+            return self.reject(
+                message,
+                schedule.id,
+                Rejected {
+                    reason: headers::Reason::InvalidTarget,
+                    error: format!("header {}: {why}", headers::TARGET),
+                },
+            );
+        }
         // The target is checked when a message arrives, so a typo is
         // dead-lettered at once rather than after its delay, and again
         // before it is forwarded, in case the topic was deleted meanwhile.

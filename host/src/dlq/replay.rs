@@ -138,26 +138,29 @@ impl Dlq<'_> {
                     skip(format!("header {} is missing", headers::ROUTE)),
                     &[][..],
                 ),
-                (Ok(envelope), Some(route)) => match self.input_of(route, &envelope.origin.topic) {
-                    Err(problem) => (skip(problem), &[][..]),
-                    Ok((to, keep)) => {
-                        // Saturating: `replays` comes from a header, and a
-                        // count that large is past any loop guard.
-                        let replay = envelope.replays.saturating_add(replayed).saturating_add(1);
-                        if replay > max_replays {
-                            let replays = replay - 1;
-                            (
-                                Action::Loop {
-                                    to: at.topic.clone(),
-                                    replays,
-                                },
-                                keep,
-                            )
-                        } else {
-                            (Action::Replay { to, replay }, keep)
+                (Ok(envelope), Some(route)) => {
+                    match self.input_of(&at.topic, route, &envelope.origin.topic) {
+                        Err(problem) => (skip(problem), &[][..]),
+                        Ok((to, keep)) => {
+                            // Saturating: `replays` comes from a header, and a
+                            // count that large is past any loop guard.
+                            let replay =
+                                envelope.replays.saturating_add(replayed).saturating_add(1);
+                            if replay > max_replays {
+                                let replays = replay - 1;
+                                (
+                                    Action::Loop {
+                                        to: at.topic.clone(),
+                                        replays,
+                                    },
+                                    keep,
+                                )
+                            } else {
+                                (Action::Replay { to, replay }, keep)
+                            }
                         }
                     }
-                },
+                }
             };
             planned.push(Planned {
                 envelope: envelope.ok(),
@@ -175,24 +178,68 @@ impl Dlq<'_> {
         Ok(planned)
     }
 
-    /// Where a record of `route` goes back to: its origin topic when that is
-    /// one of the route's inputs, else the route's first input; the relay
-    /// inbox for the relay's records.
+    /// Where a record read from dead-letter topic `dlq`, whose headers name
+    /// `route` and `origin`, goes back to: its origin topic, an input of
+    /// the route that owns `dlq`; the relay inbox for the relay's records.
+    ///
+    /// Anyone who can write to a dead-letter topic can write any headers,
+    /// so the headers only have to agree with where the record was read:
+    /// the destination comes from the config, never from a header. A record
+    /// whose `hopper-route` is not an owner of `dlq`, or whose origin is not
+    /// one of that route's inputs, is skipped with the reason.
     fn input_of(
         &self,
+        dlq: &str,
         route: &str,
         origin: &str,
     ) -> Result<(String, &'static [&'static str]), String> {
-        if route == RELAY_ROUTE {
-            return match &self.config.delay {
-                Some(relay) => Ok((relay.inbox.clone(), RELAY_KEEP)),
-                None => Err("the delay relay is not in the config".into()),
-            };
+        let relay = self.config.delay.as_ref().filter(|relay| relay.dlq == dlq);
+        let owners: Vec<&str> = self
+            .config
+            .routes
+            .iter()
+            .filter(|r| r.dlq == dlq)
+            .map(|r| r.name.as_str())
+            .chain(relay.map(|_| RELAY_ROUTE))
+            .collect();
+        if owners.is_empty() {
+            return Err(format!(
+                "`{dlq}` is not the dead-letter topic of any route in the config"
+            ));
         }
-        match self.config.routes.iter().find(|r| r.name == route) {
-            Some(r) if r.topics.iter().any(|t| t == origin) => Ok((origin.to_string(), &[])),
-            Some(r) => Ok((r.topics[0].clone(), &[])),
-            None => Err(format!("route `{route}` is not in the config")),
+        if !owners.contains(&route) {
+            return Err(format!(
+                "header {} names `{}`, but `{dlq}` is the dead-letter topic of {}",
+                headers::ROUTE,
+                headers::shorten(route, 64),
+                owners
+                    .iter()
+                    .map(|o| match *o {
+                        RELAY_ROUTE => "the delay relay".to_string(),
+                        name => format!("route `{name}`"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            ));
+        }
+        if let Some(relay) = relay.filter(|_| route == RELAY_ROUTE) {
+            return Ok((relay.inbox.clone(), RELAY_KEEP));
+        }
+        let owner = self
+            .config
+            .routes
+            .iter()
+            .find(|r| r.name == route && r.dlq == dlq)
+            .expect("`route` is one of the owners");
+        if owner.topics.iter().any(|t| t == origin) {
+            Ok((origin.to_string(), &[]))
+        } else {
+            Err(format!(
+                "header {} names `{}`, which is not an input of route `{route}` ({})",
+                headers::ORIGIN_TOPIC,
+                headers::shorten(origin, 256),
+                owner.topics.join(", ")
+            ))
         }
     }
 

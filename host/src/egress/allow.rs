@@ -12,12 +12,86 @@
 //! `*://*:*` allows everything. Names compare without case.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::{Arc, OnceLock};
 
 /// The hosts a route may call. Empty (the default) allows nothing.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct AllowList {
     entries: Vec<HostPattern>,
+    /// Hopper's own admin server, which a handler reaches only through an
+    /// entry naming its address and port exactly.
+    own: OwnEndpoint,
+}
+
+/// Where hopper's admin server listens, shared by every route's allow-list
+/// and set once: at config load for a fixed port, when the server binds for
+/// port 0. Until then nothing is guarded as the admin server.
+#[derive(Clone, Default)]
+pub struct OwnEndpoint(Arc<OnceLock<SocketAddr>>);
+
+impl OwnEndpoint {
+    /// Records the address; a second call keeps the first address.
+    pub fn set(&self, addr: SocketAddr) {
+        let _ = self.0.set(addr);
+    }
+
+    pub fn get(&self) -> Option<SocketAddr> {
+        self.0.get().copied()
+    }
+
+    /// Whether a connection to `dest` could reach the admin server: the same
+    /// port, and the listen address itself, any loopback address (the
+    /// server may answer on each), `0.0.0.0`/`::` as a destination (which
+    /// connects to this host), or any address at all when the server
+    /// listens on every address (this host's own addresses cannot be told
+    /// from others').
+    fn reaches(&self, dest: SocketAddr) -> bool {
+        let Some(own) = self.get() else {
+            return false;
+        };
+        let (to, at) = (canonical(dest.ip()), canonical(own.ip()));
+        dest.port() == own.port()
+            && (to == at
+                || to.is_unspecified()
+                || at.is_unspecified()
+                || (to.is_loopback() && at.is_loopback()))
+    }
+}
+
+impl PartialEq for OwnEndpoint {
+    fn eq(&self, other: &Self) -> bool {
+        self.get() == other.get()
+    }
+}
+
+impl Eq for OwnEndpoint {}
+
+impl fmt::Debug for OwnEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.get() {
+            Some(addr) => write!(f, "OwnEndpoint({addr})"),
+            None => f.write_str("OwnEndpoint(unset)"),
+        }
+    }
+}
+
+/// Why an address is refused although the host matched an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Guard {
+    /// A link-local or cloud-metadata address ([`is_guarded`]).
+    Metadata,
+    /// Hopper's own admin server.
+    Admin,
+}
+
+impl fmt::Display for Guard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Guard::Metadata => "a link-local or metadata address",
+            Guard::Admin => "hopper's own admin server",
+        })
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,7 +154,10 @@ impl AllowList {
             }
         }
         if problems.is_empty() {
-            Ok(AllowList { entries: parsed })
+            Ok(AllowList {
+                entries: parsed,
+                own: OwnEndpoint::default(),
+            })
         } else {
             Err(problems)
         }
@@ -111,9 +188,14 @@ impl AllowList {
         })
     }
 
-    /// Whether a connection to `ip` is allowed: any address but the
-    /// link-local and cloud-metadata ones ([`is_guarded`]), which only an
-    /// entry naming that very address allows.
+    /// Guards the admin server at `own` (see [`OwnEndpoint`]).
+    pub fn guard_own(&mut self, own: OwnEndpoint) {
+        self.own = own;
+    }
+
+    /// Whether a connection to `ip` is allowed, port aside: any address but
+    /// the link-local and cloud-metadata ones ([`is_guarded`]), which only
+    /// an entry naming that very address allows.
     pub fn allows_address(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         !is_guarded(ip)
@@ -121,6 +203,24 @@ impl AllowList {
                 .entries
                 .iter()
                 .any(|p| matches!(p.host, HostMatch::Ip(named) if named == ip))
+    }
+
+    /// Why a connection to `dest` is refused, if it is: a guarded address
+    /// no entry names, or hopper's admin server, which only an entry naming
+    /// its address and that one port allows (`http://127.0.0.1:9464`; not a
+    /// wildcard, a name, or a port range).
+    pub fn refuses(&self, dest: SocketAddr) -> Option<Guard> {
+        if !self.allows_address(dest.ip()) {
+            return Some(Guard::Metadata);
+        }
+        let ip = canonical(dest.ip());
+        let named_exactly = || {
+            self.entries.iter().any(|p| {
+                matches!(p.host, HostMatch::Ip(named) if named == ip)
+                    && p.ports == Ports::Range(dest.port(), dest.port())
+            })
+        };
+        (self.own.reaches(dest) && !named_exactly()).then_some(Guard::Admin)
     }
 }
 
@@ -271,8 +371,6 @@ impl Ports {
     }
 }
 
-/// The AWS instance-metadata address over IPv6.
-const AWS_METADATA_V6: Ipv6Addr = Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254);
 /// Alibaba Cloud's instance-metadata address (outside the link-local range).
 const ALIBABA_METADATA: Ipv4Addr = Ipv4Addr::new(100, 100, 100, 200);
 
@@ -283,22 +381,45 @@ const ALIBABA_METADATA: Ipv4Addr = Ipv4Addr::new(100, 100, 100, 200);
 /// - 169.254.0.0/16 (IPv4 link-local: AWS, GCP, Azure and others serve
 ///   metadata at 169.254.169.254);
 /// - fe80::/10 (IPv6 link-local);
-/// - fd00:ec2::254 (AWS metadata over IPv6);
-/// - 100.100.100.200 (Alibaba Cloud metadata).
+/// - fd00:ec2::/32 (AWS over IPv6: instance metadata at fd00:ec2::254, the
+///   EKS Pod Identity agent at fd00:ec2::23);
+/// - 100.100.100.200 (Alibaba Cloud metadata);
+///
+/// each IPv4 one also in its IPv4-mapped (`::ffff:a.b.c.d`),
+/// IPv4-compatible (`::a.b.c.d`) and NAT64 (`64:ff9b::a.b.c.d`) forms.
 pub fn is_guarded(ip: IpAddr) -> bool {
     match canonical(ip) {
         IpAddr::V4(v4) => v4.is_link_local() || v4 == ALIBABA_METADATA,
-        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80 || v6 == AWS_METADATA_V6,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            (s[0] & 0xffc0) == 0xfe80 || (s[0] == 0xfd00 && s[1] == 0x0ec2)
+        }
     }
 }
 
-/// IPv4-mapped IPv6 addresses (`::ffff:169.254.169.254`) as the IPv4
-/// address they are, so neither check can be sidestepped by writing one.
+/// The IPv6 forms that carry an IPv4 address, as that IPv4 address, so no
+/// check can be sidestepped by writing one:
+/// - IPv4-mapped, `::ffff:169.254.169.254`;
+/// - IPv4-compatible (deprecated, still routed by some stacks),
+///   `::169.254.169.254`; `::` and `::1` stay IPv6;
+/// - the NAT64 well-known prefix 64:ff9b::/96, `64:ff9b::169.254.169.254`,
+///   which a NAT64 gateway translates to that IPv4 address.
 fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
+    let IpAddr::V6(v6) = ip else {
+        return ip;
+    };
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return IpAddr::V4(v4);
     }
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    if s[..6] == [0; 6] && !(v6.is_unspecified() || v6.is_loopback()) {
+        return IpAddr::V4(low);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+        return IpAddr::V4(low);
+    }
+    IpAddr::V6(v6)
 }
 
 #[cfg(test)]
@@ -385,18 +506,92 @@ mod tests {
             "fd00:ec2::254",
             "::ffff:169.254.169.254",
             "100.100.100.200",
+            // Regression: only fd00:ec2::254 was guarded; the EKS Pod
+            // Identity agent is at fd00:ec2::23.
+            "fd00:ec2::23",
+            "fd00:ec2:ffff::1",
+            // Regression: the IPv4-compatible and NAT64 forms passed.
+            "::169.254.169.254",
+            "::a9fe:a9fe",
+            "64:ff9b::169.254.169.254",
+            "64:ff9b::a9fe:a9fe",
+            "::100.100.100.200",
+            "64:ff9b::100.100.100.200",
         ] {
             let ip: IpAddr = guarded.parse().unwrap();
             assert!(is_guarded(ip), "{guarded}");
             assert!(!wide.allows_address(ip), "{guarded} through a wildcard");
         }
-        for open in ["127.0.0.1", "10.0.0.1", "::1", "fd00::1", "8.8.8.8"] {
+        for open in [
+            "127.0.0.1",
+            "10.0.0.1",
+            "::1",
+            "::",
+            "fd00::1",
+            "fd00:ec3::23",
+            "64:ff9b::8.8.8.8",
+            "64:ff9b:1::169.254.169.254",
+            "8.8.8.8",
+        ] {
             assert!(wide.allows_address(open.parse().unwrap()), "{open}");
         }
         let named = list(&["http://169.254.169.254"]);
         assert!(named.allows_address("169.254.169.254".parse().unwrap()));
         assert!(named.allows_address("::ffff:169.254.169.254".parse().unwrap()));
         assert!(!named.allows_address("169.254.169.253".parse().unwrap()));
+        assert!(named.allows_address("64:ff9b::169.254.169.254".parse().unwrap()));
+        assert!(named.allows_address("::169.254.169.254".parse().unwrap()));
+    }
+
+    fn at(addr: &str) -> SocketAddr {
+        addr.parse().unwrap()
+    }
+
+    #[test]
+    fn the_admin_server_needs_an_entry_naming_its_address_and_port() {
+        let own = OwnEndpoint::default();
+        let mut wide = list(&[
+            "*://*:*",
+            "http://127.0.0.1:9000-9999",
+            "http://localhost:9464",
+        ]);
+        wide.guard_own(own.clone());
+        assert_eq!(wide.refuses(at("127.0.0.1:9464")), None, "not bound yet");
+        own.set(at("127.0.0.1:9464"));
+        for reaching in [
+            "127.0.0.1:9464",
+            "127.0.0.2:9464",
+            "[::1]:9464",
+            "[::ffff:127.0.0.1]:9464",
+            "[::127.0.0.1]:9464",
+            "0.0.0.0:9464",
+            "[::]:9464",
+        ] {
+            assert_eq!(wide.refuses(at(reaching)), Some(Guard::Admin), "{reaching}");
+        }
+        for open in ["127.0.0.1:9465", "10.0.0.1:9464", "[fd00::1]:9464"] {
+            assert_eq!(wide.refuses(at(open)), None, "{open}");
+        }
+        assert_eq!(
+            wide.refuses(at("169.254.169.254:80")),
+            Some(Guard::Metadata)
+        );
+
+        let mut exact = list(&["http://127.0.0.1:9464"]);
+        exact.guard_own(own.clone());
+        assert_eq!(exact.refuses(at("127.0.0.1:9464")), None);
+        assert_eq!(
+            exact.refuses(at("[::1]:9464")),
+            Some(Guard::Admin),
+            "the entry names 127.0.0.1, not ::1"
+        );
+
+        let everywhere = OwnEndpoint::default();
+        everywhere.set(at("0.0.0.0:9464"));
+        let mut any = list(&["*://*:*"]);
+        any.guard_own(everywhere);
+        assert_eq!(any.refuses(at("10.1.2.3:9464")), Some(Guard::Admin));
+        assert_eq!(any.refuses(at("10.1.2.3:9465")), None);
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! One route's HTTP client: pooled keep-alive connections, rustls with the
-//! system's roots plus an optional CA file, and name resolution that never
-//! hands out a guarded address.
+//! system's roots plus an optional CA file, name resolution that never
+//! hands out a guarded address, and a check of every new connection's peer
+//! (which catches hopper's own admin server, guarded by address *and* port,
+//! whatever name led there).
 //!
 //! A connection-per-request client opens a TCP connection and a TLS
 //! handshake for every request and leaves a socket in TIME_WAIT behind each;
@@ -8,13 +10,13 @@
 //! client keeps up to `max_idle_per_host` idle connections per host and
 //! reuses them, so a partition calling one service holds one connection.
 
-use super::allow::AllowList;
+use super::allow::{AllowList, Guard};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::connect::dns::Name;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::RootCertStore;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
@@ -28,18 +30,41 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 /// How a route's client connects and pools.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct TransportSettings {
     pub connect_timeout: Duration,
     pub max_idle_per_host: usize,
     pub idle_timeout: Duration,
     pub ca_file: Option<PathBuf>,
+    /// Resolves host names; `None`: the system's resolver. Tests give their
+    /// own, to point a name at any address.
+    pub resolver: Option<Arc<dyn Resolve>>,
+}
+
+impl std::fmt::Debug for TransportSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransportSettings")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("max_idle_per_host", &self.max_idle_per_host)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("ca_file", &self.ca_file)
+            .field("resolver", &self.resolver.as_ref().map(|_| "custom"))
+            .finish()
+    }
+}
+
+/// A name resolver: the addresses of a host name.
+pub trait Resolve: Send + Sync + 'static {
+    fn resolve(
+        &self,
+        host: &str,
+    ) -> Pin<Box<dyn Future<Output = std::io::Result<Vec<IpAddr>>> + Send>>;
 }
 
 /// A route's HTTP client, generic over the request body type. Cheap to
 /// share: clones of the inner client share one pool.
 pub struct Transport<B> {
-    client: Client<HttpsConnector<HttpConnector<GuardedResolver>>, B>,
+    client: Client<HttpsConnector<GuardedConnector>, B>,
 }
 
 /// Why a route's client could not be built. Each variant names the file.
@@ -56,11 +81,13 @@ pub enum TransportError {
 /// Why a request got no response head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SendError {
-    /// The name resolved only to link-local or metadata addresses, which
-    /// no entry of the allow-list names.
+    /// The name resolved only to guarded addresses (link-local or
+    /// metadata, which no entry of the allow-list names), or the connection
+    /// reached hopper's own admin server.
     Guarded {
         host: String,
         addresses: Vec<IpAddr>,
+        guard: Guard,
     },
     /// The name did not resolve.
     Dns { host: String, detail: String },
@@ -84,9 +111,13 @@ pub enum SendError {
 impl std::fmt::Display for SendError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            SendError::Guarded { host, addresses } => write!(
+            SendError::Guarded {
+                host,
+                addresses,
+                guard,
+            } => write!(
                 f,
-                "{host} resolves only to guarded addresses ({})",
+                "{host} leads only to {guard} ({}), and no allowed_hosts entry names it",
                 addresses
                     .iter()
                     .map(IpAddr::to_string)
@@ -111,7 +142,7 @@ where
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
     /// A client for a route whose handler may call `allow`. Connections go
-    /// only to addresses `allow` accepts ([`AllowList::allows_address`]).
+    /// only to addresses `allow` accepts ([`AllowList::refuses`]).
     pub fn new(allow: AllowList, settings: &TransportSettings) -> Result<Self, TransportError> {
         let mut roots = RootCertStore::empty();
         roots.extend(system_roots().roots.iter().cloned());
@@ -128,17 +159,16 @@ where
             .with_safe_default_protocol_versions()?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        let mut http = HttpConnector::new_with_resolver(GuardedResolver {
+        let guarded = GuardedConnector {
             allow: Arc::new(allow),
-        });
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(settings.connect_timeout));
+            resolver: settings.resolver.clone(),
+            connect_timeout: settings.connect_timeout,
+        };
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .wrap_connector(http);
+            .wrap_connector(guarded);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .pool_max_idle_per_host(settings.max_idle_per_host)
@@ -201,21 +231,25 @@ fn add_ca_file(roots: &mut RootCertStore, path: &Path) -> Result<(), TransportEr
     Ok(())
 }
 
-/// Resolves names like the system does, then drops every address the
-/// allow-list refuses, so a name pointing at a metadata address reaches
-/// nothing. IP literals skip resolution; they are checked before the
-/// request is sent.
+/// Connects a route's client: resolves the name (the system's resolver,
+/// or the route's own), drops every address the allow-list refuses at the
+/// request's port, and connects only to those left. So a name pointing at a
+/// metadata address, or at hopper's own admin server, reaches nothing, and
+/// neither does an IP literal in any of its forms.
 #[derive(Clone)]
-struct GuardedResolver {
+struct GuardedConnector {
     allow: Arc<AllowList>,
+    resolver: Option<Arc<dyn Resolve>>,
+    connect_timeout: Duration,
 }
 
 #[derive(Debug, thiserror::Error)]
 enum ResolveError {
-    #[error("{host} resolves only to guarded addresses")]
+    #[error("{host} leads only to {guard}")]
     Guarded {
         host: String,
         addresses: Vec<IpAddr>,
+        guard: Guard,
     },
     #[error("cannot resolve {host}: {source}")]
     Lookup {
@@ -224,47 +258,101 @@ enum ResolveError {
     },
 }
 
-impl tower_service::Service<Name> for GuardedResolver {
-    type Response = std::vec::IntoIter<SocketAddr>;
-    type Error = ResolveError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ResolveError>> + Send>>;
+type BoxError = Box<dyn StdError + Send + Sync>;
 
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), ResolveError>> {
+impl GuardedConnector {
+    async fn lookup(&self, host: &str) -> std::io::Result<Vec<IpAddr>> {
+        match &self.resolver {
+            Some(resolver) => resolver.resolve(host).await,
+            None => Ok(tokio::net::lookup_host((host, 0))
+                .await?
+                .map(|a| a.ip())
+                .collect()),
+        }
+    }
+}
+
+impl tower_service::Service<http::Uri> for GuardedConnector {
+    type Response = TokioIo<tokio::net::TcpStream>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, name: Name) -> Self::Future {
-        let allow = self.allow.clone();
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let this = self.clone();
         Box::pin(async move {
-            let host = name.as_str().to_string();
-            let lookup = tokio::net::lookup_host((host.as_str(), 0))
-                .await
-                .map(|found| found.collect::<Vec<_>>());
-            let found = match lookup {
-                Ok(found) => found,
-                Err(source) => return Err(ResolveError::Lookup { host, source }),
+            let host = uri
+                .host()
+                .ok_or("the URL has no host")?
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let https = uri.scheme_str() == Some("https");
+            let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+            let found = match host.parse::<IpAddr>() {
+                Ok(ip) => vec![ip],
+                Err(_) => match this.lookup(&host).await {
+                    Ok(found) => found,
+                    Err(source) => return Err(ResolveError::Lookup { host, source }.into()),
+                },
             };
-            usable(host, found.into_iter(), &allow).map(Vec::into_iter)
+            let addresses = usable(host, found, port, &this.allow)?;
+            let mut tcp = HttpConnector::new_with_resolver(Resolved(addresses));
+            tcp.enforce_http(false);
+            tcp.set_nodelay(true);
+            tcp.set_connect_timeout(Some(this.connect_timeout));
+            tcp.call(uri).await.map_err(Into::into)
         })
     }
 }
 
-/// The addresses of `host` that `allow` lets a handler connect to; an error
-/// when every address it resolved to is guarded.
+/// The addresses [`GuardedConnector`] already resolved and checked, handed
+/// to hyper's connector as its resolver (which sets the port).
+#[derive(Clone)]
+struct Resolved(Vec<SocketAddr>);
+
+impl tower_service::Service<Name> for Resolved {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = std::future::Ready<Result<Self::Response, std::io::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), std::io::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _name: Name) -> Self::Future {
+        std::future::ready(Ok(self.0.clone().into_iter()))
+    }
+}
+
+/// The addresses of `host` that `allow` lets a handler connect to at
+/// `port`; an error when every address it resolved to is refused.
 fn usable(
     host: String,
-    found: impl Iterator<Item = SocketAddr>,
+    found: Vec<IpAddr>,
+    port: u16,
     allow: &AllowList,
 ) -> Result<Vec<SocketAddr>, ResolveError> {
-    let (usable, guarded): (Vec<SocketAddr>, Vec<SocketAddr>) =
-        found.partition(|addr| allow.allows_address(addr.ip()));
-    if usable.is_empty() && !guarded.is_empty() {
-        return Err(ResolveError::Guarded {
-            host,
-            addresses: guarded.iter().map(SocketAddr::ip).collect(),
-        });
+    let mut usable = Vec::new();
+    let mut refused = Vec::new();
+    for ip in found {
+        let addr = SocketAddr::new(ip, port);
+        match allow.refuses(addr) {
+            None => usable.push(addr),
+            Some(guard) => refused.push((ip, guard)),
+        }
     }
-    Ok(usable)
+    match refused.first() {
+        Some(&(_, guard)) if usable.is_empty() => Err(ResolveError::Guarded {
+            host,
+            addresses: refused.iter().map(|(ip, _)| *ip).collect(),
+            guard,
+        }),
+        _ => Ok(usable),
+    }
 }
 
 /// What went wrong, from the client's error and its chain of causes.
@@ -273,9 +361,14 @@ fn classify(error: &hyper_util::client::legacy::Error) -> SendError {
     while let Some(e) = cause {
         if let Some(resolve) = e.downcast_ref::<ResolveError>() {
             return match resolve {
-                ResolveError::Guarded { host, addresses } => SendError::Guarded {
+                ResolveError::Guarded {
+                    host,
+                    addresses,
+                    guard,
+                } => SendError::Guarded {
                     host: host.clone(),
                     addresses: addresses.clone(),
+                    guard: *guard,
                 },
                 ResolveError::Lookup { host, source } => SendError::Dns {
                     host: host.clone(),
@@ -284,7 +377,7 @@ fn classify(error: &hyper_util::client::legacy::Error) -> SendError {
             };
         }
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+            if let Some(tls) = tls_cause(io) {
                 return match tls {
                     rustls::Error::InvalidCertificate(reason) => {
                         SendError::TlsCertificate(format!("{reason:?}"))
@@ -316,6 +409,18 @@ fn classify(error: &hyper_util::client::legacy::Error) -> SendError {
     }
 }
 
+/// The TLS error inside `io`, through the io errors that wrap it
+/// (hyper-rustls wraps tokio-rustls's io error in one of its own).
+fn tls_cause(io: &std::io::Error) -> Option<&rustls::Error> {
+    let mut inner: &(dyn StdError + 'static) = io.get_ref()?;
+    loop {
+        if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        inner = inner.downcast_ref::<std::io::Error>()?.get_ref()?;
+    }
+}
+
 /// An error and its causes on one line.
 fn chain(error: &dyn StdError) -> String {
     let mut text = error.to_string();
@@ -332,38 +437,49 @@ fn chain(error: &dyn StdError) -> String {
 mod tests {
     use super::*;
 
+    fn ips(list: &[&str]) -> Vec<IpAddr> {
+        list.iter().map(|ip| ip.parse().unwrap()).collect()
+    }
+
     fn addrs(list: &[&str]) -> Vec<SocketAddr> {
-        list.iter()
-            .map(|ip| SocketAddr::new(ip.parse().unwrap(), 80))
+        ips(list)
+            .into_iter()
+            .map(|ip| SocketAddr::new(ip, 80))
             .collect()
     }
 
     #[test]
     fn a_name_never_resolves_to_a_guarded_address() {
         let any = AllowList::parse(&["*://*:*"]).unwrap();
-        let mixed = addrs(&["169.254.169.254", "10.1.2.3", "fd00:ec2::254"]);
-        let kept = usable("mixed.example".into(), mixed.into_iter(), &any).unwrap();
+        let mixed = ips(&[
+            "169.254.169.254",
+            "10.1.2.3",
+            "fd00:ec2::254",
+            "fd00:ec2::23",
+        ]);
+        let kept = usable("mixed.example".into(), mixed, 80, &any).unwrap();
         assert_eq!(kept, addrs(&["10.1.2.3"]), "only the open address is kept");
 
-        let metadata = addrs(&["169.254.169.254", "fe80::1"]);
-        match usable(
-            "metadata.example".into(),
-            metadata.clone().into_iter(),
-            &any,
-        ) {
-            Err(ResolveError::Guarded { host, addresses }) => {
+        let metadata = ips(&["169.254.169.254", "fe80::1", "64:ff9b::a9fe:a9fe"]);
+        match usable("metadata.example".into(), metadata.clone(), 80, &any) {
+            Err(ResolveError::Guarded {
+                host,
+                addresses,
+                guard,
+            }) => {
                 assert_eq!(host, "metadata.example");
-                assert_eq!(addresses.len(), 2);
+                assert_eq!(addresses.len(), 3);
+                assert_eq!(guard, Guard::Metadata);
             }
             other => panic!("expected a refusal, got {other:?}"),
         }
 
         let named = AllowList::parse(&["*://*:*", "http://169.254.169.254"]).unwrap();
-        let kept = usable("metadata.example".into(), metadata.into_iter(), &named).unwrap();
+        let kept = usable("metadata.example".into(), metadata, 80, &named).unwrap();
         assert_eq!(
             kept,
-            addrs(&["169.254.169.254"]),
-            "an entry naming the address lets a name reach it"
+            addrs(&["169.254.169.254", "64:ff9b::a9fe:a9fe"]),
+            "an entry naming the address lets a name reach it, in either form"
         );
     }
 }

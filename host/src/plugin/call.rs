@@ -10,8 +10,10 @@ use super::state::GuestState;
 use super::{Delivery, EPOCH_TICK, Verdict, root_cause};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
+use futures::FutureExt;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use wasmtime::{Engine, Store, Trap};
@@ -139,13 +141,14 @@ impl Handler {
         guest.begin(inner.timeout, &delivery.id);
 
         let message = to_wit(delivery);
+        // A host function that panics on what the guest passed it unwinds
+        // out of the call. It costs this message a HANDLER_TRAP and the
+        // instance, never the process: `catch_unwind` stops it here, and a
+        // failed call's instance is never entered again.
+        let call = AssertUnwindSafe(guest.call(&inner.pre, &message)).catch_unwind();
         // The epoch deadline stops guest code; this timeout also covers time
         // spent inside host calls, which epochs do not interrupt.
-        let result = tokio::time::timeout(
-            inner.timeout + EPOCH_TICK * 50,
-            guest.call(&inner.pre, &message),
-        )
-        .await;
+        let result = tokio::time::timeout(inner.timeout + EPOCH_TICK * 50, call).await;
         let state = guest.store.data_mut();
         let emitted = state.emits.take();
         // Read before the flush empties it: a panicking guest says why here.
@@ -158,8 +161,15 @@ impl Handler {
                 class: Reason::HandlerTimeout,
                 error: format!("handler ran past its {:?} limit", inner.timeout),
             },
-            Ok(Ok(outcome)) => from_wit(outcome, secrets),
-            Ok(Err(error)) => classify(&error, &guest.store, stderr_summary, inner.timeout),
+            Ok(Err(panic)) => Verdict::Failed {
+                class: Reason::HandlerTrap,
+                error: format!(
+                    "the host failed serving one of the handler's calls: {}",
+                    panic_message(&*panic)
+                ),
+            },
+            Ok(Ok(Ok(outcome))) => from_wit(outcome, secrets),
+            Ok(Ok(Err(error))) => classify(&error, &guest.store, stderr_summary, inner.timeout),
         };
         // Only a guest whose call returned may be entered again.
         if let InstancePolicy::Warm { max_calls } = inner.policy
@@ -182,6 +192,16 @@ impl Handler {
             }
         }
     }
+}
+
+/// The text a panic was raised with, cut to a bound: it goes into a header.
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("a panic without a message");
+    crate::headers::shorten(text, 512)
 }
 
 fn classify(

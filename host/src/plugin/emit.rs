@@ -31,7 +31,14 @@ pub(super) struct Emits {
     message_id: Arc<str>,
     records: Vec<Emitted>,
     bytes: u64,
+    /// Emits tried this call, refused ones included: each counts against
+    /// `emit.max_records`, so a guest looping on a refused emit is cut off.
+    attempts: u32,
 }
+
+/// Bytes of a topic name or an error kept in a log line; a guest may name
+/// a topic of any length.
+const MAX_LOGGED: usize = 256;
 
 impl Emits {
     /// Starts a call on message `message_id`; whatever a previous call
@@ -40,6 +47,7 @@ impl Emits {
         self.message_id = message_id;
         self.records.clear();
         self.bytes = 0;
+        self.attempts = 0;
     }
 
     /// The call's records, leaving none behind.
@@ -48,28 +56,41 @@ impl Emits {
         std::mem::take(&mut self.records)
     }
 
-    /// Accepts `record` under `guest`'s grants, or says why not. A refusal
-    /// is logged and counted; the guest sees it as the import's error.
+    /// Accepts `record` under `guest`'s grants, or says why not. Every
+    /// emit, refused or not, counts against `emit.max_records`. A refusal
+    /// is counted, and logged within the handler's log budget with the
+    /// topic and error cut short; the guest sees it as the import's error.
     pub(super) fn publish(
         &mut self,
         guest: &GuestInfo,
         record: Outgoing,
     ) -> Result<String, EmitError> {
-        let topic = record.topic.clone();
-        let result = self.accept(guest, record);
-        if let Err(error) = &result {
-            tracing::warn!(
-                route = guest.route,
-                handler = guest.handler,
-                version = guest.short_version,
-                id = &*self.message_id,
-                topic,
-                error = ?error,
-                "Emit refused."
-            );
+        let max_records = guest.grants.config.emit.max_records;
+        self.attempts = self.attempts.saturating_add(1);
+        let result = if self.attempts > max_records {
+            Err((EmitError::TooManyRecords(max_records), record.topic))
+        } else {
+            let topic = record.topic.clone();
+            self.accept(guest, record).map_err(|e| (e, topic))
+        };
+        result.map_err(|(error, topic)| {
             guest.grants.counters.emits_refused.inc();
-        }
-        result
+            if guest.budget.take() {
+                let secrets = &guest.grants.config.secrets;
+                let topic = headers::shorten(&secrets.redact(&topic), MAX_LOGGED);
+                let error = headers::shorten(&secrets.redact(&format!("{error:?}")), MAX_LOGGED);
+                tracing::warn!(
+                    route = guest.route,
+                    handler = guest.handler,
+                    version = guest.short_version,
+                    id = &*self.message_id,
+                    topic,
+                    error,
+                    "Emit refused."
+                );
+            }
+            error
+        })
     }
 
     fn accept(&mut self, guest: &GuestInfo, record: Outgoing) -> Result<String, EmitError> {
@@ -77,10 +98,7 @@ impl Emits {
         if !grants.emit_topics.contains(&record.topic) {
             return Err(EmitError::TopicNotGranted(record.topic));
         }
-        if let Some(header) = record.headers.iter().find(|h| {
-            h.key.len() >= headers::PREFIX.len()
-                && h.key[..headers::PREFIX.len()].eq_ignore_ascii_case(headers::PREFIX)
-        }) {
+        if let Some(header) = record.headers.iter().find(|h| headers::is_hoppers(&h.key)) {
             return Err(EmitError::Invalid(format!(
                 "header `{}` starts with `{}`, which is hopper's own",
                 header.key,

@@ -6,7 +6,7 @@
 //! The [`Registry`] hands each load the route's grants, built on first use.
 
 use crate::config::{Grants, Route};
-use crate::egress::{Transport, TransportError, TransportSettings};
+use crate::egress::{Resolve, Transport, TransportError, TransportSettings};
 use crate::events::{Counter, Telemetry};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -49,7 +49,11 @@ impl GrantCounters {
 }
 
 impl RouteGrants {
-    fn new(route: &Route, telemetry: &Telemetry) -> Result<RouteGrants, TransportError> {
+    fn new(
+        route: &Route,
+        telemetry: &Telemetry,
+        resolver: Option<Arc<dyn Resolve>>,
+    ) -> Result<RouteGrants, TransportError> {
         let config = route.grants.clone();
         let transport = if config.allowed_hosts.is_empty() {
             None
@@ -62,6 +66,7 @@ impl RouteGrants {
                     max_idle_per_host: limits.max_idle_per_host,
                     idle_timeout: limits.idle_timeout,
                     ca_file: limits.ca_file.clone(),
+                    resolver,
                 },
             )?)
         };
@@ -85,9 +90,18 @@ impl RouteGrants {
 pub(super) struct Registry {
     // std Mutex: held to look up or insert, never across an .await.
     routes: Mutex<HashMap<String, Arc<RouteGrants>>>,
+    /// Resolves names for every route's client; `None`: the system's.
+    resolver: Option<Arc<dyn Resolve>>,
 }
 
 impl Registry {
+    pub(super) fn with_resolver(resolver: Arc<dyn Resolve>) -> Registry {
+        Registry {
+            routes: Mutex::default(),
+            resolver: Some(resolver),
+        }
+    }
+
     /// The grants of `route`: the ones already built for it when its grants
     /// are unchanged, so a reload keeps the route's connections; else new.
     pub(super) fn for_route(
@@ -101,7 +115,7 @@ impl Registry {
         {
             return Ok(grants.clone());
         }
-        let grants = Arc::new(RouteGrants::new(route, telemetry)?);
+        let grants = Arc::new(RouteGrants::new(route, telemetry, self.resolver.clone())?);
         routes.insert(route.name.clone(), grants.clone());
         Ok(grants)
     }

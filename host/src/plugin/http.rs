@@ -5,18 +5,26 @@
 //!
 //! A refused request gets `HTTP-request-denied` (or, past the per-call
 //! limit, `connection-limit-reached`), is logged with the route and handler
-//! version, and counted. Time waiting here counts against the call's
-//! `timeout`: a response head is awaited at most until the call's deadline.
+//! version within the handler's log budget, and counted. Every request
+//! counts against `http.max_requests`, denied ones too, so a handler looping
+//! on a denied URL stops being served after that many. Logged URLs and
+//! reasons have secrets redacted, then are cut to [`MAX_LOGGED`] bytes.
+//! Time waiting here counts against the call's `timeout`: a response head is
+//! awaited at most until the call's deadline.
 
 use super::GuestInfo;
 use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
 use crate::events::Event;
 use http_body_util::BodyExt;
 use std::future::Future;
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
+
+/// Bytes of a URL or a reason kept in a log line or an event; a guest may
+/// send a URL of 64 KiB.
+pub(super) const MAX_LOGGED: usize = 256;
 
 /// The per-store side of a guest's HTTP: its route's grants (through the
 /// guest info) and the current call's deadline and request count.
@@ -53,9 +61,20 @@ impl HttpHooks {
         self.requests = 0;
     }
 
-    /// Why a request to `target` may not be sent, if it may not.
+    /// Why a request to `target` may not be sent, if it may not. Every
+    /// request counts against the call's limit, refused or not.
     fn refusal(&mut self, target: &Target) -> Option<(String, Error)> {
         let grants = &self.guest.grants.config;
+        self.requests = self.requests.saturating_add(1);
+        if self.requests > grants.http.max_requests {
+            return Some((
+                format!(
+                    "the call has made the {} requests a call may make, denied ones included (http.max_requests)",
+                    grants.http.max_requests
+                ),
+                Error::ConnectionLimitReached,
+            ));
+        }
         let denied = |reason: String| Some((reason, Error::HttpRequestDenied));
         if grants.allowed_hosts.is_empty() {
             return denied("the route grants no hosts (allowed_hosts is empty)".into());
@@ -70,20 +89,10 @@ impl HttpHooks {
             ));
         }
         if let Ok(ip) = host.parse::<IpAddr>()
-            && !grants.allowed_hosts.allows_address(ip)
+            && let Some(guard) = grants.allowed_hosts.refuses(SocketAddr::new(ip, port))
         {
             return denied(format!(
-                "{ip} is a link-local or metadata address, and no allowed_hosts entry names it"
-            ));
-        }
-        self.requests += 1;
-        if self.requests > grants.http.max_requests {
-            return Some((
-                format!(
-                    "the call has made the {} requests a call may make (http.max_requests)",
-                    grants.http.max_requests
-                ),
-                Error::ConnectionLimitReached,
+                "{ip}:{port} is {guard}, and no allowed_hosts entry names it"
             ));
         }
         None
@@ -157,12 +166,8 @@ impl WasiHttpHooks for HttpHooks {
                         Box::new(std::future::ready(Ok(())));
                     Ok((response, done))
                 }
-                Err(SendError::Guarded { host, addresses }) => {
-                    let addresses: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
-                    report.denied(format!(
-                        "{host} resolves only to link-local or metadata addresses ({}), and no allowed_hosts entry names them",
-                        addresses.join(", ")
-                    ));
+                Err(e @ SendError::Guarded { .. }) => {
+                    report.denied(e.to_string());
                     Err(Error::HttpRequestDenied)
                 }
                 Err(e) => {
@@ -198,7 +203,9 @@ impl Target {
     }
 
     /// `scheme://authority/path`, without the query (which may carry
-    /// tokens), any secret value redacted.
+    /// tokens), every secret value redacted (percent-encoded ones too),
+    /// then cut to [`MAX_LOGGED`] bytes: redacting first, so no cut leaves
+    /// the start of a secret behind.
     fn url(&self, guest: &GuestInfo) -> String {
         let url = format!(
             "{}://{}{}",
@@ -206,7 +213,7 @@ impl Target {
             self.uri.authority().map_or("", |a| a.as_str()),
             self.uri.path()
         );
-        guest.grants.config.secrets.redact(&url).into_owned()
+        redacted(guest, &url)
     }
 }
 
@@ -217,22 +224,38 @@ struct Report {
     target: Target,
 }
 
+/// `text` with the guest's secrets redacted, cut to [`MAX_LOGGED`] bytes.
+fn redacted(guest: &GuestInfo, text: &str) -> String {
+    let text = guest.grants.config.secrets.redact(text);
+    crate::headers::shorten(&text, MAX_LOGGED)
+}
+
 impl Report {
+    /// Counts a refused request; logs it within the handler's log budget,
+    /// so a guest that loops on a denied URL cannot flood the log.
     fn denied(&self, reason: String) {
         let g = &*self.guest;
         let t = &self.target;
-        let url = t.url(g);
-        tracing::warn!(
-            route = g.route,
-            handler = g.handler,
-            version = g.short_version,
-            id = &*self.message_id,
-            method = %t.method,
-            url,
-            reason,
-            "HTTP request denied."
-        );
         g.grants.counters.http_denied.inc();
+        let observed = g.grants.telemetry.has_observers();
+        let logged = g.budget.take();
+        if !(logged || observed) {
+            return;
+        }
+        // The reason may carry the host, the guest's own text.
+        let (url, reason) = (t.url(g), redacted(g, &reason));
+        if logged {
+            tracing::warn!(
+                route = g.route,
+                handler = g.handler,
+                version = g.short_version,
+                id = &*self.message_id,
+                method = %t.method,
+                url,
+                reason,
+                "HTTP request denied."
+            );
+        }
         if g.grants.telemetry.has_observers() {
             g.grants.telemetry.publish(Event::HttpDenied {
                 route: g.route.clone(),
@@ -257,7 +280,8 @@ impl Report {
         }
         let t = &self.target;
         let url = t.url(g);
-        let error = result.err().map(|e| e.to_string());
+        // A DNS error names the host, which the guest chose.
+        let error = result.err().map(|e| redacted(g, &e.to_string()));
         tracing::debug!(
             route = g.route,
             handler = g.handler,

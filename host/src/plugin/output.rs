@@ -4,6 +4,12 @@
 //! [`KEEP_BYTES`] of each call's output, logs it line by line through a
 //! per-handler [`LineBudget`], and counts the rest. Writes never fail, since a
 //! failed write would make a Rust guest's `println!` panic.
+//!
+//! Secrets are redacted from the whole output before it is split into lines
+//! (a PEM key spans lines) and before it is cut to [`KEEP_BYTES`]: the
+//! capture keeps a little more than that, room for a secret (even
+//! percent-encoded) that starts before the cut, and drops the start of one
+//! that the capture itself cut.
 
 use super::GuestInfo;
 use bytes::Bytes;
@@ -45,9 +51,10 @@ impl GuestOutput {
     }
 
     fn append(&self, bytes: &[u8]) {
+        let window = KEEP_BYTES + 3 * self.guest.grants.config.secrets.longest();
         // No .await under this lock.
         let mut capture = self.capture.lock().unwrap();
-        let room = KEEP_BYTES.saturating_sub(capture.kept.len());
+        let room = window.saturating_sub(capture.kept.len());
         let take = room.min(bytes.len());
         capture.kept.extend_from_slice(&bytes[..take]);
         capture.dropped += (bytes.len() - take) as u64;
@@ -56,16 +63,39 @@ impl GuestOutput {
     /// The first few meaningful lines, for a trap's error text (a Rust
     /// guest's panic message arrives here).
     pub(super) fn summary(&self) -> Option<String> {
-        let capture = self.capture.lock().unwrap();
-        let text = String::from_utf8_lossy(&capture.kept);
+        let (text, _) = self.visible(&self.capture.lock().unwrap());
         let lines: Vec<&str> = text
             .lines()
             .map(str::trim)
             .filter(|l| !l.is_empty() && !l.starts_with("note: run with"))
             .take(3)
             .collect();
+        (!lines.is_empty()).then(|| crate::headers::shorten(&lines.join(" "), 512))
+    }
+
+    /// What of `capture` may be shown: secrets redacted from the whole
+    /// text, then cut to [`KEEP_BYTES`]; and the bytes dropped in all.
+    fn visible(&self, capture: &Capture) -> (String, u64) {
         let secrets = &self.guest.grants.config.secrets;
-        (!lines.is_empty()).then(|| crate::headers::shorten(&secrets.redact(&lines.join(" ")), 512))
+        let mut kept: &[u8] = &capture.kept;
+        let mut dropped = capture.dropped;
+        if dropped > 0 {
+            // The capture cut the output; what it cut may be a secret's start.
+            let partial = secrets.partial_at_end(kept);
+            kept = &kept[..kept.len() - partial];
+            dropped += partial as u64;
+        }
+        let text = String::from_utf8_lossy(kept);
+        let text = secrets.redact(&text);
+        if text.len() <= KEEP_BYTES {
+            return (text.into_owned(), dropped);
+        }
+        let mut end = KEEP_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        dropped += (text.len() - end) as u64;
+        (text[..end].to_string(), dropped)
     }
 
     /// Logs what the call wrote, within the handler's line budget.
@@ -74,23 +104,22 @@ impl GuestOutput {
         if capture.kept.is_empty() && capture.dropped == 0 {
             return;
         }
+        let (text, dropped) = self.visible(&capture);
         let g = &self.guest;
         let (route, handler, version, stream) =
             (&g.route, &g.handler, &g.short_version, self.stream);
-        let secrets = &g.grants.config.secrets;
-        for line in String::from_utf8_lossy(&capture.kept).lines() {
+        for line in text.lines() {
             if g.budget.take() {
-                let line = secrets.redact(line);
                 tracing::info!(route, handler, version, stream, "{line}");
             }
         }
-        if capture.dropped > 0 && g.budget.take() {
+        if dropped > 0 && g.budget.take() {
             tracing::warn!(
                 route,
                 handler,
                 version,
                 stream,
-                dropped_bytes = capture.dropped,
+                dropped_bytes = dropped,
                 "Guest output past {KEEP_BYTES} bytes in one call was dropped."
             );
         }

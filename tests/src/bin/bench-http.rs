@@ -256,6 +256,7 @@ async fn transport_alone(server: &mut Server, n: u64, loops: u64) -> Figures {
         max_idle_per_host: 16,
         idle_timeout: Duration::from_secs(30),
         ca_file: None,
+        resolver: None,
     };
     let transport = std::sync::Arc::new(
         hopper::egress::Transport::<Empty<Bytes>>::new(allow, &settings).unwrap(),

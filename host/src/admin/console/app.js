@@ -37,12 +37,26 @@ function showError(message) {
   $("error").textContent = message || "";
 }
 
+/**
+ * One API call. With a token in the token field, it goes along as a bearer
+ * token: a server with a token configured answers no call without it. The
+ * token is kept only in the field, never stored.
+ */
 async function call(path, options) {
-  const response = await fetch(path, options);
+  const request = Object.assign({}, options || {});
+  const headers = Object.assign({}, request.headers || {});
+  const token = $("token").value;
+  if (token && !headers.Authorization) headers.Authorization = "Bearer " + token;
+  request.headers = headers;
+  const response = await fetch(path, request);
   let body = null;
   try { body = await response.json(); } catch (_) { /* not JSON */ }
   if (!response.ok) {
-    throw new Error((body && body.error) || `${response.status} ${response.statusText}`);
+    const message = (body && body.error) || `${response.status} ${response.statusText}`;
+    if (response.status === 401 && !token) {
+      throw new Error(message + " (enter the admin token below)");
+    }
+    throw new Error(message);
   }
   return body;
 }
@@ -286,6 +300,10 @@ document.addEventListener("DOMContentLoaded", () => {
       box.checked = e.target.checked;
       if (box.checked) state.selected.add(box.dataset.ref); else state.selected.delete(box.dataset.ref);
     }
+  });
+  $("token").addEventListener("change", () => {
+    refresh();
+    loadDeadLetters().catch((e) => showError(e.message));
   });
   $("dry-run").addEventListener("click", () => replay(true));
   $("replay").addEventListener("click", () => replay(false));
