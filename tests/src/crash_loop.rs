@@ -17,10 +17,12 @@
 //! restarted process waits out the killed member's session timeout, 10 s,
 //! before its group hands it partitions; the stream is produced slowly
 //! enough, 500 messages/s by default, for the kills to fall inside it.) A duplicate is a fate that arrived more than once;
-//! each is put down to the last kill before its second copy, and its first
-//! copy's age at that kill is compared with the window an offset can stay
-//! uncommitted (the pipeline stores positions every 100 ms and librdkafka
-//! commits them every second).
+//! each is put down to the last kill before its second copy. Each kill's
+//! duplicates are reported in two parts: those whose first copy was made in
+//! the [`COMMIT_WINDOW_MS`] before the kill (done, not yet committed: the
+//! time since the last commit), and older ones, which waited behind a lower
+//! offset still in flight at the kill (the in-flight window: a call running,
+//! a hop not yet acknowledged, a delayed message's last stretch in memory).
 
 use crate::fleet::{HopperProcess, Ledger, Outgoing, Seen, acting_script};
 use crate::{brokers, create_topics_with, now_ms, plugin, rand_name};
@@ -106,9 +108,14 @@ pub fn kind(i: usize) -> Kind {
     }
 }
 
-/// The window an offset can stay uncommitted after its hop was acknowledged:
-/// the 100 ms store tick, librdkafka's 1 s auto-commit, and margin for the
-/// commit's round trip and a loaded machine.
+/// How long an offset can stay uncommitted after its hop was acknowledged,
+/// when nothing before it is in flight: the pipeline's 50 ms store tick and
+/// librdkafka's 100 ms auto-commit, plus the commit's round trip.
+pub const COMMIT_WINDOW_MS: i64 = 200;
+
+/// A bound on how long an offset can stay uncommitted after its hop was
+/// acknowledged, in flight window included, with margin for a loaded
+/// machine; the run waits this long for late duplicates.
 pub const UNCOMMITTED_WINDOW_MS: i64 = 2_000;
 
 /// How long a restarted process works (from its first fate) before it may
@@ -124,13 +131,18 @@ pub struct KillReport {
     pub fates_before: usize,
     /// Every message was at its fate already: nothing was in flight.
     pub idle: bool,
-    /// Fates whose first copy was produced within [`UNCOMMITTED_WINDOW_MS`]
-    /// before the kill: what a restart may hand out again.
+    /// Fates whose first copy was produced within [`COMMIT_WINDOW_MS`]
+    /// before the kill: done, and maybe not yet committed.
     pub window: usize,
     /// Extra copies put down to this kill.
     pub duplicates: usize,
-    /// Of those, the ones whose first copy is older than the window.
-    pub beyond_window: usize,
+    /// Of those, the ones whose first copy was made within
+    /// [`COMMIT_WINDOW_MS`] before the kill: lost to the time since the last
+    /// commit.
+    pub since_commit: usize,
+    /// And the older ones: held uncommitted behind a lower offset in flight
+    /// at the kill.
+    pub behind_in_flight: usize,
     /// The oldest first copy of a duplicate, ms before the kill (negative:
     /// after it, as when a retry hop was duplicated and both copies then
     /// went down the ladder).
@@ -202,17 +214,18 @@ impl fmt::Display for Summary {
         }
         writeln!(
             f,
-            "  per kill: fates done by then, fates in the {UNCOMMITTED_WINDOW_MS} ms before it (the uncommitted window), extra copies after it, of those older than the window, oldest first copy (ms before the kill)"
+            "  per kill: fates done by then, fates in the {COMMIT_WINDOW_MS} ms before it; extra copies after it = first copies made in those {COMMIT_WINDOW_MS} ms (since the last commit) + older ones (behind an offset in flight); oldest first copy (ms before the kill)"
         )?;
         for (n, k) in self.kills.iter().enumerate() {
             writeln!(
                 f,
-                "    kill {:>2}: {:>7} done, window {:>5}, duplicates {:>5}, beyond window {:>3}, oldest {:>6} ms{}",
+                "    kill {:>2}: {:>7} done, {:>5} in the last {COMMIT_WINDOW_MS} ms; duplicates {:>5} = {:>5} since the last commit + {:>5} behind in flight; oldest {:>6} ms{}",
                 n + 1,
                 k.fates_before,
                 k.window,
                 k.duplicates,
-                k.beyond_window,
+                k.since_commit,
+                k.behind_in_flight,
                 k.oldest_ms,
                 if k.idle {
                     " (idle: every message done)"
@@ -579,7 +592,7 @@ fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillR
     for k in kills.iter_mut() {
         k.window = first
             .values()
-            .filter(|r| r.timestamp > k.at - UNCOMMITTED_WINDOW_MS && r.timestamp <= k.at)
+            .filter(|r| r.timestamp > k.at - COMMIT_WINDOW_MS && r.timestamp <= k.at)
             .count();
         k.oldest_ms = i64::MIN;
     }
@@ -595,8 +608,10 @@ fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillR
                 k.duplicates += 1;
                 let age = k.at - original.timestamp;
                 k.oldest_ms = k.oldest_ms.max(age);
-                if age > UNCOMMITTED_WINDOW_MS {
-                    k.beyond_window += 1;
+                if age > COMMIT_WINDOW_MS {
+                    k.behind_in_flight += 1;
+                } else {
+                    k.since_commit += 1;
                 }
             }
             None => s.duplicates_without_kill += 1,

@@ -22,23 +22,31 @@
 //! its handler, the delay relay moves the message one tier closer to its
 //! time.
 
+mod context;
+mod gate;
+mod rewind;
+mod runner;
+mod suspend;
+
+pub use context::{PipelineConsumer, PipelineContext, Rebalanced};
+
 use crate::clock::now_ms;
 use crate::events::Telemetry;
 use crate::hold::{Gate, Hold, TopicPartition};
-use crate::hop::{Action, Completion, Concurrency, Halt, Ordering, Processor};
+use crate::hop::{Concurrency, Halt, Ordering, Processor};
 use crate::offsets::OffsetTracker;
 use crate::produce::HopProducer;
 use crate::scheduler::{Scheduled, Scheduler};
-use futures::FutureExt as _;
-use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
+use context::tpl_of;
+use gate::{KeyHasher, key_of};
+use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientContext, Offset, TopicPartitionList};
-use std::collections::hash_map::DefaultHasher;
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
-use std::panic::AssertUnwindSafe;
+use rdkafka::{Offset, TopicPartitionList};
+use rewind::{Rewind, Seeked};
+use runner::{Lane, Notice, Queue, run_lane};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -55,100 +63,21 @@ const MIN_QUEUE: usize = 32_768;
 /// The bytes (keys and payloads) queued on one partition before it is
 /// paused.
 const MAX_QUEUE_BYTES: usize = 16 << 20;
-/// How often done offsets are stored for the next commit, and failed
-/// pauses, seeks and resumes retried. Commits run every second, so this adds
-/// nothing to commit latency, and it saves a call into librdkafka per
+/// How often done offsets are stored and committed (asynchronously), and
+/// failed pauses, seeks and resumes retried. A done offset is so committed
+/// within a tick and the commit's round trip: a kill -9 makes hopper do
+/// again the calls in flight and about that much work. One store and commit
+/// per tick for every partition that moved saves a call into librdkafka per
 /// message.
-const TICK: Duration = Duration::from_millis(100);
+const TICK: Duration = Duration::from_millis(50);
 /// How long a runner with nothing to do waits for a message before it ends.
 const RUNNER_IDLE: Duration = Duration::from_secs(1);
 /// The longest a hold's seek may block its (blocking) thread.
 const SEEK_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Partitions gained or lost in a rebalance, sent from the consumer's
-/// rebalance callback to the loop.
-#[derive(Debug)]
-pub enum Rebalanced {
-    Assigned(Vec<TopicPartition>),
-    Revoked(Vec<TopicPartition>),
-}
-
 /// The offset trackers of the partitions a pipeline owns, shared with its
 /// rebalance callback.
 pub type Trackers = Arc<Mutex<HashMap<TopicPartition, Arc<Mutex<OffsetTracker>>>>>;
-
-/// Consumer context that commits revoked partitions and reports rebalances
-/// to the loop.
-pub struct PipelineContext {
-    pub name: String,
-    /// Dropped with the consumer; the loop's receiver then sees the end.
-    pub rebalances: mpsc::UnboundedSender<Rebalanced>,
-    pub trackers: Trackers,
-}
-
-impl ClientContext for PipelineContext {}
-
-impl ConsumerContext for PipelineContext {
-    /// On a revoke, commits each revoked partition's done prefix there and
-    /// then, synchronously, before the partition can go to another member:
-    /// the next owner re-delivers only what was still in flight here.
-    fn pre_rebalance(&self, consumer: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
-        let Rebalance::Revoke(tpl) = r else { return };
-        let revoked = partitions(tpl);
-        let mut commit = TopicPartitionList::new();
-        {
-            let trackers = self.trackers.lock().unwrap();
-            for tp in &revoked {
-                if let Some(position) = trackers.get(tp).and_then(|t| t.lock().unwrap().position())
-                {
-                    let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(position));
-                }
-            }
-        }
-        if commit.count() > 0 {
-            match consumer.commit(&commit, CommitMode::Sync) {
-                Ok(()) => tracing::debug!(
-                    pipeline = self.name,
-                    partitions = commit.count(),
-                    "Revoked partitions committed."
-                ),
-                Err(e) => tracing::warn!(
-                    pipeline = self.name,
-                    error = %e,
-                    "Revoked partitions not committed; their next owner re-delivers from the last commit."
-                ),
-            }
-        }
-        let _ = self.rebalances.send(Rebalanced::Revoked(revoked));
-    }
-
-    fn post_rebalance(&self, _: &rdkafka::consumer::BaseConsumer<Self>, r: &Rebalance<'_>) {
-        match r {
-            Rebalance::Assign(tpl) => {
-                let _ = self.rebalances.send(Rebalanced::Assigned(partitions(tpl)));
-            }
-            Rebalance::Error(e) => {
-                tracing::warn!(pipeline = self.name, error = %e, "Rebalance failed.")
-            }
-            Rebalance::Revoke(_) => {}
-        }
-    }
-}
-
-fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
-    tpl.elements()
-        .iter()
-        .map(|e| (e.topic().to_string(), e.partition()))
-        .collect()
-}
-
-fn tpl_of(tp: &TopicPartition) -> TopicPartitionList {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(&tp.0, tp.1);
-    tpl
-}
-
-pub type PipelineConsumer = StreamConsumer<PipelineContext>;
 
 /// What the loop, the calls and the producer of one pipeline share.
 pub struct Shared<P> {
@@ -178,94 +107,6 @@ pub enum Ended {
     Failed(String),
 }
 
-/// A message waiting for its turn.
-struct Waiting {
-    /// Calls of the same key run one at a time; `None` runs whenever a slot
-    /// is free.
-    key: Option<u64>,
-    message: OwnedMessage,
-}
-
-/// A partition's received, not yet started messages, shared by the loop
-/// (which adds them) and the partition's runners (which take them).
-#[derive(Default)]
-struct Queue {
-    waiting: VecDeque<Waiting>,
-    /// Keys with a call running.
-    busy: HashSet<u64>,
-    /// Runners working on the partition.
-    running: usize,
-    /// Revoked or stopping: runners take nothing more.
-    closed: bool,
-    /// Paused at the broker because `waiting` reached the queue size.
-    full: bool,
-    /// A runner asked the loop for more runners, not yet started.
-    more_asked: bool,
-    /// Key and payload bytes of `waiting`.
-    bytes: usize,
-    /// Runners waiting for a message to come free (counted in `running`).
-    parked: usize,
-}
-
-impl Queue {
-    /// The oldest waiting message that `ordering` lets start now, its key
-    /// marked busy.
-    fn take(&mut self, ordering: Ordering) -> Option<Waiting> {
-        // Keys passed over in this scan: a later message of such a key must
-        // not overtake it.
-        let mut passed: HashSet<u64> = HashSet::new();
-        for i in 0..self.waiting.len() {
-            let key = self.waiting[i].key;
-            let free = key.is_none_or(|k| !self.busy.contains(&k) && !passed.contains(&k));
-            if free {
-                let waiting = self.waiting.remove(i).expect("in range");
-                self.bytes -= size_of(&waiting.message);
-                if let Some(k) = waiting.key {
-                    self.busy.insert(k);
-                }
-                return Some(waiting);
-            }
-            if ordering == Ordering::Partition {
-                return None;
-            }
-            passed.extend(key);
-        }
-        None
-    }
-}
-
-/// The bytes a queued message holds: its key and payload.
-fn size_of(message: &OwnedMessage) -> usize {
-    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len)
-}
-
-/// What a partition's runners work with.
-struct Lane<P> {
-    shared: Arc<Shared<P>>,
-    tp: Arc<TopicPartition>,
-    tracker: Arc<Mutex<OffsetTracker>>,
-    queue: Arc<Mutex<Queue>>,
-    ordering: Ordering,
-    /// Runners at once, at most: `max_in_flight`, 1 under `partition`.
-    max: usize,
-    /// A full queue is resumed at this length.
-    half: usize,
-    /// Wakes a parked runner.
-    wake: tokio::sync::Notify,
-    scheduler: mpsc::UnboundedSender<Scheduled>,
-    notices: mpsc::UnboundedSender<Notice>,
-}
-
-/// What runners tell the loop.
-enum Notice {
-    /// A full partition's queue is down to half: resume it.
-    Drained(Arc<TopicPartition>),
-    /// The last runner of a closed (revoked) queue ended.
-    Idle(Arc<TopicPartition>),
-    /// More messages wait than runners run, with room for more.
-    More(Arc<TopicPartition>),
-}
-
 /// A partition, as the loop sees it.
 struct Partition<P> {
     lane: Arc<Lane<P>>,
@@ -277,23 +118,7 @@ struct Partition<P> {
     pause_failed: bool,
 }
 
-/// A hold's rewind (pause, then seek back to `offset`) not yet done.
-struct Rewind {
-    offset: i64,
-    /// The pause is in place; the seek is running or must be retried.
-    paused: bool,
-    seeking: bool,
-    /// The hold came due meanwhile: resume once the seek succeeds.
-    resume_after: bool,
-}
-
-/// A seek's result, from its blocking thread.
-struct Seeked {
-    tp: TopicPartition,
-    offset: i64,
-    result: Result<(), KafkaError>,
-}
-
+/// The loop's state: everything the consumer task owns.
 struct Loop<P: Processor> {
     shared: Arc<Shared<P>>,
     name: String,
@@ -312,6 +137,8 @@ struct Loop<P: Processor> {
     notices_tx: mpsc::UnboundedSender<Notice>,
     seeked_tx: mpsc::UnboundedSender<Seeked>,
     scheduler: mpsc::UnboundedSender<Scheduled>,
+    /// Hashes message keys for the key gate; seeded per pipeline.
+    keys: KeyHasher,
 }
 
 /// Runs the loop until `shutdown` (or the pipeline's [`Halt`]), then drains
@@ -344,6 +171,7 @@ pub async fn run<P: Processor>(
         notices_tx,
         seeked_tx,
         scheduler: Scheduler::spawn(shared.producer.clone(), stop_scheduler.clone()),
+        keys: KeyHasher::default(),
         shared: shared.clone(),
     };
     let mut tick = tokio::time::interval(TICK);
@@ -393,17 +221,12 @@ pub async fn run<P: Processor>(
     for queue in &queues {
         let mut queue = queue.lock().unwrap();
         queue.closed = true;
-        queue.waiting.clear();
-        queue.bytes = 0;
+        queue.clear();
     }
     for partition in this.partitions.values().flat_map(|p| p.values()) {
         partition.lane.wake.notify_waiters();
     }
-    let running = || -> usize { queues.iter().map(|q| q.lock().unwrap().running).sum() };
-    while running() > 0 && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let running = running();
+    let running = runners_ended(&queues, &mut notices, until.into()).await;
     stop_scheduler.cancel();
     shared.acks.close();
     let acked = tokio::time::timeout_at(until.into(), shared.acks.wait())
@@ -434,6 +257,27 @@ pub async fn run<P: Processor>(
     ended
 }
 
+/// Waits until the runners of `queues` (all closed) have ended, or until
+/// `until`; returns how many still run. The last runner of a closed queue
+/// reports [`Notice::Idle`] as it ends, so this wakes on those reports, not
+/// on a timer.
+async fn runners_ended(
+    queues: &[Arc<Mutex<Queue>>],
+    notices: &mut mpsc::UnboundedReceiver<Notice>,
+    until: tokio::time::Instant,
+) -> usize {
+    let running = || -> usize { queues.iter().map(|q| q.lock().unwrap().running).sum() };
+    let _ = tokio::time::timeout_at(until, async {
+        while running() > 0 {
+            if notices.recv().await.is_none() {
+                break;
+            }
+        }
+    })
+    .await;
+    running()
+}
+
 impl<P: Processor> Loop<P> {
     fn received(&mut self, message: rdkafka::message::BorrowedMessage<'_>) {
         let offset = message.offset();
@@ -457,26 +301,15 @@ impl<P: Processor> Loop<P> {
                 }
             }
         }
-        let key = match self.concurrency.ordering {
-            Ordering::Partition => Some(0),
-            Ordering::Key => message.key().map(|k| {
-                let mut h = DefaultHasher::new();
-                k.hash(&mut h);
-                h.finish()
-            }),
-            Ordering::Unordered => None,
-        };
+        let key = key_of(self.concurrency.ordering, message.key(), &self.keys);
         let message = message.detach();
-        let bytes = size_of(&message);
         let queue_size = self.queue;
         let partition = self.partition(message.topic(), message.partition());
         partition.lane.tracker.lock().unwrap().begin(offset);
         let full = {
             let mut queue = partition.lane.queue.lock().unwrap();
-            queue.waiting.push_back(Waiting { key, message });
-            queue.bytes += bytes;
-            let full = !queue.full
-                && (queue.waiting.len() >= queue_size || queue.bytes >= MAX_QUEUE_BYTES);
+            queue.push(key, message);
+            let full = !queue.full && (queue.len() >= queue_size || queue.bytes >= MAX_QUEUE_BYTES);
             queue.full |= full;
             full
         };
@@ -507,7 +340,6 @@ impl<P: Processor> Loop<P> {
                 tp: Arc::new(tp.clone()),
                 tracker,
                 queue: Arc::default(),
-                ordering,
                 max: match ordering {
                     Ordering::Partition => 1,
                     _ => max_in_flight.max(1),
@@ -559,7 +391,7 @@ impl<P: Processor> Loop<P> {
             return;
         }
         let room = lane.max.saturating_sub(queue.running);
-        let wanted = room.min(queue.waiting.len());
+        let wanted = room.min(queue.len());
         queue.running += wanted;
         drop(queue);
         for _ in 0..wanted {
@@ -603,8 +435,7 @@ impl<P: Processor> Loop<P> {
                     // owner; running calls finish, uncommitted.
                     let mut queue = partition.lane.queue.lock().unwrap();
                     queue.closed = true;
-                    queue.waiting.clear();
-                    queue.bytes = 0;
+                    queue.clear();
                     let running = queue.running;
                     drop(queue);
                     partition.lane.wake.notify_waiters();
@@ -628,63 +459,6 @@ impl<P: Processor> Loop<P> {
                     self.resume(&tp);
                 }
             }
-        }
-    }
-
-    /// Pauses `tp` and seeks it back to `offset`, the held message, so that
-    /// offset is fetched again after the resume. The seek blocks, so it runs
-    /// on a blocking thread; until it is done, messages of `tp` are dropped
-    /// (they are fetched again after it). A failed pause or seek is retried
-    /// on the tick: the held message is never skipped.
-    ///
-    /// Ordering relies on librdkafka's op versions: pause, seek and resume
-    /// each bump the partition's version, and messages fetched under an
-    /// older version are dropped at poll time. So after the resume the first
-    /// message of the partition is `offset` again, and offsets are queued in
-    /// order, which [`OffsetTracker`] depends on.
-    fn rewind(&mut self, tp: TopicPartition, offset: i64) {
-        let rewind = self.rewinds.entry(tp.clone()).or_insert(Rewind {
-            offset,
-            paused: false,
-            seeking: false,
-            resume_after: false,
-        });
-        if !rewind.paused {
-            match self.shared.consumer.pause(&tpl_of(&tp)) {
-                Ok(()) => rewind.paused = true,
-                Err(e) => {
-                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot pause partition; retrying.");
-                    return;
-                }
-            }
-        }
-        if rewind.seeking {
-            return;
-        }
-        rewind.seeking = true;
-        let consumer = self.shared.consumer.clone();
-        let seeked = self.seeked_tx.clone();
-        tokio::task::spawn_blocking(move || {
-            let result = consumer.seek(&tp.0, tp.1, Offset::Offset(offset), SEEK_TIMEOUT);
-            let _ = seeked.send(Seeked { tp, offset, result });
-        });
-    }
-
-    fn seeked(&mut self, seek: Seeked) {
-        let Some(rewind) = self.rewinds.get_mut(&seek.tp) else {
-            return; // revoked meanwhile
-        };
-        if rewind.offset != seek.offset {
-            return;
-        }
-        rewind.seeking = false;
-        if let Err(e) = seek.result {
-            tracing::warn!(pipeline = self.name, topic = seek.tp.0, partition = seek.tp.1, error = %e, "Cannot seek partition back to its held message; retrying.");
-            return;
-        }
-        let rewind = self.rewinds.remove(&seek.tp).expect("found above");
-        if rewind.resume_after {
-            self.resume(&seek.tp);
         }
     }
 
@@ -719,46 +493,6 @@ impl<P: Processor> Loop<P> {
             p.pause_failed = result.is_err();
             if let Err(e) = result {
                 tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot pause a full partition; retrying.");
-            }
-        }
-    }
-
-    /// Pauses the assigned partitions of the topics the processor suspends
-    /// now, and resumes those it paused once their topic is no longer
-    /// suspended, unless the hold, a rewind or a full queue keeps them
-    /// paused. A pause makes librdkafka fetch from the last message the loop
-    /// received once resumed, so nothing is skipped; a message received
-    /// before the pause is processed as usual (a route's breaker sends a
-    /// tier message back to its tier).
-    fn suspend(&mut self) {
-        let topics = self.shared.processor.suspended(now_ms());
-        if topics.is_empty() && self.suspended.is_empty() {
-            return;
-        }
-        let assigned: HashSet<TopicPartition> = match self.shared.consumer.assignment() {
-            Ok(tpl) => partitions(&tpl).into_iter().collect(),
-            Err(_) => return, // tried again on the next tick
-        };
-        let mut now_suspended = HashSet::new();
-        for tp in assigned.iter().filter(|tp| topics.contains(&tp.0)) {
-            if self.suspended.contains(tp) {
-                now_suspended.insert(tp.clone());
-                continue;
-            }
-            match self.shared.consumer.pause(&tpl_of(tp)) {
-                Ok(()) => _ = now_suspended.insert(tp.clone()),
-                Err(e) => {
-                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot suspend partition; trying again.")
-                }
-            }
-        }
-        let released: Vec<TopicPartition> = std::mem::replace(&mut self.suspended, now_suspended)
-            .into_iter()
-            .filter(|tp| !self.suspended.contains(tp) && assigned.contains(tp))
-            .collect();
-        for tp in released {
-            if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
-                self.resume(&tp);
             }
         }
     }
@@ -813,122 +547,71 @@ fn store_positions<P>(
     if let Err(e) = consumer.store_offsets(&tpl) {
         // Expected after a revoke: the partition's next owner redelivers.
         tracing::debug!(pipeline, error = %e, "Offsets not stored.");
+        return;
+    }
+    // Committed at once, asynchronously, rather than on librdkafka's next
+    // auto-commit: a kill -9 then re-handles one tick of done work and the
+    // commit's round trip, not a commit interval more. At most one commit
+    // per tick, whatever the load; auto-commit stays on as a backstop.
+    if let Err(e) = consumer.commit_consumer_state(CommitMode::Async) {
+        tracing::debug!(pipeline, error = %e, "Stored offsets not committed; the next tick tries again.");
     }
 }
 
-/// A runner of one partition: takes the next message its ordering allows
-/// and calls it, until none is left (or the queue is closed). While it has a
-/// message and more wait, it asks the loop for more runners, up to the
-/// lane's `max`. A call that panics halts the pipeline: its offset never
-/// completes, so nothing past it is committed.
-async fn run_lane<P: Processor>(lane: Arc<Lane<P>>) {
-    /// What a runner does next, decided under the queue's lock.
-    enum Step {
-        Run(Waiting),
-        Park,
-        Exit,
-    }
-    let mut done_key: Option<u64> = None;
-    loop {
-        let step = {
-            let mut queue = lane.queue.lock().unwrap();
-            if let Some(k) = done_key.take() {
-                queue.busy.remove(&k);
-            }
-            let next = match queue.closed {
-                true => None,
-                false => queue.take(lane.ordering),
-            };
-            match next {
-                None if queue.closed => {
-                    queue.running -= 1;
-                    if queue.running == 0 {
-                        let _ = lane.notices.send(Notice::Idle(lane.tp.clone()));
-                    }
-                    Step::Exit
-                }
-                None => {
-                    queue.parked += 1;
-                    Step::Park
-                }
-                Some(waiting) => {
-                    if !queue.waiting.is_empty() {
-                        if queue.parked > 0 {
-                            lane.wake.notify_one();
-                        } else if queue.running < lane.max && !queue.more_asked {
-                            queue.more_asked = true;
-                            let _ = lane.notices.send(Notice::More(lane.tp.clone()));
-                        }
-                    }
-                    if queue.full
-                        && queue.waiting.len() <= lane.half
-                        && queue.bytes <= MAX_QUEUE_BYTES / 4 * 3
-                    {
-                        queue.full = false;
-                        let _ = lane.notices.send(Notice::Drained(lane.tp.clone()));
-                    }
-                    Step::Run(waiting)
-                }
-            }
-        };
-        let Waiting { key, message } = match step {
-            Step::Exit => return,
-            Step::Park => {
-                // Wait for a message (or a key) to come free: the loop wakes
-                // a parked runner before it starts a new one.
-                let woken = tokio::time::timeout(RUNNER_IDLE, lane.wake.notified())
-                    .await
-                    .is_ok();
-                let mut queue = lane.queue.lock().unwrap();
-                queue.parked -= 1;
-                if !woken && queue.waiting.is_empty() {
-                    queue.running -= 1;
-                    if queue.closed && queue.running == 0 {
-                        let _ = lane.notices.send(Notice::Idle(lane.tp.clone()));
-                    }
-                    return;
-                }
-                continue;
-            }
-            Step::Run(waiting) => waiting,
-        };
-        let offset = message.offset();
-        let done = Completion::new(offset, lane.tracker.clone());
-        let call = call(lane.shared.clone(), message, done, lane.scheduler.clone());
-        if AssertUnwindSafe(call).catch_unwind().await.is_err() {
-            let (topic, partition) = (&lane.tp.0, lane.tp.1);
-            lane.shared.halt.fail(format!(
-                "processing {topic}[{partition}]@{offset} panicked; nothing from that offset on is committed"
-            ));
-            lane.queue.lock().unwrap().running -= 1;
-            return;
-        }
-        done_key = key;
-    }
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// One call: processes `message` and hands its hops to the producer (or the
-/// scheduler). Its offset is done when they are acknowledged.
-async fn call<P: Processor>(
-    shared: Arc<Shared<P>>,
-    message: OwnedMessage,
-    done: Completion,
-    scheduler: mpsc::UnboundedSender<Scheduled>,
-) {
-    match shared.processor.process(&message).await {
-        Action::Done => done.complete(),
-        Action::Hop(hop) => shared.producer.send(hop.record, done, hop.event).await,
-        Action::Hops(hops) if hops.is_empty() => done.complete(),
-        Action::Hops(hops) => {
-            let dones = done.split(hops.len());
-            for (hop, done) in hops.into_iter().zip(dones) {
-                shared.producer.send(hop.record, done, hop.event).await;
+    fn running(n: usize) -> Arc<Mutex<Queue>> {
+        let queue = Arc::new(Mutex::new(Queue::default()));
+        let mut q = queue.lock().unwrap();
+        q.closed = true;
+        q.running = n;
+        drop(q);
+        queue
+    }
+
+    /// The drain wakes when the last runner reports, at that instant: a
+    /// poll on a timer would wake at the next multiple of its period.
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_ends_when_the_last_runner_reports() {
+        let queues = vec![running(1), running(2)];
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let tp = Arc::new(("in".to_string(), 0));
+        let start = tokio::time::Instant::now();
+        let ending = queues.clone();
+        tokio::spawn(async move {
+            for (queue, at_ms) in [(0, 1_003), (1, 2_001), (1, 3_007)] {
+                tokio::time::sleep_until(start + Duration::from_millis(at_ms)).await;
+                let mut q = ending[queue].lock().unwrap();
+                q.running -= 1;
+                if q.running == 0 {
+                    let _ = tx.send(Notice::Idle(tp.clone()));
+                }
             }
-        }
-        Action::HopAt { at_ms, hop } => {
-            // The scheduler lives until shutdown; if it is gone, the offset
-            // simply stays uncommitted.
-            let _ = scheduler.send(Scheduled { at_ms, hop, done });
-        }
+        });
+        let left = runners_ended(&queues, &mut rx, start + Duration::from_secs(60)).await;
+        assert_eq!(left, 0);
+        assert_eq!(start.elapsed(), Duration::from_millis(3_007));
+    }
+
+    /// A runner that never ends holds the drain up to its deadline, and no
+    /// longer; it is counted as still running.
+    #[tokio::test(start_paused = true)]
+    async fn the_drain_gives_up_at_its_deadline() {
+        let queues = vec![running(1), running(1)];
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let start = tokio::time::Instant::now();
+        let ending = queues.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            ending[0].lock().unwrap().running = 0;
+            let _ = tx.send(Notice::Idle(Arc::new(("in".to_string(), 0))));
+            // Keeps the channel open: the drain must not end on its close.
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        });
+        let left = runners_ended(&queues, &mut rx, start + Duration::from_secs(5)).await;
+        assert_eq!(left, 1, "the first queue's runner ended and was seen");
+        assert_eq!(start.elapsed(), Duration::from_secs(5));
     }
 }

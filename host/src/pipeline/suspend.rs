@@ -1,0 +1,52 @@
+//! Breaker suspension: the partitions of the topics a processor suspends
+//! (a route's open circuit breaker) stay paused at the broker.
+
+use super::Loop;
+use super::context::{partitions, tpl_of};
+use crate::clock::now_ms;
+use crate::hold::TopicPartition;
+use crate::hop::Processor;
+use rdkafka::consumer::Consumer;
+use std::collections::HashSet;
+
+impl<P: Processor> Loop<P> {
+    /// Pauses the assigned partitions of the topics the processor suspends
+    /// now, and resumes those it paused once their topic is no longer
+    /// suspended, unless the hold, a rewind or a full queue keeps them
+    /// paused. A pause makes librdkafka fetch from the last message the loop
+    /// received once resumed, so nothing is skipped; a message received
+    /// before the pause is processed as usual (a route's breaker sends a
+    /// tier message back to its tier).
+    pub(super) fn suspend(&mut self) {
+        let topics = self.shared.processor.suspended(now_ms());
+        if topics.is_empty() && self.suspended.is_empty() {
+            return;
+        }
+        let assigned: HashSet<TopicPartition> = match self.shared.consumer.assignment() {
+            Ok(tpl) => partitions(&tpl).into_iter().collect(),
+            Err(_) => return, // tried again on the next tick
+        };
+        let mut now_suspended = HashSet::new();
+        for tp in assigned.iter().filter(|tp| topics.contains(&tp.0)) {
+            if self.suspended.contains(tp) {
+                now_suspended.insert(tp.clone());
+                continue;
+            }
+            match self.shared.consumer.pause(&tpl_of(tp)) {
+                Ok(()) => _ = now_suspended.insert(tp.clone()),
+                Err(e) => {
+                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot suspend partition; trying again.")
+                }
+            }
+        }
+        let released: Vec<TopicPartition> = std::mem::replace(&mut self.suspended, now_suspended)
+            .into_iter()
+            .filter(|tp| !self.suspended.contains(tp) && assigned.contains(tp))
+            .collect();
+        for tp in released {
+            if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
+                self.resume(&tp);
+            }
+        }
+    }
+}
