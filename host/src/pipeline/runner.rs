@@ -188,7 +188,7 @@ pub(super) async fn run_lane<P: Processor>(lane: Arc<Lane<P>>) {
         let done = Completion::new(offset, lane.tracker.clone());
         let call = call(lane.shared.clone(), message, done, lane.scheduler.clone());
         if AssertUnwindSafe(call).catch_unwind().await.is_err() {
-            let (topic, partition) = (&lane.tp.0, lane.tp.1);
+            let (topic, partition) = (&lane.tp.topic, lane.tp.partition);
             lane.shared.halt.fail(format!(
                 "processing {topic}[{partition}]@{offset} panicked; nothing from that offset on is committed"
             ));
