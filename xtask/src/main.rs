@@ -1,7 +1,8 @@
 //! Project tooling: `cargo xtask <command>`.
 //!
-//! - `demo`: builds the Rust order-timeout handler (nothing else) and runs
-//!   the demo on the embedded broker.
+//! - `demo`: builds the Rust order-timeout handler (no other handler) and
+//!   hopper (as `test` builds it, so the two share one build), and runs the
+//!   demo on the embedded broker.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
 //! - `build-plugins`: builds every handler component into `plugins/dist/`:
