@@ -14,9 +14,12 @@
 //! contiguous prefix of done offsets is ever committed.
 //!
 //! Nothing here blocks the loop: a partition whose queue is full is paused at
-//! the broker (and resumed at half), the blocking seek of a hold runs on a
-//! blocking thread, and a failed pause, seek or resume is retried on the next
-//! tick, never dropped. One slow partition holds up only itself.
+//! the broker (and resumed when a quarter of its queue has started), the
+//! blocking seek of a hold runs on a blocking thread, and a failed pause, seek
+//! or resume is retried on the next tick, never dropped. One slow partition
+//! holds up only itself. A partition is paused only by a full queue, a hold
+//! (`rewind.rs`) or the processor's suspension (`suspend.rs`: a route's open
+//! breaker).
 //!
 //! What happens to a message is the [`Processor`]'s business: a route calls
 //! its handler, the delay relay moves the message one tier closer to its
@@ -344,7 +347,7 @@ impl<P: Processor> Loop<P> {
                     Ordering::Partition => 1,
                     _ => max_in_flight.max(1),
                 },
-                half: self.queue / 4 * 3,
+                resume_at: self.queue / 4 * 3,
                 wake: tokio::sync::Notify::new(),
                 scheduler: self.scheduler.clone(),
                 notices: self.notices_tx.clone(),
