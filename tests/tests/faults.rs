@@ -5,6 +5,7 @@
 
 use hopper::Hopper;
 use hopper::embedded::EmbeddedBroker;
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -139,13 +140,13 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
             })
             .unwrap();
         match event {
-            Event::Handled { id, verdict, .. } => {
+            Event::Handled(events::Handled { id, verdict, .. }) => {
                 calls += 1;
                 if verdict == "ok" {
                     finished.insert(id);
                 }
             }
-            Event::DeadLettered { id, .. } => {
+            Event::DeadLettered(events::DeadLettered { id, .. }) => {
                 dead.insert(id);
             }
             _ => {}
@@ -218,7 +219,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
         &mut events,
         |_| {},
         |e| match e {
-            Event::Handled { id, .. } if id == "d" => Some(()),
+            Event::Handled(events::Handled { id, .. }) if id == "d" => Some(()),
             _ => None,
         },
     );
