@@ -208,7 +208,7 @@ async fn a_held_retry_partition_reports_when_its_head_is_due() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn state_changing_calls_need_the_token_and_reads_answer_on_loopback() {
+async fn every_api_call_needs_the_token_and_a_bad_request_names_the_field() {
     init_tracing();
     let route = TestRoute::new(&plugin("scripted"), &admin(""));
     let hopper = route.start().await;
@@ -238,6 +238,17 @@ async fn state_changing_calls_need_the_token_and_reads_answer_on_loopback() {
     assert!(
         answer.contains("dry_run"),
         "a bad body names the field: {answer}"
+    );
+    // A reason that is not a class would select nothing: refused, named.
+    let bad_reason = r#"{"filter": {"reason": "FATL"}, "dry_run": true}"#;
+    let (status, answer) = http(addr, "POST", "/api/replay", Some(TOKEN), Some(bad_reason)).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("`FATL` is not a reason class"), "{answer}");
+    let (status, answer) = http(addr, "GET", "/api/dlq?reason=FATL", Some(TOKEN), None).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(
+        answer.contains("FATAL"),
+        "the known classes are listed: {answer}"
     );
 
     let health = get_json(addr, "/health").await;

@@ -260,6 +260,7 @@ pub(super) async fn dlq_list(
         key: empty(q.key),
         text: empty(q.text),
     };
+    filter.check().map_err(bad_request)?;
     let (skip, limit) = (q.skip.unwrap_or(0), q.limit.unwrap_or(50).min(MAX_PAGE));
     with_dlq(&state, move |dlq| dlq.list(&filter, skip, limit))
         .await
@@ -315,7 +316,10 @@ pub(super) async fn replay(
             })
             .await?
         }
-        (None, Some(filter)) => with_dlq(&state, move |dlq| dlq.select(&filter, max)).await?,
+        (None, Some(filter)) => {
+            filter.check().map_err(bad_request)?;
+            with_dlq(&state, move |dlq| dlq.select(&filter, max)).await?
+        }
         _ => return Err(bad_request("give either records or filter")),
     };
     let (config, cluster): (Arc<Config>, Cluster) =

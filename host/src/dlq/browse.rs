@@ -9,6 +9,7 @@
 
 use super::record::{DlqRecord, DlqSummary, RecordRef};
 use crate::config::{Config, RELAY_ROUTE, replay_journal};
+use crate::headers::Reason;
 use crate::kafka::Cluster;
 use crate::lag::{self, LagError};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -77,14 +78,30 @@ pub struct DlqFilter {
 }
 
 impl DlqFilter {
+    /// What is wrong with the filter, naming the field: a reason that is
+    /// not one of hopper's classes would silently match nothing.
+    pub fn check(&self) -> Result<(), String> {
+        match self.reason.as_deref().filter(|r| !r.is_empty()) {
+            Some(reason) if Reason::parse(reason).is_none() => {
+                let known: Vec<&str> = Reason::ALL.iter().map(|r| r.as_str()).collect();
+                Err(format!(
+                    "reason: `{reason}` is not a reason class; one of {}",
+                    known.join(", ")
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn matches(&self, s: &DlqSummary) -> bool {
         let eq = |want: &Option<String>, got: &Option<String>| {
             want.as_ref()
                 .is_none_or(|w| w.is_empty() || got.as_deref() == Some(w.as_str()))
         };
         let failed = s.failed_at.unwrap_or(0);
+        let reason = s.reason.map(|r| r.as_str().to_string());
         eq(&self.route, &s.route)
-            && eq(&self.reason, &s.reason)
+            && eq(&self.reason, &reason)
             && eq(&self.key, &s.key)
             && self.since.is_none_or(|t| failed >= t)
             && self.until.is_none_or(|t| failed < t)
@@ -382,7 +399,7 @@ fn histogram(matches: &[DlqSummary]) -> (i64, Vec<Bucket>) {
     let mut buckets: BTreeMap<i64, BTreeMap<String, usize>> = BTreeMap::new();
     for m in matches {
         let Some(at) = m.failed_at else { continue };
-        let reason = m.reason.clone().unwrap_or_else(|| "NONE".into());
+        let reason = m.reason.map_or("NONE", Reason::as_str).to_string();
         *buckets
             .entry(at.saturating_sub(at.rem_euclid(width)))
             .or_default()

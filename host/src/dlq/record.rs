@@ -1,7 +1,7 @@
 //! A dead-letter record as an operator sees it: where it is, what hopper's
 //! headers say about it, and its key, headers and payload as they are.
 
-use crate::headers::{self, Envelope, Incoming};
+use crate::headers::{self, Envelope, Incoming, Reason};
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use serde::Serialize;
 use std::fmt;
@@ -85,7 +85,9 @@ pub struct DlqSummary {
     pub id: Option<String>,
     /// The route that gave up on it (`delay` for the delay relay).
     pub route: Option<String>,
-    pub reason: Option<String>,
+    /// `hopper-reason`; `None` when absent or not one of hopper's classes
+    /// (a record hopper did not write: its headers still show in full).
+    pub reason: Option<Reason>,
     pub error: Option<String>,
     pub attempt: Option<u32>,
     pub handler_version: Option<String>,
@@ -128,7 +130,7 @@ impl DlqSummary {
             failed_at: number(headers::LAST_FAILURE_AT).or(timestamp),
             id: text(headers::ID),
             route: text(headers::ROUTE),
-            reason: text(headers::REASON),
+            reason: text(headers::REASON).as_deref().and_then(Reason::parse),
             error: text(headers::LAST_ERROR),
             attempt: text(headers::ATTEMPT).and_then(|a| a.parse().ok()),
             handler_version: text(headers::HANDLER_VERSION),

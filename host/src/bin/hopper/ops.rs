@@ -158,7 +158,7 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
                         r.at.to_string(),
                         r.failed_at.map(iso).unwrap_or_default(),
                         r.route.clone().unwrap_or_default(),
-                        r.reason.clone().unwrap_or_default(),
+                        r.reason.map(|r| r.to_string()).unwrap_or_default(),
                         r.id.clone().unwrap_or_default(),
                         r.key.clone().unwrap_or_default(),
                         r.replayed.to_string(),
