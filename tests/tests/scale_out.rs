@@ -86,17 +86,16 @@ async fn a_group_that_loses_a_member_to_kill_9_and_one_to_a_stop_and_gains_one_l
         std::fs::write(&handler, &wasm).unwrap();
         process_of.insert(sha256_hex(&wasm), label);
         let config = own.join("hopper.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[kafka]\nbrokers = \"{}\"\npartitions = {PARTITIONS}\n\n[[route]]\nname = \"{name}\"\ntopics = [\"{}\"]\nhandler = \"{}\"\nemit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3\n",
-                brokers(),
-                t.input,
-                handler.display(),
-                t.done,
+        let route = route_table(
+            &name,
+            &t.input,
+            &handler,
+            &format!(
+                "emit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3",
+                t.done
             ),
-        )
-        .unwrap();
+        );
+        std::fs::write(&config, format!("{}\n{route}", kafka_table(PARTITIONS))).unwrap();
         configs.push(config);
     }
     let ledger = Ledger::start(&[
