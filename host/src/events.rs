@@ -26,8 +26,7 @@ pub enum Event {
         partition: i32,
         offset: i64,
         attempt: u32,
-        /// `ok`, `retryable`, `fatal`, `trap`, `timeout` or `memory`.
-        verdict: &'static str,
+        verdict: VerdictKind,
         /// sha256 of the handler version that ran.
         version: String,
         at_ms: i64,
@@ -132,8 +131,7 @@ pub enum Event {
         /// The topic the hop was for.
         topic: String,
         error: String,
-        /// `retried`, `dead_lettered` or `halted`.
-        outcome: &'static str,
+        outcome: HopFailure,
     },
     /// Records a handler emitted were dropped, because its verdict was not
     /// `ok`.
@@ -142,8 +140,7 @@ pub enum Event {
         /// The message whose call emitted them.
         id: String,
         count: usize,
-        /// The verdict label (`retryable`, `fatal`, `timeout`, ...).
-        verdict: &'static str,
+        verdict: VerdictKind,
     },
     /// A route's circuit breaker opened: its retry tiers (and its inputs,
     /// with `pause_input`) are paused for `cool_down`.
@@ -163,8 +160,7 @@ pub enum Event {
     BreakerProbed {
         route: String,
         id: String,
-        /// The verdict label (`ok`, `retryable`, `timeout`, ...).
-        verdict: &'static str,
+        verdict: VerdictKind,
     },
     /// Every probe passed: the route consumes its tiers again.
     BreakerClosed {
@@ -181,7 +177,8 @@ pub enum Event {
     },
 }
 
-pub use crate::metrics::{Counter, HOP_FAILURE_OUTCOMES};
+pub use crate::metrics::Counter;
+use crate::types::{HopFailure, VerdictKind};
 
 /// Where events go, and where they are counted. Cheap to clone.
 #[derive(Clone)]
@@ -283,7 +280,7 @@ impl Telemetry {
                     route,
                     id,
                     count,
-                    verdict,
+                    verdict = verdict.as_str(),
                     "Emitted records discarded: the verdict is not ok."
                 );
                 self.metrics.emits_discarded(route, *count as u64);
@@ -294,27 +291,27 @@ impl Telemetry {
                 error,
                 outcome,
             } => {
-                match *outcome {
-                    "retried" => tracing::warn!(
+                match outcome {
+                    HopFailure::Retried => tracing::warn!(
                         route,
                         topic,
                         error,
                         "Hop was not acknowledged; producing it again."
                     ),
-                    "dead_lettered" => tracing::error!(
+                    HopFailure::DeadLettered => tracing::error!(
                         route,
                         topic,
                         error,
                         "Hop was refused for good; dead-lettering its message."
                     ),
-                    _ => tracing::error!(
+                    HopFailure::Halted => tracing::error!(
                         route,
                         topic,
                         error,
                         "Dead-letter record was refused for good; stopping."
                     ),
                 }
-                self.metrics.hop_failed(route, outcome);
+                self.metrics.hop_failed(route, *outcome);
             }
             Event::RetryScheduled {
                 route,
@@ -446,7 +443,12 @@ impl Telemetry {
                 );
             }
             Event::BreakerProbed { route, id, verdict } => {
-                tracing::info!(route, id, verdict, "Circuit breaker probe handled.");
+                tracing::info!(
+                    route,
+                    id,
+                    verdict = verdict.as_str(),
+                    "Circuit breaker probe handled."
+                );
                 self.metrics.breaker_probed(route);
             }
             Event::BreakerClosed { route, open_for } => {

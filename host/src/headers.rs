@@ -219,6 +219,34 @@ impl Envelope {
         })
     }
 
+    /// The envelope for the dead-letter record of a message whose own
+    /// envelope or schedule could not be read: attempt 0, the message
+    /// itself as the origin, and its replay count. The id is the one rule
+    /// for a producer's `hopper-id` that hopper could not accept: kept when
+    /// it is text, cut to [`MAX_ID_BYTES`] (ending in `…`) when longer, so
+    /// the record can still be matched to what was sent; the default
+    /// `<topic>-<partition>-<offset>` when it is absent, empty or not UTF-8.
+    /// Routes and the delay relay both build it here.
+    pub fn fallback<H: Headers>(rec: &Incoming<'_, H>) -> Envelope {
+        let id = match text(rec.headers, ID) {
+            Ok(Some(id)) if !id.is_empty() => shorten(id, MAX_ID_BYTES),
+            _ => default_id(rec.topic, rec.partition, rec.offset),
+        };
+        Envelope {
+            id,
+            attempts_made: 0,
+            origin: Origin {
+                topic: rec.topic.to_string(),
+                partition: rec.partition,
+                offset: rec.offset,
+                timestamp: rec.timestamp,
+            },
+            first_failure_at: None,
+            trail: Vec::new(),
+            replays: replay_count(rec.headers),
+        }
+    }
+
     /// The envelope of a record that hopper itself wrote onto a tier topic.
     /// Every field must be present and well-formed.
     pub fn from_tier<H: Headers>(rec: &Incoming<'_, H>) -> Result<Envelope, HeaderError> {
@@ -634,6 +662,40 @@ mod tests {
     fn reasons_round_trip() {
         for reason in Reason::ALL {
             assert_eq!(Reason::parse(reason.as_str()), Some(reason));
+        }
+    }
+
+    /// One rule for an id hopper could not accept, for routes and the relay
+    /// alike: text is kept, cut when too long; anything else is replaced by
+    /// the default id.
+    #[test]
+    fn a_fallback_envelope_keeps_what_it_can_of_the_producers_id() {
+        let id_of = |value: Option<&[u8]>| {
+            let mut h = OwnedHeaders::new();
+            if let Some(value) = value {
+                h = h.insert(Header {
+                    key: ID,
+                    value: Some(value),
+                });
+            }
+            let rec = Incoming {
+                topic: "orders",
+                partition: 2,
+                offset: 41,
+                timestamp: Some(7),
+                headers: Some(&h),
+            };
+            let envelope = Envelope::fallback(&rec);
+            assert_eq!((envelope.attempts_made, envelope.origin.offset), (0, 41));
+            envelope.id
+        };
+        assert_eq!(id_of(Some(b"order-1")), "order-1");
+        let long = "é".repeat(200);
+        let cut = id_of(Some(long.as_bytes()));
+        assert!(cut.len() <= MAX_ID_BYTES && cut.ends_with('…'), "{cut}");
+        assert!(long.starts_with(cut.trim_end_matches('…')));
+        for unusable in [None, Some(&b""[..]), Some(&b"\xff\xfe"[..])] {
+            assert_eq!(id_of(unusable), "orders-2-41", "{unusable:?}");
         }
     }
 }

@@ -13,8 +13,7 @@ use crate::clock::now_ms;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// A partition of a topic.
-pub type TopicPartition = (String, i32);
+pub use crate::types::TopicPartition;
 
 /// How many partitions a pipeline's consumer has assigned now.
 pub type AssignmentProbe = Box<dyn Fn() -> usize + Send + Sync>;
@@ -267,7 +266,7 @@ mod tests {
     fn held_heads_come_and_go() {
         let health = Health::default();
         let heads = health.held_heads("orders");
-        let tp = ("orders.retry.5s".to_string(), 1);
+        let tp = TopicPartition::new("orders.retry.5s", 1);
         heads.held(&tp, 5_000);
         assert_eq!(
             health.held(),

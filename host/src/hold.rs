@@ -52,8 +52,9 @@ pub fn due_from(header: Option<&str>, timestamp: Option<i64>, wait: Duration, no
 
 #[derive(Debug, Default)]
 pub struct Hold {
-    /// Held partitions: the offset to resume at and when it is due.
-    held: HashMap<TopicPartition, (i64, i64)>,
+    /// Held partitions, and when each one's head is due (epoch ms). Where
+    /// the partition resumes is the pipeline's business (its rewind).
+    held: HashMap<TopicPartition, i64>,
     /// The same entries ordered by due time, for the next wake-up.
     by_due: BTreeSet<(i64, TopicPartition)>,
     /// Where held heads are reported, for `hopper_hold_head_due_seconds`.
@@ -83,16 +84,16 @@ impl Hold {
         }
     }
 
-    /// Decides what to do with `offset` of `tp`, due at `due_ms`, at `now_ms`.
-    /// A message is never passed before it is due.
-    pub fn gate(&mut self, tp: &TopicPartition, offset: i64, due_ms: i64, now_ms: i64) -> Gate {
+    /// Decides what to do with a message of `tp` due at `due_ms`, at
+    /// `now_ms`. A message is never passed before it is due.
+    pub fn gate(&mut self, tp: &TopicPartition, due_ms: i64, now_ms: i64) -> Gate {
         if self.held.contains_key(tp) {
             return Gate::Discard;
         }
         if due_ms <= now_ms {
             return Gate::Pass;
         }
-        self.held.insert(tp.clone(), (offset, due_ms));
+        self.held.insert(tp.clone(), due_ms);
         self.by_due.insert((due_ms, tp.clone()));
         if let Some(heads) = &self.heads {
             heads.held(tp, due_ms);
@@ -124,7 +125,7 @@ impl Hold {
 
     /// Forgets a partition, for example when a rebalance takes it away.
     pub fn release(&mut self, tp: &TopicPartition) {
-        if let Some((_, due)) = self.held.remove(tp) {
+        if let Some(due) = self.held.remove(tp) {
             self.by_due.remove(&(due, tp.clone()));
             if let Some(heads) = &self.heads {
                 heads.released(tp);
@@ -147,7 +148,7 @@ mod tests {
     use super::*;
 
     fn tp(p: i32) -> TopicPartition {
-        ("orders.retry.5s".to_string(), p)
+        TopicPartition::new("orders.retry.5s", p)
     }
 
     #[test]
@@ -181,32 +182,25 @@ mod tests {
     #[test]
     fn a_message_is_never_passed_early() {
         let mut hold = Hold::default();
-        assert_eq!(
-            hold.gate(&tp(0), 7, 1_000, 999),
-            Gate::Hold { due_ms: 1_000 }
-        );
+        assert_eq!(hold.gate(&tp(0), 1_000, 999), Gate::Hold { due_ms: 1_000 });
         assert_eq!(hold.take_due(999), Vec::<TopicPartition>::new());
         assert_eq!(hold.take_due(1_000), vec![tp(0)]);
-        assert_eq!(hold.gate(&tp(0), 7, 1_000, 1_000), Gate::Pass);
+        assert_eq!(hold.gate(&tp(0), 1_000, 1_000), Gate::Pass);
     }
 
     #[test]
     fn a_held_partition_discards_prefetched_messages() {
         let mut hold = Hold::default();
-        hold.gate(&tp(0), 7, 5_000, 0);
-        assert_eq!(hold.gate(&tp(0), 8, 5_001, 0), Gate::Discard);
-        assert_eq!(
-            hold.gate(&tp(1), 3, 0, 0),
-            Gate::Pass,
-            "other partitions flow"
-        );
+        hold.gate(&tp(0), 5_000, 0);
+        assert_eq!(hold.gate(&tp(0), 5_001, 0), Gate::Discard);
+        assert_eq!(hold.gate(&tp(1), 0, 0), Gate::Pass, "other partitions flow");
     }
 
     #[test]
     fn wakes_for_the_earliest_partition_first() {
         let mut hold = Hold::default();
-        hold.gate(&tp(0), 1, 3_000, 0);
-        hold.gate(&tp(1), 1, 2_000, 0);
+        hold.gate(&tp(0), 3_000, 0);
+        hold.gate(&tp(1), 2_000, 0);
         assert_eq!(hold.next_due(), Some(2_000));
         assert_eq!(hold.take_due(2_500), vec![tp(1)]);
         assert_eq!(hold.next_due(), Some(3_000));
@@ -219,8 +213,8 @@ mod tests {
     fn held_heads_are_reported_until_released_or_due() {
         let heads = HeldHeads::default();
         let mut hold = Hold::reporting(heads.clone());
-        hold.gate(&tp(0), 1, 3_000, 0);
-        hold.gate(&tp(1), 1, 2_000, 0);
+        hold.gate(&tp(0), 3_000, 0);
+        hold.gate(&tp(1), 2_000, 0);
         assert_eq!(heads.snapshot(), vec![(tp(0), 3_000), (tp(1), 2_000)]);
         hold.take_due(2_000);
         assert_eq!(heads.snapshot(), vec![(tp(0), 3_000)]);

@@ -35,6 +35,7 @@ pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
+pub mod types;
 
 /// The memory allocator of hopper's binaries and benchmarks. A hop makes
 /// many small allocations on several threads (the calls, the
@@ -204,7 +205,12 @@ fn start_pipeline<P: hop::Processor>(
         halt.clone(),
     )
     .context("creating the producer")?;
-    producer.warm_up(&processor.hop_topics());
+    // Metadata for the topics it will produce to, fetched off the async
+    // start (it may block seconds per topic); a hop before it is done
+    // fetches its own.
+    let warming = producer.clone();
+    let topics = processor.hop_topics();
+    tokio::task::spawn_blocking(move || warming.warm_up(&topics));
     let shared = Arc::new(pipeline::Shared {
         processor,
         producer,

@@ -1,8 +1,9 @@
 //! Which offset of a partition is safe to commit.
 //!
-//! Messages of one partition are handled in offset order, but their hops are
-//! acknowledged in any order. The tracker keeps the offsets that were
-//! dispatched and are not yet done; the committable position is the lowest of
+//! Messages of one partition are queued in offset order, but up to
+//! `max_in_flight` of them are handled at once, and their hops are
+//! acknowledged, in any order. The tracker keeps the offsets that were
+//! queued and are not yet done; the committable position is the lowest of
 //! them, or one past the highest dispatched offset when none is pending. An
 //! offset is therefore committed only when it and everything before it are
 //! done — never past a message whose hop is still in flight.

@@ -26,6 +26,7 @@ use crate::config::Route;
 use crate::egress::TransportError;
 use crate::events::Telemetry;
 use crate::headers::Reason;
+use crate::types::VerdictKind;
 use call::GuestInfo;
 use output::LineBudget;
 use sha2::{Digest, Sha256};
@@ -90,19 +91,16 @@ pub enum Verdict {
 }
 
 impl Verdict {
-    /// Every value [`Verdict::label`] returns.
-    pub const LABELS: [&'static str; 6] = ["ok", "retryable", "fatal", "trap", "timeout", "memory"];
-
-    /// A short label for logs and metrics.
-    pub fn label(&self) -> &'static str {
+    /// What kind of verdict this is, for logs, events and metrics.
+    pub fn kind(&self) -> VerdictKind {
         match self {
-            Verdict::Ok => "ok",
-            Verdict::Retryable { .. } => "retryable",
-            Verdict::Fatal { .. } => "fatal",
+            Verdict::Ok => VerdictKind::Ok,
+            Verdict::Retryable { .. } => VerdictKind::Retryable,
+            Verdict::Fatal { .. } => VerdictKind::Fatal,
             Verdict::Failed { class, .. } => match class {
-                Reason::HandlerTimeout => "timeout",
-                Reason::HandlerMemory => "memory",
-                _ => "trap",
+                Reason::HandlerTimeout => VerdictKind::Timeout,
+                Reason::HandlerMemory => VerdictKind::Memory,
+                _ => VerdictKind::Trap,
             },
         }
     }

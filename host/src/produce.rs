@@ -24,6 +24,7 @@
 use crate::events::{Event, Telemetry};
 use crate::headers::{self, Reason};
 use crate::hop::{Completion, Halt, OutRecord};
+use crate::types::HopFailure;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
@@ -137,7 +138,7 @@ impl ProducerContext for HopContext {
                         route: self.pipeline.clone(),
                         topic: record.topic.clone(),
                         error: e.to_string(),
-                        outcome: "retried",
+                        outcome: HopFailure::Retried,
                     });
                 }
                 // Only fails at shutdown; the offset then stays unstored and
@@ -210,7 +211,7 @@ impl HopProducer {
     /// Fetches the metadata of `topics`, the topics this producer will
     /// produce to, so the first hop to each does not wait for it. Blocks up
     /// to 5 s per topic; a topic that does not answer is looked up again on
-    /// its first hop.
+    /// its first hop. Run it on a blocking thread.
     pub fn warm_up(&self, topics: &[String]) {
         for topic in topics {
             if let Err(e) = self
@@ -281,7 +282,7 @@ impl HopProducer {
                 route: self.pipeline.clone(),
                 topic: topic.clone(),
                 error: e.to_string(),
-                outcome: "retried",
+                outcome: HopFailure::Retried,
             });
             tokio::time::sleep(backoff(hop.failures)).await;
         }
@@ -304,7 +305,7 @@ impl HopProducer {
                 route: self.pipeline.clone(),
                 topic: record.topic,
                 error: error.clone(),
-                outcome: "halted",
+                outcome: HopFailure::Halted,
             });
             self.halt.fail(format!(
                 "a dead-letter record of `{}` was refused for good: {error}",
@@ -319,7 +320,7 @@ impl HopProducer {
             route: self.pipeline.clone(),
             topic: record.topic.clone(),
             error: error.clone(),
-            outcome: "dead_lettered",
+            outcome: HopFailure::DeadLettered,
         });
         let text = |name| {
             record

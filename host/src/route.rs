@@ -33,14 +33,16 @@ pub struct RouteProcessor {
     /// The circuit breaker, with `[route.breaker]`; shared with health,
     /// which reads its state for readiness views and gauges.
     breaker: Option<Arc<Breaker>>,
-    /// What an open breaker pauses: the tier topics, then the inputs.
-    suspendable: Vec<String>,
+    /// What an open breaker pauses: the tier topics only, or (with
+    /// `pause_input`) the tier topics and the inputs.
+    suspend_tiers: Vec<String>,
+    suspend_all: Vec<String>,
 }
 
 impl RouteProcessor {
     pub fn new(route: Arc<Route>, handler: Arc<HandlerSlot>, telemetry: Telemetry) -> Self {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
-        let metrics = telemetry.metrics().route(&route.name, &Verdict::LABELS);
+        let metrics = telemetry.metrics().route(&route.name);
         let instances = tokio::sync::Semaphore::new(route.max_instances);
         let breaker = route.breaker.clone().map(|b| Arc::new(Breaker::new(b)));
         if let Some(breaker) = &breaker {
@@ -48,8 +50,8 @@ impl RouteProcessor {
             let health = telemetry.health();
             health.set_breaker(&route.name, Box::new(move || read.state()));
         }
-        let mut suspendable: Vec<String> = route.tiers().into_iter().map(|(_, t)| t).collect();
-        suspendable.extend(route.topics.iter().cloned());
+        let suspend_tiers: Vec<String> = route.tiers().into_iter().map(|(_, t)| t).collect();
+        let suspend_all = suspend_tiers.iter().chain(&route.topics).cloned().collect();
         Self {
             route,
             tiers,
@@ -58,7 +60,8 @@ impl RouteProcessor {
             metrics,
             instances,
             breaker,
-            suspendable,
+            suspend_tiers,
+            suspend_all,
         }
     }
 
@@ -152,8 +155,8 @@ impl Processor for RouteProcessor {
         self.report(transition);
         match suspended {
             Suspended::None => &[],
-            Suspended::Tiers => &self.suspendable[..self.tiers.len()],
-            Suspended::TiersAndInput => &self.suspendable,
+            Suspended::Tiers => &self.suspend_tiers,
+            Suspended::TiersAndInput => &self.suspend_all,
         }
     }
 }
@@ -183,22 +186,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     let envelope = match envelope {
         Ok(envelope) => envelope,
         Err(problem) => {
-            let mut envelope = Envelope {
-                id: headers::default_id(incoming.topic, incoming.partition, incoming.offset),
-                attempts_made: 0,
-                origin: headers::Origin {
-                    topic: incoming.topic.to_string(),
-                    partition: incoming.partition,
-                    offset: incoming.offset,
-                    timestamp: incoming.timestamp,
-                },
-                first_failure_at: None,
-                trail: Vec::new(),
-                replays: headers::replay_count(message.headers()),
-            };
-            if let Ok(Some(id)) = headers::text(message.headers(), headers::ID) {
-                envelope.id = headers::shorten(id, headers::MAX_ID_BYTES);
-            }
+            let envelope = Envelope::fallback(&incoming);
             let decision = Decision::DeadLetter {
                 reason: Reason::InvalidEnvelope,
                 error: problem.to_string(),
@@ -251,8 +239,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         None => handler.run(delivery).await,
     };
     let verdict = handled.verdict;
-    let label = verdict.label();
-    if let Some(counter) = shared.metrics.outcomes.get(label) {
+    let kind = verdict.kind();
+    if let Some(counter) = shared.metrics.outcomes.get(&kind) {
         counter.inc();
     }
     tracing::debug!(
@@ -263,7 +251,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         partition = message.partition(),
         offset = message.offset(),
         attempt,
-        verdict = label,
+        verdict = kind.as_str(),
         "Message handled."
     );
     if shared.telemetry.has_observers() {
@@ -274,7 +262,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             partition: message.partition(),
             offset: message.offset(),
             attempt,
-            verdict: label,
+            verdict: kind,
             version: handler.version().to_string(),
             at_ms: now_ms(),
         });
@@ -284,7 +272,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             shared.telemetry.emit(Event::BreakerProbed {
                 route: route.name.clone(),
                 id: envelope.id.clone(),
-                verdict: label,
+                verdict: kind,
             });
         }
         let retryable = counts_as_retryable(route, &verdict);
@@ -306,7 +294,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             route: route.name.clone(),
             id: envelope.id.clone(),
             count: handled.discarded,
-            verdict: label,
+            verdict: kind,
         });
     }
     let decision = decide(route, attempt, &verdict);

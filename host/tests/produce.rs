@@ -9,6 +9,7 @@ use hopper::hop::{Completion, Halt, OutRecord};
 use hopper::kafka::Cluster;
 use hopper::offsets::OffsetTracker;
 use hopper::produce::HopProducer;
+use hopper::types::HopFailure;
 use rdkafka::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
@@ -86,7 +87,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
             matches!(
                 event,
                 Event::HopFailed {
-                    outcome: "retried",
+                    outcome: HopFailure::Retried,
                     ..
                 }
             ),
@@ -142,7 +143,7 @@ async fn next_outcome(events: &mut tokio::sync::broadcast::Receiver<Event>) -> E
         if !matches!(
             event,
             Event::HopFailed {
-                outcome: "retried",
+                outcome: HopFailure::Retried,
                 ..
             }
         ) {
@@ -255,7 +256,7 @@ async fn a_hop_too_large_for_the_broker_is_dead_lettered_cut_with_its_size() {
     bench.send(3, "out", vec![b'x'; 20_000]).await;
     match next_outcome(&mut events).await {
         Event::HopFailed { outcome, topic, .. } => {
-            assert_eq!((outcome, topic.as_str()), ("dead_lettered", "out"))
+            assert_eq!((outcome, topic.as_str()), (HopFailure::DeadLettered, "out"))
         }
         other => panic!("expected the hop's failure, got {other:?}"),
     }
@@ -312,7 +313,7 @@ async fn a_hop_the_broker_refuses_for_good_is_dead_lettered_not_retried_forever(
     let reason = loop {
         match next_outcome(&mut events).await {
             Event::HopFailed { outcome, .. } => {
-                assert_eq!(outcome, "dead_lettered");
+                assert_eq!(outcome, HopFailure::DeadLettered);
                 saw_failure = true;
             }
             Event::DeadLettered { reason, .. } => break reason,

@@ -8,6 +8,7 @@
 use hopper::breaker::BreakerState;
 use hopper::events::Event;
 use hopper::metrics::Format;
+use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;
 use hopper_tests::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -156,7 +157,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
         probing.iter().any(|e| matches!(
             e,
             Event::BreakerProbed {
-                verdict: "retryable",
+                verdict: VerdictKind::Retryable,
                 ..
             }
         )),
@@ -175,7 +176,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
         match &event {
             Event::Handled {
                 id,
-                verdict: "ok",
+                verdict: VerdictKind::Ok,
                 attempt,
                 ..
             } => _ = ok.insert(id.clone(), *attempt),
@@ -310,7 +311,9 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
             |_| {},
             |e| match e {
                 Event::Handled {
-                    id, verdict: "ok", ..
+                    id,
+                    verdict: VerdictKind::Ok,
+                    ..
                 } => Some(id.clone()),
                 _ => None,
             },

@@ -36,7 +36,7 @@ fn handled_id(id: &str) -> impl FnMut(&Event) -> Option<(u32, &'static str, i64)
             verdict,
             at_ms,
             ..
-        } if got == id => Some((*attempt, *verdict, *at_ms)),
+        } if got == id => Some((*attempt, verdict.as_str(), *at_ms)),
         _ => None,
     }
 }
@@ -254,7 +254,7 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
         |v| v.len() == script.len(),
     )
     .await;
-    let verdicts: Vec<&str> = calls.iter().map(|c| c.1).collect();
+    let verdicts: Vec<&str> = calls.iter().map(|c| c.1.as_str()).collect();
     assert_eq!(
         verdicts,
         vec![
@@ -423,7 +423,7 @@ async fn route_config_values_reach_the_guest() {
     let mut calls = collect(
         &mut events,
         |e| match e {
-            Event::Handled { id, verdict, .. } => Some((id.clone(), *verdict)),
+            Event::Handled { id, verdict, .. } => Some((id.clone(), verdict.as_str())),
             _ => None,
         },
         |v| v.len() == 2,

@@ -4,6 +4,7 @@
 
 use hopper::events::Event;
 use hopper::plugin::Verdict;
+use hopper::types::VerdictKind;
 use hopper_tests::*;
 use rdkafka::Message;
 use serde_json::json;
@@ -248,8 +249,11 @@ async fn on_a_retryable_or_fatal_verdict_nothing_emitted_is_produced() {
         assert_eq!(count, 1);
         *discarded.entry((id, verdict)).or_insert(0) += count;
     }
-    assert_eq!(discarded[&("retried".to_string(), "retryable")], 2);
-    assert_eq!(discarded[&("failed".to_string(), "fatal")], 1);
+    assert_eq!(
+        discarded[&("retried".to_string(), VerdictKind::Retryable)],
+        2
+    );
+    assert_eq!(discarded[&("failed".to_string(), VerdictKind::Fatal)], 1);
     // Nothing else arrives on the emit topic: read it again from the start.
     let again = consume_for(&closed, Duration::from_secs(2)).await;
     assert_eq!(again.len(), 1, "only the ok message's record");

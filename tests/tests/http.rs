@@ -6,6 +6,7 @@
 
 use hopper::events::Event;
 use hopper::plugin::Verdict;
+use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;
 use hopper_tests::*;
 use serde_json::json;
@@ -303,7 +304,10 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
             _ => unreachable!(),
         }
     }
-    assert_eq!(verdicts, vec![(1, "timeout"), (2, "timeout")]);
+    assert_eq!(
+        verdicts,
+        vec![(1, VerdictKind::Timeout), (2, VerdictKind::Timeout)]
+    );
     assert_eq!(retried, Some(hopper::headers::Reason::HandlerTimeout));
     let dlq = consume(&route.dlq, 1, PATIENCE).await;
     let (h, _) = header_map(&dlq[0]);

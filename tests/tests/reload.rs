@@ -44,7 +44,7 @@ fn handled_version(id: &str) -> impl FnMut(&Event) -> Option<(String, &'static s
             version,
             verdict,
             ..
-        } if got == id => Some((version.clone(), *verdict)),
+        } if got == id => Some((version.clone(), verdict.as_str())),
         _ => None,
     }
 }

@@ -1,7 +1,8 @@
 //! Project tooling: `cargo xtask <command>`.
 //!
-//! - `demo`: builds the Rust order-timeout handler (nothing else) and runs
-//!   the demo on the embedded broker.
+//! - `demo`: builds the Rust order-timeout handler (no other handler) and
+//!   hopper (as `test` builds it, so the two share one build), and runs the
+//!   demo on the embedded broker.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
 //! - `build-plugins`: builds every handler component into `plugins/dist/`:
@@ -209,23 +210,31 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
 /// The demo needs only the Rust order-timeout handler (v1 and v2): on a
 /// fresh machine it must not wait for the Python, JavaScript and C
 /// toolchains, which `build-plugins` installs.
+///
+/// hopper is built as the test command builds it, `cargo test --workspace`
+/// (here only the `cli` test, whose build includes the `hopper` binary),
+/// and that binary is run: the same selection resolves the same features
+/// (dev-dependencies such as tokio's `test-util` included), so either
+/// command reuses the other's build. A `cargo run -p hopper` would resolve
+/// them without the dev-dependencies and rebuild hopper and much of what
+/// it depends on.
 fn demo(rest: &[String]) -> Result<()> {
     build_rust_plugins(&["order-timeout"])?;
+    step("building hopper: cargo test --workspace --no-run --test cli");
+    let mut build = cargo();
+    build
+        .current_dir(root())
+        .args(["test", "--workspace", "--no-run", "--test", "cli"]);
+    run(build, "building hopper")?;
     step("running the demo on the embedded broker");
-    let mut demo = cargo();
+    let binary = target_dir()
+        .join("debug")
+        .join(format!("hopper{}", std::env::consts::EXE_SUFFIX));
+    let mut demo = Command::new(&binary);
     demo.current_dir(root())
-        .args([
-            "run",
-            "--quiet",
-            "-p",
-            "hopper",
-            "--",
-            "demo",
-            "--config",
-            "examples/demo.toml",
-        ])
+        .args(["demo", "--config", "examples/demo.toml"])
         .args(rest);
-    run(demo, "the demo")
+    run(demo, &format!("the demo ({})", binary.display()))
 }
 
 fn test(rest: &[String]) -> Result<()> {
@@ -247,6 +256,8 @@ fn test(rest: &[String]) -> Result<()> {
         "warnings",
     ]);
     run(clippy, "cargo clippy")?;
+    // The demo builds hopper with this same selection (`fn demo`), so the
+    // two commands share one build.
     step("building the tests");
     let mut build = cargo();
     build

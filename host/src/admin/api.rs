@@ -164,9 +164,9 @@ fn pipelines(state: &State) -> Vec<PipelineView> {
                 held: held
                     .iter()
                     .filter(|(p, _, _)| p == name)
-                    .map(|(_, (topic, partition), due)| Held {
-                        topic: topic.clone(),
-                        partition: *partition,
+                    .map(|(_, tp, due)| Held {
+                        topic: tp.topic.clone(),
+                        partition: tp.partition,
                         due_in_ms: due - now,
                     })
                     .collect(),

@@ -50,7 +50,6 @@ pub struct EmitConfig {
 pub const DEFAULT_MAX_REQUESTS: u32 = 16;
 pub const DEFAULT_MAX_RESPONSE_BYTES: u64 = 1 << 20;
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-pub const DEFAULT_MAX_IDLE_PER_HOST: usize = 16;
 pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_EMIT_RECORDS: u32 = 100;
 pub const DEFAULT_MAX_EMIT_BYTES: u64 = 1 << 20;
@@ -92,7 +91,7 @@ impl Default for HttpLimits {
             max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             first_byte_timeout: None,
-            max_idle_per_host: DEFAULT_MAX_IDLE_PER_HOST,
+            max_idle_per_host: super::DEFAULT_MAX_INSTANCES,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             ca_file: None,
         }
@@ -128,6 +127,8 @@ pub(super) struct RawGrants<'a> {
     pub emit_topics: &'a [String],
     pub emit: &'a EmitConfig,
     pub secrets: &'a BTreeMap<String, String>,
+    /// The route's `max_instances`: the default of `http.max_idle_per_host`.
+    pub max_instances: usize,
 }
 
 /// Resolves a route's grants, adding every problem to `problems`.
@@ -141,7 +142,7 @@ pub(super) fn resolve(
         problems.extend(found.into_iter().map(|p| format!("{label}: {p}")));
         AllowList::default()
     });
-    let http = resolve_http(raw.http, label, base, problems);
+    let http = resolve_http(raw.http, raw.max_instances, label, base, problems);
     let mut emit_topics: Vec<String> = Vec::new();
     for topic in raw.emit_topics {
         if let Err(e) = check_name(topic) {
@@ -187,6 +188,7 @@ pub(super) fn resolve(
 
 fn resolve_http(
     raw: &HttpConfig,
+    max_instances: usize,
     label: &str,
     base: &Path,
     problems: &mut Vec<String>,
@@ -228,7 +230,10 @@ fn resolve_http(
         max_response_bytes,
         connect_timeout: raw.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
         first_byte_timeout: raw.first_byte_timeout,
-        max_idle_per_host: raw.max_idle_per_host.unwrap_or(DEFAULT_MAX_IDLE_PER_HOST),
+        // Every call running at once may hold a connection; keeping fewer
+        // idle would close and reopen connections (and TLS sessions) all the
+        // time.
+        max_idle_per_host: raw.max_idle_per_host.unwrap_or(max_instances),
         idle_timeout: raw.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
         ca_file,
     }

@@ -331,13 +331,20 @@ pub(super) fn resolve_route(
     if timeout.is_zero() {
         problems.push(format!("{label}: timeout must be more than 0s"));
     }
-    let mut grants = grants::resolve(
+    let max_instances = raw.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES);
+    if max_instances == 0 || max_instances > MAX_INSTANCES {
+        problems.push(format!(
+            "{label}: max_instances must be between 1 and {MAX_INSTANCES}, not {max_instances}"
+        ));
+    }
+    let grants = grants::resolve(
         RawGrants {
             allowed_hosts: &raw.allowed_hosts,
             http: &raw.http,
             emit_topics: &raw.emit_topics,
             emit: &raw.emit,
             secrets: &raw.secrets,
+            max_instances,
         },
         label,
         base,
@@ -359,17 +366,6 @@ pub(super) fn resolve_route(
         problems.push(format!(
             "{label}: max_in_flight must be between 1 and {MAX_IN_FLIGHT}, not {max_in_flight}"
         ));
-    }
-    let max_instances = raw.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES);
-    if max_instances == 0 || max_instances > MAX_INSTANCES {
-        problems.push(format!(
-            "{label}: max_instances must be between 1 and {MAX_INSTANCES}, not {max_instances}"
-        ));
-    }
-    // Every call running at once may hold a connection; keeping fewer idle
-    // would close and reopen connections (and TLS sessions) all the time.
-    if raw.http.max_idle_per_host.is_none() {
-        grants.http.max_idle_per_host = max_instances;
     }
     let breaker = raw.breaker.as_ref().map(|b| b.resolve(label, problems));
     if breaker.as_ref().is_some_and(|b| !b.pause_input) && max_attempts == 1 {

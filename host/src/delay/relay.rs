@@ -3,7 +3,7 @@
 
 use super::schedule::{Rejected, SCHEDULING, Schedule, Step, invalid, parse_schedule, step};
 use crate::clock::now_ms;
-use crate::config::DelayRelay;
+use crate::config::{DelayRelay, RELAY_ROUTE};
 use crate::dlq;
 use crate::events::{Event, Telemetry};
 use crate::headers;
@@ -108,7 +108,7 @@ impl KnownTopics {
                 }
                 Lookup::Unknown(why) => {
                     tracing::warn!(
-                        pipeline = "delay",
+                        pipeline = RELAY_ROUTE,
                         topic,
                         error = why,
                         retry_in_ms = backoff.as_millis() as u64,
@@ -170,26 +170,21 @@ impl DelayProcessor {
 
     /// Dead-letters a message that cannot be scheduled. The record keeps
     /// the scheduling headers as the producer sent them, so once the cause is
-    /// fixed it can be produced to the inbox again.
-    fn reject(&self, message: &OwnedMessage, id: String, rejected: Rejected) -> Action {
-        let envelope = headers::Envelope {
-            id,
-            attempts_made: 0,
-            origin: headers::Origin {
-                topic: message.topic().to_string(),
-                partition: message.partition(),
-                offset: message.offset(),
-                timestamp: message.timestamp().to_millis(),
-            },
-            first_failure_at: None,
-            trail: Vec::new(),
-            replays: headers::replay_count(message.headers()),
-        };
+    /// fixed it can be produced to the inbox again. Its id follows
+    /// [`headers::Envelope::fallback`], as a route's does.
+    fn reject(&self, message: &OwnedMessage, rejected: Rejected) -> Action {
+        let envelope = headers::Envelope::fallback(&headers::Incoming {
+            topic: message.topic(),
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp: message.timestamp().to_millis(),
+            headers: message.headers(),
+        });
         Action::Hop(dlq::plan(
             message,
             dlq::DeadLetter {
                 topic: &self.relay.dlq,
-                route: "delay",
+                route: RELAY_ROUTE,
                 envelope: &envelope,
                 attempts_made: 0,
                 reason: rejected.reason,
@@ -203,7 +198,7 @@ impl DelayProcessor {
 
 impl Processor for DelayProcessor {
     fn name(&self) -> &str {
-        "delay"
+        RELAY_ROUTE
     }
 
     fn hop_topics(&self) -> Vec<String> {
@@ -233,30 +228,19 @@ impl Processor for DelayProcessor {
             .unwrap_or(now);
         let schedule = match parse_schedule(
             message.headers(),
-            default_id.clone(),
+            default_id,
             reference,
             now,
             self.relay.max_delay,
         ) {
             Ok(schedule) => schedule,
-            Err(rejected) => {
-                // Keep the producer's id when it is usable, so the DLQ record
-                // can be matched to what was sent.
-                let id = match headers::text(message.headers(), headers::ID) {
-                    Ok(Some(id)) if !id.is_empty() && id.len() <= headers::MAX_ID_BYTES => {
-                        id.to_string()
-                    }
-                    _ => default_id,
-                };
-                return self.reject(message, id, rejected);
-            }
+            Err(rejected) => return self.reject(message, rejected),
         };
         // hopper's own topics, and those outside `[delay] targets`, are
         // refused on every pass: a rule may have changed since the inbox.
         if let Err(why) = self.relay.check_target(&schedule.target) {
             return self.reject(
                 message,
-                schedule.id,
                 Rejected {
                     reason: headers::Reason::InvalidTarget,
                     error: format!("header {}: {why}", headers::TARGET),
@@ -271,7 +255,7 @@ impl Processor for DelayProcessor {
         if from_inbox || !matches!(next, Step::Tier(_)) {
             if let Err(why) = self.topics.check(&schedule.target).await {
                 let error = format!("header {}: {why}", headers::TARGET);
-                return self.reject(message, schedule.id, invalid(error));
+                return self.reject(message, invalid(error));
             }
             // The lookup may have waited for an answer: time has moved on.
             now = now_ms();

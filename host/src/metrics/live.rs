@@ -59,11 +59,11 @@ impl Collector for Live {
         let held: Vec<_> = health
             .held()
             .into_iter()
-            .map(|(pipeline, (topic, partition), due)| {
+            .map(|(pipeline, tp, due)| {
                 let labels = vec![
                     ("pipeline", pipeline),
-                    ("topic", topic),
-                    ("partition", partition.to_string()),
+                    ("topic", tp.topic),
+                    ("partition", tp.partition.to_string()),
                 ];
                 (labels, (due - now) as f64 / 1000.0)
             })

@@ -20,6 +20,7 @@ use crate::clock::now_ms;
 use crate::config::{Config, RELAY_ROUTE};
 use crate::headers::Reason;
 use crate::health::Health;
+use crate::types::{HopFailure, VerdictKind};
 use prometheus_client::metrics::counter::Counter as PromCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
@@ -65,9 +66,8 @@ struct RouteCounters {
     emitted: Counter,
     /// `hopper_emitted_records_total{result=discarded}`.
     emits_discarded: Counter,
-    /// `hopper_hop_failures_total` by outcome: `retried`, `dead_lettered`,
-    /// `halted`.
-    hop_failures: HashMap<&'static str, Counter>,
+    /// `hopper_hop_failures_total` by outcome.
+    hop_failures: HashMap<HopFailure, Counter>,
     /// Registered only for a route with a circuit breaker.
     breaker: Option<BreakerCounters>,
 }
@@ -79,10 +79,6 @@ struct BreakerCounters {
     closed: Counter,
     deferred: Counter,
 }
-
-/// What became of a hop the broker did not acknowledge
-/// (`events::Event::HopFailed`).
-pub const HOP_FAILURE_OUTCOMES: [&str; 3] = ["retried", "dead_lettered", "halted"];
 
 /// The delay relay's counters.
 struct RelayCounters {
@@ -98,8 +94,8 @@ struct RelayCounters {
 pub struct RouteMetrics {
     /// `None` with metrics off.
     pub consumed: Option<Counter>,
-    /// By outcome label.
-    pub outcomes: HashMap<&'static str, Counter>,
+    /// By verdict kind.
+    pub outcomes: HashMap<VerdictKind, Counter>,
     /// `None` with metrics off: the call is then not timed at all.
     pub call_duration: Option<Histogram>,
 }
@@ -310,10 +306,11 @@ impl Metrics {
                     "hopper_emitted_records",
                     vec![("route", route.into()), ("result", "discarded".into())],
                 ),
-                hop_failures: HOP_FAILURE_OUTCOMES
+                hop_failures: HopFailure::ALL
                     .into_iter()
                     .map(|outcome| {
-                        let labels = vec![("route", route.into()), ("outcome", outcome.into())];
+                        let labels =
+                            vec![("route", route.into()), ("outcome", outcome.to_string())];
                         let counter =
                             metrics.register(&hop_failures, "hopper_hop_failures", labels);
                         (outcome, counter)
@@ -359,18 +356,18 @@ impl Metrics {
 
     /// The handles of route `route`'s processor, registered now; called
     /// once per route, at start.
-    pub fn route(&self, route: &str, outcomes: &[&'static str]) -> RouteMetrics {
+    pub fn route(&self, route: &str) -> RouteMetrics {
         let label = || ("route", route.to_string());
         RouteMetrics {
             consumed: self
                 .enabled
                 .then(|| self.register(&self.consumed, "hopper_messages_consumed", vec![label()])),
-            outcomes: outcomes
-                .iter()
-                .map(|outcome| {
-                    let labels = vec![label(), ("outcome", outcome.to_string())];
+            outcomes: VerdictKind::ALL
+                .into_iter()
+                .map(|kind| {
+                    let labels = vec![label(), ("outcome", kind.to_string())];
                     let counter = self.register(&self.outcomes, "hopper_handler_outcomes", labels);
-                    (*outcome, counter)
+                    (kind, counter)
                 })
                 .collect(),
             call_duration: self
@@ -454,13 +451,12 @@ impl Metrics {
         }
     }
 
-    /// A hop of `route` was not acknowledged; `outcome` is one of
-    /// [`HOP_FAILURE_OUTCOMES`].
-    pub fn hop_failed(&self, route: &str, outcome: &str) {
+    /// A hop of `route` was not acknowledged.
+    pub fn hop_failed(&self, route: &str, outcome: HopFailure) {
         if let Some(counter) = self
             .routes
             .get(route)
-            .and_then(|r| r.hop_failures.get(outcome))
+            .and_then(|r| r.hop_failures.get(&outcome))
         {
             counter.inc();
         }

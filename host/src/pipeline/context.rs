@@ -38,7 +38,11 @@ impl ConsumerContext for PipelineContext {
             for tp in &revoked {
                 if let Some(position) = trackers.get(tp).and_then(|t| t.lock().unwrap().position())
                 {
-                    let _ = commit.add_partition_offset(&tp.0, tp.1, Offset::Offset(position));
+                    let _ = commit.add_partition_offset(
+                        &tp.topic,
+                        tp.partition,
+                        Offset::Offset(position),
+                    );
                 }
             }
         }
@@ -75,13 +79,13 @@ impl ConsumerContext for PipelineContext {
 pub(super) fn partitions(tpl: &TopicPartitionList) -> Vec<TopicPartition> {
     tpl.elements()
         .iter()
-        .map(|e| (e.topic().to_string(), e.partition()))
+        .map(|e| TopicPartition::new(e.topic(), e.partition()))
         .collect()
 }
 
 pub(super) fn tpl_of(tp: &TopicPartition) -> TopicPartitionList {
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(&tp.0, tp.1);
+    tpl.add_partition(&tp.topic, tp.partition);
     tpl
 }
 

@@ -14,9 +14,12 @@
 //! contiguous prefix of done offsets is ever committed.
 //!
 //! Nothing here blocks the loop: a partition whose queue is full is paused at
-//! the broker (and resumed at half), the blocking seek of a hold runs on a
-//! blocking thread, and a failed pause, seek or resume is retried on the next
-//! tick, never dropped. One slow partition holds up only itself.
+//! the broker (and resumed when a quarter of its queue has started), the
+//! blocking seek of a hold runs on a blocking thread, and a failed pause, seek
+//! or resume is retried on the next tick, never dropped. One slow partition
+//! holds up only itself. A partition is paused only by a full queue, a hold
+//! (`rewind.rs`) or the processor's suspension (`suspend.rs`: a route's open
+//! breaker).
 //!
 //! What happens to a message is the [`Processor`]'s business: a route calls
 //! its handler, the delay relay moves the message one tier closer to its
@@ -283,15 +286,15 @@ impl<P: Processor> Loop<P> {
         let offset = message.offset();
         let (topic, partition) = (message.topic(), message.partition());
         if !self.rewinds.is_empty() {
-            let tp = (topic.to_string(), partition);
+            let tp = TopicPartition::new(topic, partition);
             if self.rewinds.contains_key(&tp) {
                 // Fetched before the rewind took hold: read again after it.
                 return;
             }
         }
         if let Some(due) = self.shared.processor.due_at(&message) {
-            let tp = (topic.to_string(), partition);
-            match self.hold.gate(&tp, offset, due, now_ms()) {
+            let tp = TopicPartition::new(topic, partition);
+            match self.hold.gate(&tp, due, now_ms()) {
                 Gate::Pass => {}
                 Gate::Discard => return,
                 Gate::Hold { .. } => {
@@ -323,7 +326,7 @@ impl<P: Processor> Loop<P> {
     /// The partition `(topic, partition)`, created on its first message.
     fn partition(&mut self, topic: &str, partition: i32) -> &mut Partition<P> {
         if self.get_by(topic, partition).is_none() {
-            let tp = (topic.to_string(), partition);
+            let tp = TopicPartition::new(topic, partition);
             let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
             self.shared
                 .trackers
@@ -344,12 +347,12 @@ impl<P: Processor> Loop<P> {
                     Ordering::Partition => 1,
                     _ => max_in_flight.max(1),
                 },
-                half: self.queue / 4 * 3,
+                resume_at: self.queue / 4 * 3,
                 wake: tokio::sync::Notify::new(),
                 scheduler: self.scheduler.clone(),
                 notices: self.notices_tx.clone(),
             };
-            self.partitions.entry(tp.0).or_default().insert(
+            self.partitions.entry(tp.topic).or_default().insert(
                 partition,
                 Partition {
                     lane: Arc::new(lane),
@@ -366,7 +369,7 @@ impl<P: Processor> Loop<P> {
     }
 
     fn get(&mut self, tp: &TopicPartition) -> Option<&mut Partition<P>> {
-        self.get_by(&tp.0, tp.1)
+        self.get_by(&tp.topic, tp.partition)
     }
 
     /// Starts runners for `tp`'s waiting messages, as many as its
@@ -429,7 +432,10 @@ impl<P: Processor> Loop<P> {
                     self.resume_failed.remove(&tp);
                     self.suspended.remove(&tp);
                     self.shared.trackers.lock().unwrap().remove(&tp);
-                    let removed = self.partitions.get_mut(&tp.0).and_then(|p| p.remove(&tp.1));
+                    let removed = self
+                        .partitions
+                        .get_mut(&tp.topic)
+                        .and_then(|p| p.remove(&tp.partition));
                     let Some(partition) = removed else { continue };
                     // Queued messages are left for the partition's next
                     // owner; running calls finish, uncommitted.
@@ -479,7 +485,7 @@ impl<P: Processor> Loop<P> {
             }
             Err(e) => {
                 if self.resume_failed.insert(tp.clone()) {
-                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot resume partition; retrying.");
+                    tracing::warn!(pipeline = self.name, topic = tp.topic, partition = tp.partition, error = %e, "Cannot resume partition; retrying.");
                 }
             }
         }
@@ -492,7 +498,7 @@ impl<P: Processor> Loop<P> {
         if let Some(p) = self.get(tp) {
             p.pause_failed = result.is_err();
             if let Err(e) = result {
-                tracing::warn!(pipeline = name, topic = tp.0, partition = tp.1, error = %e, "Cannot pause a full partition; retrying.");
+                tracing::warn!(pipeline = name, topic = tp.topic, partition = tp.partition, error = %e, "Cannot pause a full partition; retrying.");
             }
         }
     }
@@ -538,7 +544,7 @@ fn store_positions<P>(
     for partition in partitions.values().flat_map(|p| p.values()) {
         if let Some(position) = partition.lane.tracker.lock().unwrap().take_unstored() {
             let tp = &partition.lane.tp;
-            let _ = tpl.add_partition_offset(&tp.0, tp.1, Offset::Offset(position));
+            let _ = tpl.add_partition_offset(&tp.topic, tp.partition, Offset::Offset(position));
         }
     }
     if tpl.count() == 0 {
@@ -577,7 +583,7 @@ mod tests {
     async fn the_drain_ends_when_the_last_runner_reports() {
         let queues = vec![running(1), running(2)];
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let tp = Arc::new(("in".to_string(), 0));
+        let tp = Arc::new(TopicPartition::new("in", 0));
         let start = tokio::time::Instant::now();
         let ending = queues.clone();
         tokio::spawn(async move {
@@ -606,7 +612,7 @@ mod tests {
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
             ending[0].lock().unwrap().running = 0;
-            let _ = tx.send(Notice::Idle(Arc::new(("in".to_string(), 0))));
+            let _ = tx.send(Notice::Idle(Arc::new(TopicPartition::new("in", 0))));
             // Keeps the channel open: the drain must not end on its close.
             tokio::time::sleep(Duration::from_secs(3600)).await;
         });

@@ -48,7 +48,7 @@ impl<P: Processor> Loop<P> {
             match self.shared.consumer.pause(&tpl_of(&tp)) {
                 Ok(()) => rewind.paused = true,
                 Err(e) => {
-                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot pause partition; retrying.");
+                    tracing::warn!(pipeline = self.name, topic = tp.topic, partition = tp.partition, error = %e, "Cannot pause partition; retrying.");
                     return;
                 }
             }
@@ -60,7 +60,12 @@ impl<P: Processor> Loop<P> {
         let consumer = self.shared.consumer.clone();
         let seeked = self.seeked_tx.clone();
         tokio::task::spawn_blocking(move || {
-            let result = consumer.seek(&tp.0, tp.1, Offset::Offset(offset), SEEK_TIMEOUT);
+            let result = consumer.seek(
+                &tp.topic,
+                tp.partition,
+                Offset::Offset(offset),
+                SEEK_TIMEOUT,
+            );
             let _ = seeked.send(Seeked { tp, offset, result });
         });
     }
@@ -74,7 +79,7 @@ impl<P: Processor> Loop<P> {
         }
         rewind.seeking = false;
         if let Err(e) = seek.result {
-            tracing::warn!(pipeline = self.name, topic = seek.tp.0, partition = seek.tp.1, error = %e, "Cannot seek partition back to its held message; retrying.");
+            tracing::warn!(pipeline = self.name, topic = seek.tp.topic, partition = seek.tp.partition, error = %e, "Cannot seek partition back to its held message; retrying.");
             return;
         }
         let rewind = self.rewinds.remove(&seek.tp).expect("found above");

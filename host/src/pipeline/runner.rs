@@ -90,8 +90,9 @@ pub(super) struct Lane<P> {
     pub queue: Arc<Mutex<Queue>>,
     /// Runners at once, at most: `max_in_flight`, 1 under `partition`.
     pub max: usize,
-    /// A full queue is resumed at this length.
-    pub half: usize,
+    /// A full (paused) queue is resumed once it is down to this length:
+    /// three quarters of its size.
+    pub resume_at: usize,
     /// Wakes a parked runner.
     pub wake: tokio::sync::Notify,
     pub scheduler: mpsc::UnboundedSender<Scheduled>,
@@ -100,7 +101,8 @@ pub(super) struct Lane<P> {
 
 /// What runners tell the loop.
 pub(super) enum Notice {
-    /// A full partition's queue is down to half: resume it.
+    /// A full partition's queue is down to [`Lane::resume_at`] messages and
+    /// three quarters of its bytes: resume it.
     Drained(Arc<TopicPartition>),
     /// The last runner of a closed (revoked) queue ended.
     Idle(Arc<TopicPartition>),
@@ -153,7 +155,7 @@ pub(super) async fn run_lane<P: Processor>(lane: Arc<Lane<P>>) {
                         }
                     }
                     if queue.full
-                        && queue.len() <= lane.half
+                        && queue.len() <= lane.resume_at
                         && queue.bytes <= MAX_QUEUE_BYTES / 4 * 3
                     {
                         queue.full = false;
@@ -188,7 +190,7 @@ pub(super) async fn run_lane<P: Processor>(lane: Arc<Lane<P>>) {
         let done = Completion::new(offset, lane.tracker.clone());
         let call = call(lane.shared.clone(), message, done, lane.scheduler.clone());
         if AssertUnwindSafe(call).catch_unwind().await.is_err() {
-            let (topic, partition) = (&lane.tp.0, lane.tp.1);
+            let (topic, partition) = (&lane.tp.topic, lane.tp.partition);
             lane.shared.halt.fail(format!(
                 "processing {topic}[{partition}]@{offset} panicked; nothing from that offset on is committed"
             ));

@@ -27,7 +27,7 @@ impl<P: Processor> Loop<P> {
             Err(_) => return, // tried again on the next tick
         };
         let mut now_suspended = HashSet::new();
-        for tp in assigned.iter().filter(|tp| topics.contains(&tp.0)) {
+        for tp in assigned.iter().filter(|tp| topics.contains(&tp.topic)) {
             if self.suspended.contains(tp) {
                 now_suspended.insert(tp.clone());
                 continue;
@@ -35,7 +35,7 @@ impl<P: Processor> Loop<P> {
             match self.shared.consumer.pause(&tpl_of(tp)) {
                 Ok(()) => _ = now_suspended.insert(tp.clone()),
                 Err(e) => {
-                    tracing::warn!(pipeline = self.name, topic = tp.0, partition = tp.1, error = %e, "Cannot suspend partition; trying again.")
+                    tracing::warn!(pipeline = self.name, topic = tp.topic, partition = tp.partition, error = %e, "Cannot suspend partition; trying again.")
                 }
             }
         }

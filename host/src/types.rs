@@ -1,0 +1,111 @@
+//! The things hopper talks about, as types of their own: a topic's
+//! partition, the kind of a handler's verdict, and what became of a hop the
+//! broker did not acknowledge. Every layer may use them; they use nothing.
+
+use std::fmt;
+
+/// A partition of a topic.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TopicPartition {
+    pub topic: String,
+    pub partition: i32,
+}
+
+impl TopicPartition {
+    pub fn new(topic: impl Into<String>, partition: i32) -> Self {
+        TopicPartition {
+            topic: topic.into(),
+            partition,
+        }
+    }
+}
+
+impl fmt::Display for TopicPartition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}[{}]", self.topic, self.partition)
+    }
+}
+
+/// The kind of a handler's verdict: its label in logs, events and the
+/// `verdict` label of `hopper_handler_calls_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum VerdictKind {
+    Ok,
+    Retryable,
+    Fatal,
+    /// The guest trapped (HANDLER_TRAP).
+    Trap,
+    /// The call ran out of time (HANDLER_TIMEOUT).
+    Timeout,
+    /// The guest hit its memory cap (HANDLER_MEMORY).
+    Memory,
+}
+
+impl VerdictKind {
+    pub const ALL: [VerdictKind; 6] = [
+        VerdictKind::Ok,
+        VerdictKind::Retryable,
+        VerdictKind::Fatal,
+        VerdictKind::Trap,
+        VerdictKind::Timeout,
+        VerdictKind::Memory,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            VerdictKind::Ok => "ok",
+            VerdictKind::Retryable => "retryable",
+            VerdictKind::Fatal => "fatal",
+            VerdictKind::Trap => "trap",
+            VerdictKind::Timeout => "timeout",
+            VerdictKind::Memory => "memory",
+        }
+    }
+}
+
+impl fmt::Display for VerdictKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What became of a hop the broker did not acknowledge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum HopFailure {
+    /// A transient error: the hop is produced again, with backoff.
+    Retried,
+    /// Refused for good: its message is dead-lettered instead.
+    DeadLettered,
+    /// A dead-letter record refused for good: the pipeline stops.
+    Halted,
+}
+
+impl HopFailure {
+    pub const ALL: [HopFailure; 3] = [
+        HopFailure::Retried,
+        HopFailure::DeadLettered,
+        HopFailure::Halted,
+    ];
+
+    /// The `outcome` label of `hopper_hop_failures_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HopFailure::Retried => "retried",
+            HopFailure::DeadLettered => "dead_lettered",
+            HopFailure::Halted => "halted",
+        }
+    }
+}
+
+impl fmt::Display for HopFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Lets tests and logs compare a kind with its label: `kind == "ok"`.
+impl PartialEq<&str> for VerdictKind {
+    fn eq(&self, label: &&str) -> bool {
+        self.as_str() == *label
+    }
+}
