@@ -119,7 +119,10 @@ async fn run_scenario(stem: &'static str) -> Run {
                 if verdict == "ok" {
                     settled += 1;
                 }
-                calls.entry(id).or_default().push((attempt, verdict.as_str()));
+                calls
+                    .entry(id)
+                    .or_default()
+                    .push((attempt, verdict.as_str()));
             }
             Event::DeadLettered { .. } => settled += 1,
             _ => {}

@@ -171,7 +171,11 @@ async fn a_replayed_record_is_handled_again_and_each_replay_is_counted_on_it() {
             },
         )
         .await;
-        assert_eq!((attempt, verdict.as_str()), (1, "ok"), "attempts start over");
+        assert_eq!(
+            (attempt, verdict.as_str()),
+            (1, "ok"),
+            "attempts start over"
+        );
         let list = listing(addr, &route.name).await;
         assert_eq!(
             list["records"][0]["replayed"], round,
