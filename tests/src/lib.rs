@@ -295,6 +295,25 @@ pub async fn consume_until(
     }
 }
 
+/// Records on `topics` now: the sum of their partitions' high less low
+/// watermarks on the test broker.
+pub fn records_on(topics: &[String]) -> i64 {
+    let consumer: rdkafka::consumer::BaseConsumer = client_config().create().unwrap();
+    let mut sum = 0;
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+        for p in metadata.topics()[0].partitions() {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("watermarks of {topic}[{}]: {e}", p.id()));
+            sum += high - low;
+        }
+    }
+    sum
+}
+
 /// The offsets `group` has committed on `topic`, summed over the topic's
 /// partitions (a partition without a commit counts 0), read from the test
 /// broker.
