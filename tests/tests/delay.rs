@@ -293,6 +293,12 @@ async fn a_killed_relay_loses_nothing_and_delivers_nothing_early() {
     // Killed once the relay has taken every message from its inbox (into
     // its tiers, or delivered) and committed them there.
     until_committed_on(&inbox, &inbox, 30).await;
+    let delivered = records_on(std::slice::from_ref(&target));
+    eprintln!("kill -9 with {delivered} of 30 delivered");
+    assert!(
+        delivered < 30,
+        "the kill lands while messages wait in the relay's tiers"
+    );
     first.kill().expect("kill -9");
     first.wait().unwrap();
     let mut second = spawn();
