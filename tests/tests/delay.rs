@@ -175,7 +175,10 @@ async fn bad_input_goes_to_the_delay_dlq_and_the_relay_keeps_going() {
     let (config, inbox, target) = relay_with_target().await;
     let hopper = config.start().await;
     let producer = producer();
-    let cases: [(&str, Vec<(&str, String)>); 5] = [
+    // An id over 256 bytes: dead-lettered under the id cut to 256 bytes,
+    // as a route does (`Envelope::fallback`).
+    let long_id = "L".repeat(300);
+    let cases: [(&str, Vec<(&str, String)>); 6] = [
         ("no-target", vec![("hopper-delay", "1s".into())]),
         (
             "bad-time",
@@ -199,6 +202,13 @@ async fn bad_input_goes_to_the_delay_dlq_and_the_relay_keeps_going() {
             ],
         ),
         (
+            long_id.as_str(),
+            vec![
+                ("hopper-target", target.clone()),
+                ("hopper-delay", "1s".into()),
+            ],
+        ),
+        (
             "past",
             vec![
                 ("hopper-target", target.clone()),
@@ -211,14 +221,14 @@ async fn bad_input_goes_to_the_delay_dlq_and_the_relay_keeps_going() {
         all.push(("hopper-id", id));
         produce(&producer, &inbox, None, id, &all).await;
     }
-    let dlq = consume(&format!("{inbox}.dlq"), 4, PATIENCE).await;
+    let dlq = consume(&format!("{inbox}.dlq"), 5, PATIENCE).await;
     let mut got: HashMap<String, (String, String)> = HashMap::new();
     for m in &dlq {
         let (h, _) = header_map(m);
-        assert_eq!(
-            m.payload().unwrap(),
-            h["hopper-id"].as_bytes(),
-            "payload kept"
+        let id = h["hopper-id"].trim_end_matches('…');
+        assert!(
+            m.payload().unwrap().starts_with(id.as_bytes()),
+            "payload kept under {id}"
         );
         got.insert(
             h["hopper-id"].clone(),
@@ -239,6 +249,12 @@ async fn bad_input_goes_to_the_delay_dlq_and_the_relay_keeps_going() {
     assert_eq!(
         got["no-topic"].1,
         format!("header hopper-target: topic `{target}-missing` does not exist")
+    );
+    let cut = format!("{}…", "L".repeat(256 - '…'.len_utf8()));
+    assert_eq!(got[&cut].0, "INVALID_ENVELOPE");
+    assert_eq!(
+        got[&cut].1,
+        "header hopper-id: must be 1 to 256 bytes, not 300"
     );
     assert_eq!(got["too-long"].0, "DELAY_TOO_LONG");
     assert!(
