@@ -1,184 +1,566 @@
-//! Named events: each one writes its log line, bumps its counter and is
-//! broadcast to observers (the demo's live view and tests).
+//! Named events, one type each, as vector's `internal_events`: the type
+//! holds what happened, and its [`InternalEvent::record`] writes its log line
+//! and bumps its counter. [`Telemetry::emit`] records an event and
+//! broadcasts it to observers (the demo's live view and tests).
 //!
-//! Which metric an event bumps is decided in one place: the match in
-//! [`Telemetry::emit`], one arm per event.
-//! Counter labels stay low-cardinality: route, tier, reason, outcome — never a
-//! key or an id. Ids appear only in log lines and broadcast events.
+//! Adding an event is its type and its `impl InternalEvent` here, its name
+//! in the `events!` list below, and one `telemetry.emit(...)` where it
+//! happens. A hop's event rides on its [`crate::hop::PlannedHop`] and is
+//! emitted when the broker acknowledges the hop, never when it is planned.
+//!
+//! Three events happen on a message's path, so they follow the hot-path
+//! rule (no lock, no lookup, no formatting per message): [`Handled`],
+//! [`HttpRequest`] and [`HttpDenied`] are counted through handles their route
+//! registered at start (`metrics::RouteMetrics`, the grants' counters, as
+//! vector's registered events are) and logged where they happen; their
+//! types are built only when someone observes.
+//!
+//! Counter labels stay low-cardinality: route, tier, reason, outcome, never
+//! a key or an id. Ids appear only in log lines and broadcast events.
 
 use crate::config::Config;
 use crate::headers::Reason;
 use crate::health::Health;
 use crate::metrics::Metrics;
+use crate::types::{HopFailure, VerdictKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 
-/// Something that happened to one message, or to a route's handler.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Event {
-    /// A handler call finished.
-    Handled {
-        route: String,
-        id: String,
-        topic: String,
-        partition: i32,
-        offset: i64,
-        attempt: u32,
-        verdict: VerdictKind,
-        /// sha256 of the handler version that ran.
-        version: String,
-        at_ms: i64,
-    },
-    /// The message was produced to a retry tier and acknowledged.
-    RetryScheduled {
-        route: String,
-        id: String,
-        attempt: u32,
-        topic: String,
-        delay: Duration,
-        reason: Reason,
-        /// sha256 of the handler version that asked for the retry.
-        version: Option<String>,
-    },
-    /// The message was produced to a dead-letter topic and acknowledged.
-    DeadLettered {
-        route: String,
-        id: String,
-        attempt: u32,
-        topic: String,
-        reason: Reason,
-        error: String,
-        /// sha256 of the handler version whose verdict sent it there; `None`
-        /// when no handler ran (the delay relay, a bad envelope).
-        version: Option<String>,
-    },
-    /// The delay relay forwarded a message to its target and it was
-    /// acknowledged.
-    Delivered {
-        id: String,
-        target: String,
-        deliver_at: i64,
-    },
-    /// A new handler version is serving the route. Calls already running
-    /// finish on the old one.
-    HandlerReloaded {
-        route: String,
-        handler: String,
-        /// sha256 of the version that served until now.
-        old_version: String,
-        /// sha256 of the version that serves from now on.
-        new_version: String,
-        /// From the first file event of the change to the swap.
-        took: Duration,
-        /// The compiled artifact came from the cache; nothing was compiled.
-        cached: bool,
-    },
-    /// A changed handler file could not be loaded; the old version keeps
-    /// serving.
-    HandlerReloadFailed {
-        route: String,
-        /// sha256 of the version that keeps serving.
-        version: String,
-        error: String,
-    },
-    /// A handler's HTTP request got a response head, or failed to.
-    HttpRequest {
-        route: String,
-        /// The message being handled.
-        id: String,
-        /// sha256 of the handler version that sent it.
-        version: String,
-        method: String,
-        /// `scheme://authority/path`: no query, secrets redacted.
-        url: String,
-        /// The response status; `None` when no response came.
-        status: Option<u16>,
-        /// Why no response came.
-        error: Option<String>,
-        /// From sending the request to its response head.
-        took: Duration,
-    },
-    /// A handler's HTTP request was refused by the route's grants: a host
-    /// not in `allowed_hosts`, a guarded address, or one request past
-    /// `http.max_requests`.
-    HttpDenied {
-        route: String,
-        id: String,
-        version: String,
-        method: String,
-        url: String,
-        reason: String,
-    },
-    /// A record a handler emitted was produced and acknowledged.
-    Emitted {
-        route: String,
-        /// The emitted record's own id: `<message id>/emit/<index>`.
-        id: String,
-        /// The topic it is for (the delay relay's inbox holds it until
-        /// `deliver_at` when delayed).
-        topic: String,
-        /// Epoch ms, for a delayed record.
-        deliver_at: Option<i64>,
-    },
-    /// The broker did not acknowledge a hop. A transient error is retried
-    /// with backoff; a hop refused for good is dead-lettered instead; a
-    /// dead-letter record refused for good stops the pipeline.
-    HopFailed {
-        /// The route, or `delay` for the relay.
-        route: String,
-        /// The topic the hop was for.
-        topic: String,
-        error: String,
-        outcome: HopFailure,
-    },
-    /// Records a handler emitted were dropped, because its verdict was not
-    /// `ok`.
-    EmitsDiscarded {
-        route: String,
-        /// The message whose call emitted them.
-        id: String,
-        count: usize,
-        verdict: VerdictKind,
-    },
-    /// A route's circuit breaker opened: its retry tiers (and its inputs,
-    /// with `pause_input`) are paused for `cool_down`.
-    BreakerOpened {
-        route: String,
-        /// Retryable verdicts among the last `calls` calls (1 of 1 when a
-        /// half-open probe reopened it).
-        retryable: u32,
-        calls: u32,
-        cool_down: Duration,
-        /// Reopened by a retryable probe, rather than opened from closed.
-        reopened: bool,
-    },
-    /// The cool-down is over: the breaker lets `probes` messages through.
-    BreakerHalfOpen { route: String, probes: u32 },
-    /// A half-open breaker's probe was handled.
-    BreakerProbed {
-        route: String,
-        id: String,
-        verdict: VerdictKind,
-    },
-    /// Every probe passed: the route consumes its tiers again.
-    BreakerClosed {
-        route: String,
-        /// Since the breaker opened from closed.
-        open_for: Duration,
-    },
-    /// A tier message that reached an open breaker went back to its tier,
-    /// attempts unchanged, and was acknowledged.
-    BreakerDeferred {
-        route: String,
-        id: String,
-        topic: String,
-    },
+pub use crate::metrics::Counter;
+
+/// One kind of event: writes its log line and bumps its counter.
+pub trait InternalEvent: Into<Event> {
+    fn record(&self, metrics: &Metrics);
 }
 
-pub use crate::metrics::Counter;
-use crate::types::{HopFailure, VerdictKind};
+/// Declares [`Event`], one variant per event type, and its dispatch.
+macro_rules! events {
+    ($($name:ident),* $(,)?) => {
+        /// Something that happened to one message, or to a route's handler,
+        /// as observers receive it.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Event {
+            $($name($name),)*
+        }
+
+        impl Event {
+            /// Writes the event's log line and bumps its counter.
+            pub fn record(&self, metrics: &Metrics) {
+                match self {
+                    $(Event::$name(event) => event.record(metrics),)*
+                }
+            }
+        }
+
+        $(impl From<$name> for Event {
+            fn from(event: $name) -> Event {
+                Event::$name(event)
+            }
+        })*
+    };
+}
+
+/// An event in its broadcast form records as its type does: a hop's event
+/// travels as an [`Event`] until the broker acknowledges the hop.
+impl InternalEvent for Event {
+    fn record(&self, metrics: &Metrics) {
+        Event::record(self, metrics)
+    }
+}
+
+events! {
+    Handled,
+    RetryScheduled,
+    DeadLettered,
+    Delivered,
+    TierHop,
+    HandlerReloaded,
+    HandlerReloadFailed,
+    HttpRequest,
+    HttpDenied,
+    Emitted,
+    HopFailed,
+    EmitsDiscarded,
+    BreakerOpened,
+    BreakerHalfOpen,
+    BreakerProbed,
+    BreakerClosed,
+    BreakerDeferred,
+}
+
+/// A handler call finished. Counted and logged in route.rs through the
+/// route's registered handles.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Handled {
+    pub route: String,
+    pub id: String,
+    pub topic: String,
+    pub partition: i32,
+    pub offset: i64,
+    pub attempt: u32,
+    pub verdict: VerdictKind,
+    /// sha256 of the handler version that ran.
+    pub version: String,
+    pub at_ms: i64,
+}
+
+impl InternalEvent for Handled {
+    fn record(&self, _: &Metrics) {}
+}
+
+/// The message was produced to a retry tier and acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryScheduled {
+    pub route: String,
+    pub id: String,
+    pub attempt: u32,
+    pub topic: String,
+    pub delay: Duration,
+    pub reason: Reason,
+    /// sha256 of the handler version that asked for the retry.
+    pub version: Option<String>,
+}
+
+impl InternalEvent for RetryScheduled {
+    fn record(&self, metrics: &Metrics) {
+        tracing::info!(
+            route = self.route,
+            id = self.id,
+            attempt = self.attempt,
+            version = self.version.as_deref().map(short),
+            tier = self.topic,
+            delay = %humantime::format_duration(self.delay),
+            reason = self.reason.as_str(),
+            "Retry scheduled."
+        );
+        if let Some(counter) = metrics
+            .route(&self.route)
+            .and_then(|r| r.retries.get(&self.topic))
+        {
+            counter.inc();
+        }
+    }
+}
+
+/// The message was produced to a dead-letter topic and acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLettered {
+    pub route: String,
+    pub id: String,
+    pub attempt: u32,
+    pub topic: String,
+    pub reason: Reason,
+    pub error: String,
+    /// sha256 of the handler version whose verdict sent it there; `None`
+    /// when no handler ran (the delay relay, a bad envelope).
+    pub version: Option<String>,
+}
+
+impl InternalEvent for DeadLettered {
+    fn record(&self, metrics: &Metrics) {
+        tracing::warn!(
+            route = self.route,
+            id = self.id,
+            attempt = self.attempt,
+            version = self.version.as_deref().map(short),
+            dlq = self.topic,
+            reason = self.reason.as_str(),
+            error = self.error,
+            "Message dead-lettered."
+        );
+        if let Some(counter) = metrics
+            .route(&self.route)
+            .and_then(|r| r.dead_lettered.get(&self.reason))
+        {
+            counter.inc();
+        }
+    }
+}
+
+/// The delay relay forwarded a message to its target and it was
+/// acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Delivered {
+    pub id: String,
+    pub target: String,
+    pub deliver_at: i64,
+}
+
+impl InternalEvent for Delivered {
+    fn record(&self, metrics: &Metrics) {
+        let late_ms = crate::clock::now_ms() - self.deliver_at;
+        let (id, target, deliver_at) = (&self.id, &self.target, self.deliver_at);
+        tracing::debug!(
+            id,
+            target,
+            deliver_at,
+            late_ms,
+            "Delayed message delivered."
+        );
+        if late_ms > 1000 {
+            tracing::warn!(
+                id,
+                target,
+                deliver_at,
+                late_ms,
+                "Delayed message delivered late."
+            );
+        }
+        if let Some(relay) = metrics.relay() {
+            relay.delivered.inc();
+            if late_ms < 0 {
+                relay.early.inc();
+            } else if metrics.enabled() {
+                relay
+                    .lateness
+                    .observe(Duration::from_millis(late_ms as u64));
+            }
+        }
+    }
+}
+
+/// The delay relay moved a message down to a delay tier, and the tier's
+/// record was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierHop {
+    pub id: String,
+    /// The tier topic.
+    pub tier: String,
+}
+
+impl InternalEvent for TierHop {
+    fn record(&self, metrics: &Metrics) {
+        tracing::trace!(
+            id = self.id,
+            tier = self.tier,
+            "Delayed message moved down a tier."
+        );
+        if let Some(counter) = metrics.relay().and_then(|r| r.tier_hops.get(&self.tier)) {
+            counter.inc();
+        }
+    }
+}
+
+/// A new handler version is serving the route. Calls already running
+/// finish on the old one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerReloaded {
+    pub route: String,
+    pub handler: String,
+    /// sha256 of the version that served until now.
+    pub old_version: String,
+    /// sha256 of the version that serves from now on.
+    pub new_version: String,
+    /// From the first file event of the change to the swap.
+    pub took: Duration,
+    /// The compiled artifact came from the cache; nothing was compiled.
+    pub cached: bool,
+}
+
+impl InternalEvent for HandlerReloaded {
+    fn record(&self, metrics: &Metrics) {
+        tracing::info!(
+            route = self.route,
+            handler = self.handler,
+            old_version = short(&self.old_version),
+            new_version = short(&self.new_version),
+            took_ms = self.took.as_secs_f64() * 1000.0,
+            cached = self.cached,
+            "Handler reloaded."
+        );
+        if let Some(route) = metrics.route(&self.route) {
+            route.reloads_ok.inc();
+        }
+    }
+}
+
+/// A changed handler file could not be loaded; the old version keeps
+/// serving.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandlerReloadFailed {
+    pub route: String,
+    /// sha256 of the version that keeps serving.
+    pub version: String,
+    pub error: String,
+}
+
+impl InternalEvent for HandlerReloadFailed {
+    fn record(&self, metrics: &Metrics) {
+        tracing::error!(
+            route = self.route,
+            serving_version = short(&self.version),
+            error = self.error,
+            "Handler reload failed; the old version keeps serving."
+        );
+        if let Some(route) = metrics.route(&self.route) {
+            route.reloads_failed.inc();
+        }
+    }
+}
+
+/// A handler's HTTP request got a response head, or failed to. Counted and
+/// logged in plugin/http.rs through the route's grant counters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpRequest {
+    pub route: String,
+    /// The message being handled.
+    pub id: String,
+    /// sha256 of the handler version that sent it.
+    pub version: String,
+    pub method: String,
+    /// `scheme://authority/path`: no query, secrets redacted.
+    pub url: String,
+    /// The response status; `None` when no response came.
+    pub status: Option<u16>,
+    /// Why no response came.
+    pub error: Option<String>,
+    /// From sending the request to its response head.
+    pub took: Duration,
+}
+
+impl InternalEvent for HttpRequest {
+    fn record(&self, _: &Metrics) {}
+}
+
+/// A handler's HTTP request was refused by the route's grants: a host not
+/// in `allowed_hosts`, a guarded address, or one request past
+/// `http.max_requests`. Counted and logged (within the handler's log
+/// budget) in plugin/http.rs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpDenied {
+    pub route: String,
+    pub id: String,
+    pub version: String,
+    pub method: String,
+    pub url: String,
+    pub reason: String,
+}
+
+impl InternalEvent for HttpDenied {
+    fn record(&self, _: &Metrics) {}
+}
+
+/// A record a handler emitted was produced and acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emitted {
+    pub route: String,
+    /// The emitted record's own id: `<message id>/emit/<index>`.
+    pub id: String,
+    /// The topic it is for (the delay relay's inbox holds it until
+    /// `deliver_at` when delayed).
+    pub topic: String,
+    /// Epoch ms, for a delayed record.
+    pub deliver_at: Option<i64>,
+}
+
+impl InternalEvent for Emitted {
+    fn record(&self, metrics: &Metrics) {
+        tracing::debug!(
+            route = self.route,
+            id = self.id,
+            topic = self.topic,
+            deliver_at = self.deliver_at,
+            "Emitted record produced."
+        );
+        if let Some(route) = metrics.route(&self.route) {
+            route.emitted.inc();
+        }
+    }
+}
+
+/// The broker did not acknowledge a hop. A transient error is retried with
+/// backoff; a hop refused for good is dead-lettered instead; a dead-letter
+/// record refused for good stops the pipeline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HopFailed {
+    /// The route, or `delay` for the relay.
+    pub route: String,
+    /// The topic the hop was for.
+    pub topic: String,
+    pub error: String,
+    pub outcome: HopFailure,
+}
+
+impl InternalEvent for HopFailed {
+    fn record(&self, metrics: &Metrics) {
+        let (route, topic, error) = (&self.route, &self.topic, &self.error);
+        match self.outcome {
+            HopFailure::Retried => tracing::warn!(
+                route,
+                topic,
+                error,
+                "Hop was not acknowledged; producing it again."
+            ),
+            HopFailure::DeadLettered => tracing::error!(
+                route,
+                topic,
+                error,
+                "Hop was refused for good; dead-lettering its message."
+            ),
+            HopFailure::Halted => tracing::error!(
+                route,
+                topic,
+                error,
+                "Dead-letter record was refused for good; stopping."
+            ),
+        }
+        if let Some(counter) = metrics
+            .route(route)
+            .and_then(|r| r.hop_failures.get(&self.outcome))
+        {
+            counter.inc();
+        }
+    }
+}
+
+/// Records a handler emitted were dropped, because its verdict was not
+/// `ok`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmitsDiscarded {
+    pub route: String,
+    /// The message whose call emitted them.
+    pub id: String,
+    pub count: usize,
+    pub verdict: VerdictKind,
+}
+
+impl InternalEvent for EmitsDiscarded {
+    fn record(&self, metrics: &Metrics) {
+        tracing::debug!(
+            route = self.route,
+            id = self.id,
+            count = self.count,
+            verdict = self.verdict.as_str(),
+            "Emitted records discarded: the verdict is not ok."
+        );
+        if let Some(route) = metrics.route(&self.route) {
+            route.emits_discarded.inc_by(self.count as u64);
+        }
+    }
+}
+
+/// A route's circuit breaker opened: its retry tiers (and its inputs, with
+/// `pause_input`) are paused for `cool_down`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerOpened {
+    pub route: String,
+    /// Retryable verdicts among the last `calls` calls (1 of 1 when a
+    /// half-open probe reopened it).
+    pub retryable: u32,
+    pub calls: u32,
+    pub cool_down: Duration,
+    /// Reopened by a retryable probe, rather than opened from closed.
+    pub reopened: bool,
+}
+
+impl InternalEvent for BreakerOpened {
+    fn record(&self, metrics: &Metrics) {
+        let route = &self.route;
+        let cool_down = humantime::format_duration(self.cool_down).to_string();
+        if self.reopened {
+            tracing::warn!(
+                route,
+                cool_down,
+                "Circuit breaker reopened: a probe was retryable; retry tiers stay paused."
+            );
+        } else {
+            tracing::warn!(
+                route,
+                rate = format!("{}/{}", self.retryable, self.calls),
+                cool_down,
+                "Circuit breaker opened: too many retryable verdicts; retry tiers paused."
+            );
+        }
+        if let Some(breaker) = metrics.breaker(route) {
+            breaker.opened.inc();
+        }
+    }
+}
+
+/// The cool-down is over: the breaker lets `probes` messages through.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerHalfOpen {
+    pub route: String,
+    pub probes: u32,
+}
+
+impl InternalEvent for BreakerHalfOpen {
+    fn record(&self, _: &Metrics) {
+        tracing::info!(
+            route = self.route,
+            probes = self.probes,
+            "Circuit breaker half-open: letting probes through."
+        );
+    }
+}
+
+/// A half-open breaker's probe was handled.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerProbed {
+    pub route: String,
+    pub id: String,
+    pub verdict: VerdictKind,
+}
+
+impl InternalEvent for BreakerProbed {
+    fn record(&self, metrics: &Metrics) {
+        tracing::info!(
+            route = self.route,
+            id = self.id,
+            verdict = self.verdict.as_str(),
+            "Circuit breaker probe handled."
+        );
+        if let Some(breaker) = metrics.breaker(&self.route) {
+            breaker.probes.inc();
+        }
+    }
+}
+
+/// Every probe passed: the route consumes its tiers again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerClosed {
+    pub route: String,
+    /// Since the breaker opened from closed.
+    pub open_for: Duration,
+}
+
+impl InternalEvent for BreakerClosed {
+    fn record(&self, metrics: &Metrics) {
+        tracing::info!(
+            route = self.route,
+            open_for = %humantime::format_duration(self.open_for),
+            "Circuit breaker closed: retry tiers resumed."
+        );
+        if let Some(breaker) = metrics.breaker(&self.route) {
+            breaker.closed.inc();
+        }
+    }
+}
+
+/// A tier message that reached an open breaker went back to its tier,
+/// attempts unchanged, and was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BreakerDeferred {
+    pub route: String,
+    pub id: String,
+    pub topic: String,
+}
+
+impl InternalEvent for BreakerDeferred {
+    fn record(&self, metrics: &Metrics) {
+        tracing::debug!(
+            route = self.route,
+            id = self.id,
+            tier = self.topic,
+            "Message sent back to its tier: the circuit breaker is open."
+        );
+        if let Some(breaker) = metrics.breaker(&self.route) {
+            breaker.deferred.inc();
+        }
+    }
+}
 
 /// Where events go, and where they are counted. Cheap to clone.
 #[derive(Clone)]
@@ -241,236 +623,19 @@ impl Telemetry {
         self.events.receiver_count() > 0
     }
 
-    /// Sends an event to observers only: for events whose log line and
-    /// counter the caller has already taken care of.
-    pub fn publish(&self, event: Event) {
-        let _ = self.events.send(event);
+    /// Sends an event to observers only: for the hot-path events, whose log
+    /// line and counter the caller has already taken care of.
+    pub fn publish(&self, event: impl Into<Event>) {
+        let _ = self.events.send(event.into());
     }
 
-    /// A delayed message moved down one tier.
-    pub fn count_tier_hop(&self, tier: &str) {
-        self.metrics.tier_hop(tier);
-    }
-
-    /// Logs `event`, counts it in its metric family and sends it to
-    /// observers. Each arm is the one place its event's log line and
-    /// counter are decided.
-    pub fn emit(&self, event: Event) {
-        match &event {
-            // Logged and counted where the call or the request is made
-            // (route.rs, plugin/http.rs), which hold their counters; only
-            // broadcast here.
-            Event::Handled { .. } | Event::HttpRequest { .. } | Event::HttpDenied { .. } => {}
-            Event::Emitted {
-                route,
-                id,
-                topic,
-                deliver_at,
-            } => {
-                tracing::debug!(route, id, topic, deliver_at, "Emitted record produced.");
-                self.metrics.emitted(route);
-            }
-            Event::EmitsDiscarded {
-                route,
-                id,
-                count,
-                verdict,
-            } => {
-                tracing::debug!(
-                    route,
-                    id,
-                    count,
-                    verdict = verdict.as_str(),
-                    "Emitted records discarded: the verdict is not ok."
-                );
-                self.metrics.emits_discarded(route, *count as u64);
-            }
-            Event::HopFailed {
-                route,
-                topic,
-                error,
-                outcome,
-            } => {
-                match outcome {
-                    HopFailure::Retried => tracing::warn!(
-                        route,
-                        topic,
-                        error,
-                        "Hop was not acknowledged; producing it again."
-                    ),
-                    HopFailure::DeadLettered => tracing::error!(
-                        route,
-                        topic,
-                        error,
-                        "Hop was refused for good; dead-lettering its message."
-                    ),
-                    HopFailure::Halted => tracing::error!(
-                        route,
-                        topic,
-                        error,
-                        "Dead-letter record was refused for good; stopping."
-                    ),
-                }
-                self.metrics.hop_failed(route, *outcome);
-            }
-            Event::RetryScheduled {
-                route,
-                id,
-                attempt,
-                topic,
-                delay,
-                reason,
-                version,
-            } => {
-                tracing::info!(
-                    route,
-                    id,
-                    attempt,
-                    version = version.as_deref().map(short),
-                    tier = topic,
-                    delay = %humantime::format_duration(*delay),
-                    reason = reason.as_str(),
-                    "Retry scheduled."
-                );
-                self.metrics.retry_scheduled(route, topic);
-            }
-            Event::DeadLettered {
-                route,
-                id,
-                attempt,
-                topic,
-                reason,
-                error,
-                version,
-            } => {
-                tracing::warn!(
-                    route,
-                    id,
-                    attempt,
-                    version = version.as_deref().map(short),
-                    dlq = topic,
-                    reason = reason.as_str(),
-                    error,
-                    "Message dead-lettered."
-                );
-                self.metrics.dead_lettered(route, *reason);
-            }
-            Event::Delivered {
-                id,
-                target,
-                deliver_at,
-            } => {
-                let late_ms = crate::clock::now_ms() - deliver_at;
-                tracing::debug!(
-                    id,
-                    target,
-                    deliver_at,
-                    late_ms,
-                    "Delayed message delivered."
-                );
-                if late_ms > 1000 {
-                    tracing::warn!(
-                        id,
-                        target,
-                        deliver_at,
-                        late_ms,
-                        "Delayed message delivered late."
-                    );
-                }
-                self.metrics.delivered(*deliver_at);
-            }
-            Event::HandlerReloaded {
-                route,
-                handler,
-                old_version,
-                new_version,
-                took,
-                cached,
-            } => {
-                tracing::info!(
-                    route,
-                    handler,
-                    old_version = short(old_version),
-                    new_version = short(new_version),
-                    took_ms = took.as_secs_f64() * 1000.0,
-                    cached,
-                    "Handler reloaded."
-                );
-                self.metrics.reloaded(route, true);
-            }
-            Event::HandlerReloadFailed {
-                route,
-                version,
-                error,
-            } => {
-                tracing::error!(
-                    route,
-                    serving_version = short(version),
-                    error,
-                    "Handler reload failed; the old version keeps serving."
-                );
-                self.metrics.reloaded(route, false);
-            }
-            Event::BreakerOpened {
-                route,
-                retryable,
-                calls,
-                cool_down,
-                reopened,
-            } => {
-                let cool_down = humantime::format_duration(*cool_down).to_string();
-                if *reopened {
-                    tracing::warn!(
-                        route,
-                        cool_down,
-                        "Circuit breaker reopened: a probe was retryable; retry tiers stay paused."
-                    );
-                } else {
-                    tracing::warn!(
-                        route,
-                        rate = format!("{retryable}/{calls}"),
-                        cool_down,
-                        "Circuit breaker opened: too many retryable verdicts; retry tiers paused."
-                    );
-                }
-                self.metrics.breaker_opened(route);
-            }
-            Event::BreakerHalfOpen { route, probes } => {
-                tracing::info!(
-                    route,
-                    probes,
-                    "Circuit breaker half-open: letting probes through."
-                );
-            }
-            Event::BreakerProbed { route, id, verdict } => {
-                tracing::info!(
-                    route,
-                    id,
-                    verdict = verdict.as_str(),
-                    "Circuit breaker probe handled."
-                );
-                self.metrics.breaker_probed(route);
-            }
-            Event::BreakerClosed { route, open_for } => {
-                tracing::info!(
-                    route,
-                    open_for = %humantime::format_duration(*open_for),
-                    "Circuit breaker closed: retry tiers resumed."
-                );
-                self.metrics.breaker_closed(route);
-            }
-            Event::BreakerDeferred { route, id, topic } => {
-                tracing::debug!(
-                    route,
-                    id,
-                    tier = topic,
-                    "Message sent back to its tier: the circuit breaker is open."
-                );
-                self.metrics.breaker_deferred(route);
-            }
+    /// Records `event` (its log line and its counter) and sends it to
+    /// observers.
+    pub fn emit(&self, event: impl InternalEvent) {
+        event.record(&self.metrics);
+        if self.has_observers() {
+            let _ = self.events.send(event.into());
         }
-        // No subscribers is fine.
-        let _ = self.events.send(event);
     }
 }
 
@@ -478,4 +643,99 @@ impl Telemetry {
 /// log line.
 pub fn short(version: &str) -> &str {
     &version[..12.min(version.len())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+
+    fn telemetry() -> (Telemetry, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
+        let config = ConfigFile::parse(
+            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
+             retry = [\"5s\"]\n\n[delay]\ntiers = [\"1s\"]\n",
+        )
+        .unwrap()
+        .resolve(dir.path())
+        .unwrap();
+        (Telemetry::for_config(&config, true), dir)
+    }
+
+    /// A hop's event is planned with the hop and counted only when it is
+    /// emitted, which the producer does on the broker's acknowledgement.
+    #[test]
+    fn a_planned_hop_counts_nothing_until_its_event_is_emitted() {
+        let (telemetry, _dir) = telemetry();
+        let key = "hopper_delay_tier_hops_total{tier=hopper.delay.1s}";
+        assert_eq!(telemetry.counters()[key], 0);
+        let planned: Event = TierHop {
+            id: "m-1".into(),
+            tier: "hopper.delay.1s".into(),
+        }
+        .into();
+        assert_eq!(telemetry.counters()[key], 0, "planning counts nothing");
+        telemetry.emit(planned);
+        assert_eq!(telemetry.counters()[key], 1);
+    }
+
+    /// Each event type bumps the counter it names, for its route and
+    /// labels, and no other.
+    #[test]
+    fn each_event_bumps_its_own_counter() {
+        let (telemetry, _dir) = telemetry();
+        let before = telemetry.counters();
+        telemetry.emit(RetryScheduled {
+            route: "orders".into(),
+            id: "m-1".into(),
+            attempt: 1,
+            topic: "orders.retry.5s".into(),
+            delay: Duration::from_secs(5),
+            reason: Reason::Retryable,
+            version: None,
+        });
+        telemetry.emit(DeadLettered {
+            route: "orders".into(),
+            id: "m-2".into(),
+            attempt: 3,
+            topic: "orders.dlq".into(),
+            reason: Reason::Fatal,
+            error: "no".into(),
+            version: None,
+        });
+        telemetry.emit(HopFailed {
+            route: "orders".into(),
+            topic: "orders.retry.5s".into(),
+            error: "timed out".into(),
+            outcome: HopFailure::Retried,
+        });
+        telemetry.emit(EmitsDiscarded {
+            route: "orders".into(),
+            id: "m-3".into(),
+            count: 4,
+            verdict: VerdictKind::Fatal,
+        });
+        let after = telemetry.counters();
+        let moved: BTreeMap<&str, u64> = after
+            .iter()
+            .filter(|(k, v)| before[*k] != **v)
+            .map(|(k, v)| (k.as_str(), v - before[k]))
+            .collect();
+        assert_eq!(
+            moved,
+            BTreeMap::from([
+                ("hopper_dead_lettered_total{route=orders,reason=FATAL}", 1),
+                (
+                    "hopper_emitted_records_total{route=orders,result=discarded}",
+                    4
+                ),
+                ("hopper_hop_failures_total{route=orders,outcome=retried}", 1),
+                (
+                    "hopper_retries_scheduled_total{route=orders,tier=orders.retry.5s}",
+                    1
+                ),
+            ])
+        );
+    }
 }

@@ -21,6 +21,7 @@
 //!   pipeline is halted ([`Halt`]), its offset is never completed, and
 //!   hopper exits non-zero.
 
+use crate::events;
 use crate::events::{Event, Telemetry};
 use crate::headers::{self, Reason};
 use crate::hop::{Completion, Halt, OutRecord};
@@ -134,7 +135,7 @@ impl ProducerContext for HopContext {
                 };
                 let refused = refusal(e, hop.failures, &record.topic);
                 if refused.is_none() {
-                    self.telemetry.emit(Event::HopFailed {
+                    self.telemetry.emit(events::HopFailed {
                         route: self.pipeline.clone(),
                         topic: record.topic.clone(),
                         error: e.to_string(),
@@ -278,7 +279,7 @@ impl HopProducer {
                 Box::pin(self.refused(record, hop, reason, error)).await;
                 return;
             }
-            self.telemetry.emit(Event::HopFailed {
+            self.telemetry.emit(events::HopFailed {
                 route: self.pipeline.clone(),
                 topic: topic.clone(),
                 error: e.to_string(),
@@ -301,7 +302,7 @@ impl HopProducer {
                 .as_ref()
                 .is_some_and(|p| p.len() > crate::dlq::CUT_PAYLOAD_BYTES);
         if record.topic == self.dlq && !cuttable {
-            self.telemetry.emit(Event::HopFailed {
+            self.telemetry.emit(events::HopFailed {
                 route: self.pipeline.clone(),
                 topic: record.topic,
                 error: error.clone(),
@@ -316,7 +317,7 @@ impl HopProducer {
             drop(hop);
             return;
         }
-        self.telemetry.emit(Event::HopFailed {
+        self.telemetry.emit(events::HopFailed {
             route: self.pipeline.clone(),
             topic: record.topic.clone(),
             error: error.clone(),
@@ -340,7 +341,7 @@ impl HopProducer {
         } = *hop;
         let hop = Box::new(InFlight {
             done,
-            event: Some(Event::DeadLettered {
+            event: Some(Event::DeadLettered(events::DeadLettered {
                 route: self.pipeline.clone(),
                 id,
                 attempt,
@@ -348,7 +349,7 @@ impl HopProducer {
                 reason,
                 error,
                 version: None,
-            }),
+            })),
             failures: 0,
             timestamp: dead.timestamp,
             _pending: p,

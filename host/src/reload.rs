@@ -20,7 +20,8 @@
 //! meanwhile cause one more load after it.
 
 use crate::config::Route;
-use crate::events::{Event, Telemetry};
+use crate::events;
+use crate::events::Telemetry;
 use crate::plugin::{Handler, HandlerSlot, LoadError, Runtime};
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};
@@ -390,7 +391,7 @@ impl Task {
                 // The old version lives on in the calls still running on it.
                 let old = target.slot.swap(handler);
                 self.errors.lock().unwrap()[index] = None;
-                self.telemetry.emit(Event::HandlerReloaded {
+                self.telemetry.emit(events::HandlerReloaded {
                     route: route.clone(),
                     handler: name,
                     old_version: old.version().to_string(),
@@ -404,7 +405,7 @@ impl Task {
                 self.pending[index].failed = content;
                 let error = error.to_string();
                 self.errors.lock().unwrap()[index] = Some(error.clone());
-                self.telemetry.emit(Event::HandlerReloadFailed {
+                self.telemetry.emit(events::HandlerReloadFailed {
                     route: route.clone(),
                     version: target.slot.current().version().to_string(),
                     error,

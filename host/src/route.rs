@@ -5,6 +5,7 @@ use crate::breaker::{Admit, Breaker, Suspended, Transition};
 use crate::clock::now_ms;
 use crate::config::{Route, TrapPolicy};
 use crate::dlq::{self, DeadLetter};
+use crate::events;
 use crate::events::{Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
@@ -42,7 +43,7 @@ pub struct RouteProcessor {
 impl RouteProcessor {
     pub fn new(route: Arc<Route>, handler: Arc<HandlerSlot>, telemetry: Telemetry) -> Self {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
-        let metrics = telemetry.metrics().route(&route.name);
+        let metrics = telemetry.metrics().route_handles(&route.name);
         let instances = tokio::sync::Semaphore::new(route.max_instances);
         let breaker = route.breaker.clone().map(|b| Arc::new(Breaker::new(b)));
         if let Some(breaker) = &breaker {
@@ -76,22 +77,26 @@ impl RouteProcessor {
                 retryable,
                 calls,
                 cool_down,
-            } => Event::BreakerOpened {
+            } => Event::BreakerOpened(events::BreakerOpened {
                 route,
                 retryable,
                 calls,
                 cool_down,
                 reopened: false,
-            },
-            Transition::Reopened { cool_down } => Event::BreakerOpened {
+            }),
+            Transition::Reopened { cool_down } => Event::BreakerOpened(events::BreakerOpened {
                 route,
                 retryable: 1,
                 calls: 1,
                 cool_down,
                 reopened: true,
-            },
-            Transition::HalfOpened { probes } => Event::BreakerHalfOpen { route, probes },
-            Transition::Closed { open_for } => Event::BreakerClosed { route, open_for },
+            }),
+            Transition::HalfOpened { probes } => {
+                Event::BreakerHalfOpen(events::BreakerHalfOpen { route, probes })
+            }
+            Transition::Closed { open_for } => {
+                Event::BreakerClosed(events::BreakerClosed { route, open_for })
+            }
         });
     }
 }
@@ -255,7 +260,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         "Message handled."
     );
     if shared.telemetry.has_observers() {
-        shared.telemetry.publish(Event::Handled {
+        shared.telemetry.publish(Event::Handled(events::Handled {
             route: route.name.clone(),
             id: envelope.id.clone(),
             topic: message.topic().to_string(),
@@ -265,11 +270,11 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             verdict: kind,
             version: handler.version().to_string(),
             at_ms: now_ms(),
-        });
+        }));
     }
     if let Some(breaker) = &shared.breaker {
         if let Admit::Probe { .. } = admit {
-            shared.telemetry.emit(Event::BreakerProbed {
+            shared.telemetry.emit(events::BreakerProbed {
                 route: route.name.clone(),
                 id: envelope.id.clone(),
                 verdict: kind,
@@ -290,7 +295,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         );
     }
     if handled.discarded > 0 {
-        shared.telemetry.emit(Event::EmitsDiscarded {
+        shared.telemetry.emit(events::EmitsDiscarded {
             route: route.name.clone(),
             id: envelope.id.clone(),
             count: handled.discarded,
@@ -355,12 +360,12 @@ fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
             headers: owned,
             timestamp: now_ms(),
         },
-        event: Some(Event::Emitted {
+        event: Some(Event::Emitted(events::Emitted {
             route: route.name.clone(),
             id,
             topic,
             deliver_at,
-        }),
+        })),
     }
 }
 
@@ -399,11 +404,11 @@ fn defer(shared: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(Event::BreakerDeferred {
+        event: Some(Event::BreakerDeferred(events::BreakerDeferred {
             route: route.name.clone(),
             id: envelope.id.clone(),
             topic,
-        }),
+        })),
     }
 }
 
@@ -463,7 +468,7 @@ fn plan(
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(Event::RetryScheduled {
+        event: Some(Event::RetryScheduled(events::RetryScheduled {
             route: route.name.clone(),
             id: envelope.id.clone(),
             attempt,
@@ -471,7 +476,7 @@ fn plan(
             delay,
             reason,
             version: handler.map(|(_, version)| version.to_string()),
-        }),
+        })),
     }
 }
 

@@ -3,6 +3,7 @@
 //! mock cluster, whose broker can be taken down and brought back.
 
 use hopper::config::KafkaConfig;
+use hopper::events;
 use hopper::events::{Event, Telemetry};
 use hopper::headers::Reason;
 use hopper::hop::{Completion, Halt, OutRecord};
@@ -46,7 +47,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     tracker.lock().unwrap().begin(7);
     let done = Completion::new(7, tracker.clone());
-    let event = Event::DeadLettered {
+    let event = Event::DeadLettered(events::DeadLettered {
         route: "test".into(),
         id: "m-1".into(),
         attempt: 1,
@@ -54,7 +55,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
         reason: Reason::Fatal,
         error: "told to fail".into(),
         version: None,
-    };
+    });
     let headers = OwnedHeaders::new().insert(Header {
         key: "hopper-id",
         value: Some("m-1"),
@@ -86,10 +87,10 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
         assert!(
             matches!(
                 event,
-                Event::HopFailed {
+                Event::HopFailed(events::HopFailed {
                     outcome: HopFailure::Retried,
                     ..
-                }
+                })
             ),
             "no event but retries before an acknowledgement: {event:?}"
         );
@@ -142,10 +143,10 @@ async fn next_outcome(events: &mut tokio::sync::broadcast::Receiver<Event>) -> E
             .unwrap();
         if !matches!(
             event,
-            Event::HopFailed {
+            Event::HopFailed(events::HopFailed {
                 outcome: HopFailure::Retried,
                 ..
-            }
+            })
         ) {
             return event;
         }
@@ -255,15 +256,15 @@ async fn a_hop_too_large_for_the_broker_is_dead_lettered_cut_with_its_size() {
     // Too large for message.max.bytes: librdkafka refuses it at once.
     bench.send(3, "out", vec![b'x'; 20_000]).await;
     match next_outcome(&mut events).await {
-        Event::HopFailed { outcome, topic, .. } => {
+        Event::HopFailed(events::HopFailed { outcome, topic, .. }) => {
             assert_eq!((outcome, topic.as_str()), (HopFailure::DeadLettered, "out"))
         }
         other => panic!("expected the hop's failure, got {other:?}"),
     }
     match next_outcome(&mut events).await {
-        Event::DeadLettered {
+        Event::DeadLettered(events::DeadLettered {
             reason, id, topic, ..
-        } => {
+        }) => {
             assert_eq!(reason, Reason::RecordTooLarge);
             assert_eq!((id.as_str(), topic.as_str()), ("m-1", "out.dlq"));
         }
@@ -312,11 +313,11 @@ async fn a_hop_the_broker_refuses_for_good_is_dead_lettered_not_retried_forever(
     let mut saw_failure = false;
     let reason = loop {
         match next_outcome(&mut events).await {
-            Event::HopFailed { outcome, .. } => {
+            Event::HopFailed(events::HopFailed { outcome, .. }) => {
                 assert_eq!(outcome, HopFailure::DeadLettered);
                 saw_failure = true;
             }
-            Event::DeadLettered { reason, .. } => break reason,
+            Event::DeadLettered(events::DeadLettered { reason, .. }) => break reason,
             other => panic!("unexpected {other:?}"),
         }
     };

@@ -6,6 +6,7 @@
 //! outage spends every attempt and dead-letters every message.
 
 use hopper::breaker::BreakerState;
+use hopper::events;
 use hopper::events::Event;
 use hopper::metrics::Format;
 use hopper::types::VerdictKind;
@@ -86,12 +87,12 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
         &mut events,
         |e| before.push(e.clone()),
         |e| match e {
-            Event::BreakerOpened {
+            Event::BreakerOpened(events::BreakerOpened {
                 retryable: 5,
                 calls: 5,
                 reopened: false,
                 ..
-            } => Some(()),
+            }) => Some(()),
             _ => None,
         },
     )
@@ -118,7 +119,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     next_matching(
         &mut events,
         |e| open.push(e.clone()),
-        |e| matches!(e, Event::BreakerHalfOpen { .. }).then_some(()),
+        |e| matches!(e, Event::BreakerHalfOpen(events::BreakerHalfOpen { .. })).then_some(()),
     )
     .await;
     assert!(now_ms() >= until_ms, "half-open before the cool-down ended");
@@ -126,15 +127,15 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     // even reaches the route to be sent back.
     let deferred = open
         .iter()
-        .filter(|e| matches!(e, Event::BreakerDeferred { .. }))
+        .filter(|e| matches!(e, Event::BreakerDeferred(events::BreakerDeferred { .. })))
         .count();
     assert_eq!(deferred, 0, "tier messages fetched while open");
     for event in &open {
         match event {
-            Event::Handled { topic, id, .. } if is_tier(topic) => {
+            Event::Handled(events::Handled { topic, id, .. }) if is_tier(topic) => {
                 panic!("{id} was handled from {topic} while the breaker was open")
             }
-            Event::DeadLettered { id, reason, .. } => {
+            Event::DeadLettered(events::DeadLettered { id, reason, .. }) => {
                 panic!("{id} was dead-lettered ({reason}) while the breaker was open")
             }
             _ => {}
@@ -148,7 +149,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
         &mut events,
         |e| probing.push(e.clone()),
         |e| match e {
-            Event::BreakerOpened { reopened: true, .. } => Some(()),
+            Event::BreakerOpened(events::BreakerOpened { reopened: true, .. }) => Some(()),
             _ => None,
         },
     )
@@ -156,10 +157,10 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     assert!(
         probing.iter().any(|e| matches!(
             e,
-            Event::BreakerProbed {
+            Event::BreakerProbed(events::BreakerProbed {
                 verdict: VerdictKind::Retryable,
                 ..
-            }
+            })
         )),
         "{probing:?}"
     );
@@ -174,19 +175,19 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     while !(closed && ok.len() == MESSAGES) {
         let event = next_matching(&mut events, |_| {}, |e| Some(e.clone())).await;
         match &event {
-            Event::Handled {
+            Event::Handled(events::Handled {
                 id,
                 verdict: VerdictKind::Ok,
                 attempt,
                 ..
-            } => _ = ok.insert(id.clone(), *attempt),
-            Event::BreakerClosed { .. } => closed = true,
+            }) => _ = ok.insert(id.clone(), *attempt),
+            Event::BreakerClosed(events::BreakerClosed { .. }) => closed = true,
             _ => {}
         }
         after.push(event);
     }
     for event in &after {
-        if let Event::DeadLettered { id, reason, .. } = event {
+        if let Event::DeadLettered(events::DeadLettered { id, reason, .. }) = event {
             panic!("{id} was dead-lettered ({reason})");
         }
     }
@@ -271,7 +272,7 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
     next_matching(
         &mut events,
         |_| {},
-        |e| matches!(e, Event::BreakerOpened { .. }).then_some(()),
+        |e| matches!(e, Event::BreakerOpened(events::BreakerOpened { .. })).then_some(()),
     )
     .await;
     // Past the next store tick, the input is paused: what arrives now waits.
@@ -292,11 +293,11 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
     next_matching(
         &mut events,
         |e| open.push(e.clone()),
-        |e| matches!(e, Event::BreakerHalfOpen { .. }).then_some(()),
+        |e| matches!(e, Event::BreakerHalfOpen(events::BreakerHalfOpen { .. })).then_some(()),
     )
     .await;
     for event in &open {
-        if let Event::Handled { id, topic, .. } = event {
+        if let Event::Handled(events::Handled { id, topic, .. }) = event {
             panic!("{id} was handled from {topic} while the breaker was open");
         }
     }
@@ -310,11 +311,11 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
             &mut events,
             |_| {},
             |e| match e {
-                Event::Handled {
+                Event::Handled(events::Handled {
                     id,
                     verdict: VerdictKind::Ok,
                     ..
-                } => Some(id.clone()),
+                }) => Some(id.clone()),
                 _ => None,
             },
         )

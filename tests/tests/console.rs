@@ -6,6 +6,7 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`./dev` installs them).
 
 use fantoccini::{Client, ClientBuilder, Locator};
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use rdkafka::Message;
@@ -333,9 +334,9 @@ async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
         &mut events,
         |_| {},
         |e| match e {
-            Event::Handled {
+            Event::Handled(events::Handled {
                 id: got, verdict, ..
-            } if *got == id => Some(*verdict),
+            }) if *got == id => Some(*verdict),
             _ => None,
         },
     )

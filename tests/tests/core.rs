@@ -1,6 +1,7 @@
 //! The core loop against a real broker: ok, retry, dead-letter, traps, bad
 //! envelopes, restarts.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use rdkafka::Message;
@@ -30,13 +31,13 @@ async fn collect<T>(
 
 fn handled_id(id: &str) -> impl FnMut(&Event) -> Option<(u32, &'static str, i64)> + '_ {
     move |e| match e {
-        Event::Handled {
+        Event::Handled(events::Handled {
             id: got,
             attempt,
             verdict,
             at_ms,
             ..
-        } if got == id => Some((*attempt, verdict.as_str(), *at_ms)),
+        }) if got == id => Some((*attempt, verdict.as_str(), *at_ms)),
         _ => None,
     }
 }
@@ -75,7 +76,7 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
     let ids = collect(
         &mut events,
         |e| match e {
-            Event::Handled { id, .. } => Some(id.clone()),
+            Event::Handled(events::Handled { id, .. }) => Some(id.clone()),
             _ => None,
         },
         |v| v.iter().any(|id| id == "second"),
@@ -242,13 +243,13 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
     let calls = collect(
         &mut events,
         |e| match e {
-            Event::Handled {
+            Event::Handled(events::Handled {
                 id,
                 verdict,
                 partition,
                 offset,
                 ..
-            } => Some((id.clone(), *verdict, *partition, *offset)),
+            }) => Some((id.clone(), *verdict, *partition, *offset)),
             _ => None,
         },
         |v| v.len() == script.len(),
@@ -423,7 +424,9 @@ async fn route_config_values_reach_the_guest() {
     let mut calls = collect(
         &mut events,
         |e| match e {
-            Event::Handled { id, verdict, .. } => Some((id.clone(), verdict.as_str())),
+            Event::Handled(events::Handled { id, verdict, .. }) => {
+                Some((id.clone(), verdict.as_str()))
+            }
             _ => None,
         },
         |v| v.len() == 2,

@@ -1,6 +1,7 @@
 //! The delay relay against a real broker: header-only scheduling from a plain
 //! client, several tiers, a kill -9 with messages pending, and bad input.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use rdkafka::Message;
@@ -157,9 +158,9 @@ async fn a_delayed_message_to_a_route_is_handled_after_its_time() {
             .await
             .expect("handled in time")
         {
-            Ok(Event::Handled {
+            Ok(Event::Handled(events::Handled {
                 id, verdict, at_ms, ..
-            }) if id == "late-ok" => {
+            })) if id == "late-ok" => {
                 assert_eq!(verdict, "ok");
                 assert!(at_ms >= at, "handled {} ms early", at - at_ms);
                 break;

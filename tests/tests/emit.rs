@@ -2,6 +2,7 @@
 //! stable id, through the delay relay when delayed, never lost to a crash
 //! between the emit and the commit.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
@@ -239,9 +240,9 @@ async fn on_a_retryable_or_fatal_verdict_nothing_emitted_is_produced() {
             &mut events,
             |_| {},
             |e| match e {
-                Event::EmitsDiscarded {
+                Event::EmitsDiscarded(events::EmitsDiscarded {
                     id, count, verdict, ..
-                } => Some((id.clone(), *count, *verdict)),
+                }) => Some((id.clone(), *count, *verdict)),
                 _ => None,
             },
         )

@@ -8,6 +8,7 @@
 //! so a process that started ~18 hoppers failed with `mmap failed to
 //! reserve`.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 
@@ -56,9 +57,9 @@ async fn every_stopped_hopper_frees_its_engine() {
             &mut events,
             |_| {},
             |e| match e {
-                Event::Handled {
+                Event::Handled(events::Handled {
                     id: got, verdict, ..
-                } if *got == id => Some(*verdict),
+                }) if *got == id => Some(*verdict),
                 _ => None,
             },
         )

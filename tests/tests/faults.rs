@@ -5,6 +5,7 @@
 
 use hopper::Hopper;
 use hopper::embedded::EmbeddedBroker;
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -156,13 +157,13 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
             })
             .unwrap();
         match event {
-            Event::Handled { id, verdict, .. } => {
+            Event::Handled(events::Handled { id, verdict, .. }) => {
                 calls += 1;
                 if verdict == "ok" {
                     finished.insert(id);
                 }
             }
-            Event::DeadLettered { id, .. } => {
+            Event::DeadLettered(events::DeadLettered { id, .. }) => {
                 dead.insert(id);
             }
             _ => {}
@@ -255,7 +256,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     next_matching(
         &mut events,
         |e| seen.push(e.clone()),
-        |e| matches!(e, Event::Handled { id, .. } if id == "d").then_some(()),
+        |e| matches!(e, Event::Handled(events::Handled { id, .. }) if id == "d").then_some(()),
     )
     .await;
     // Offset 3 is done. A message of partition 1, handled after it, is
@@ -264,7 +265,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     next_matching(
         &mut events,
         |e| seen.push(e.clone()),
-        |e| matches!(e, Event::Handled { id, .. } if id == "e").then_some(()),
+        |e| matches!(e, Event::Handled(events::Handled { id, .. }) if id == "e").then_some(()),
     )
     .await;
     until_committed(
@@ -278,7 +279,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     .await;
     for event in &seen {
         assert!(
-            !matches!(event, Event::DeadLettered { id, .. } if id == "c"),
+            !matches!(event, Event::DeadLettered(events::DeadLettered { id, .. }) if id == "c"),
             "c's dead-letter record was acknowledged by a leaderless DLQ"
         );
     }
@@ -298,7 +299,10 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     next_matching(
         &mut events,
         |_| {},
-        |e| matches!(e, Event::DeadLettered { id, .. } if id == "c").then_some(()),
+        |e| {
+            matches!(e, Event::DeadLettered(events::DeadLettered { id, .. }) if id == "c")
+                .then_some(())
+        },
     )
     .await;
     until_committed(&broker, &group, &input, 0, 4, "c is dead-lettered").await;

@@ -3,6 +3,7 @@
 //! and a call that panics stops its pipeline without committing past it.
 //! Against the test broker.
 
+use hopper::events;
 use hopper::events::{Event, Telemetry};
 use hopper::hop::{Action, Halt, Processor};
 use hopper::kafka::Cluster;
@@ -50,9 +51,9 @@ async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_pa
         &mut events,
         |_| {},
         |e| match e {
-            Event::Handled {
+            Event::Handled(events::Handled {
                 offset: 1, verdict, ..
-            } => Some(*verdict),
+            }) => Some(*verdict),
             _ => None,
         },
     )

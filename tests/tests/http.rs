@@ -4,6 +4,7 @@
 //! in-process; what a route does with it (the timeout retried, connections
 //! per partition) runs against the broker.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
@@ -73,7 +74,9 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
         &mut events,
         |_| {},
         |e| match e {
-            Event::HttpDenied { url, reason, .. } => Some((url.clone(), reason.clone())),
+            Event::HttpDenied(events::HttpDenied { url, reason, .. }) => {
+                Some((url.clone(), reason.clone()))
+            }
             _ => None,
         },
     )
@@ -244,9 +247,9 @@ async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
         &mut events,
         |_| {},
         |e| match e {
-            Event::HttpRequest {
+            Event::HttpRequest(events::HttpRequest {
                 status, id, url, ..
-            } => Some((*status, id.clone(), url.clone())),
+            }) => Some((*status, id.clone(), url.clone())),
             _ => None,
         },
     )
@@ -289,7 +292,10 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
             &mut events,
             |_| {},
             |e| match e {
-                Event::Handled { id, .. } | Event::RetryScheduled { id, .. } if id == "s1" => {
+                Event::Handled(events::Handled { id, .. })
+                | Event::RetryScheduled(events::RetryScheduled { id, .. })
+                    if id == "s1" =>
+                {
                     Some(e.clone())
                 }
                 _ => None,
@@ -297,10 +303,10 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
         )
         .await;
         match event {
-            Event::Handled {
+            Event::Handled(events::Handled {
                 attempt, verdict, ..
-            } => verdicts.push((attempt, verdict)),
-            Event::RetryScheduled { reason, .. } => retried = Some(reason),
+            }) => verdicts.push((attempt, verdict)),
+            Event::RetryScheduled(events::RetryScheduled { reason, .. }) => retried = Some(reason),
             _ => unreachable!(),
         }
     }
@@ -361,7 +367,7 @@ async fn a_thousand_requests_reuse_the_connections_of_the_calls_in_flight() {
             &mut events,
             |_| {},
             |e| match e {
-                Event::Handled { verdict, .. } => Some(*verdict),
+                Event::Handled(events::Handled { verdict, .. }) => Some(*verdict),
                 _ => None,
             },
         )

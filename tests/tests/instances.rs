@@ -1,6 +1,7 @@
 //! Instance policies against a real broker: warm instances are reused,
 //! retired and dropped after a failure; fresh ones never share state.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use std::collections::HashMap;
@@ -35,7 +36,7 @@ async fn hostile_sequence(policy: &str) {
             &mut events,
             |_| {},
             |e| match e {
-                Event::Handled { verdict, .. } => Some(*verdict),
+                Event::Handled(events::Handled { verdict, .. }) => Some(*verdict),
                 _ => None,
             },
         )
@@ -87,7 +88,9 @@ async fn instance_calls(policy: &str, script: &[&str]) -> Vec<String> {
             &mut events,
             |_| {},
             |e| match e {
-                Event::DeadLettered { id, error, .. } => Some((id.clone(), error.clone())),
+                Event::DeadLettered(events::DeadLettered { id, error, .. }) => {
+                    Some((id.clone(), error.clone()))
+                }
                 _ => None,
             },
         )

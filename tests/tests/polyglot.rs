@@ -4,6 +4,7 @@
 //! way, send the service the same requests, write the same dead-letter
 //! records and announce the same closed orders.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use order_service::{Order, OrderService, Served, Status};
@@ -110,12 +111,12 @@ async fn run_scenario(stem: &'static str) -> Run {
             Err(_) => panic!("{stem}: timed out; calls so far {calls:?}"),
         };
         match event {
-            Event::Handled {
+            Event::Handled(events::Handled {
                 id,
                 attempt,
                 verdict,
                 ..
-            } => {
+            }) => {
                 if verdict == "ok" {
                     settled += 1;
                 }
@@ -124,7 +125,7 @@ async fn run_scenario(stem: &'static str) -> Run {
                     .or_default()
                     .push((attempt, verdict.as_str()));
             }
-            Event::DeadLettered { .. } => settled += 1,
+            Event::DeadLettered(events::DeadLettered { .. }) => settled += 1,
             _ => {}
         }
     }

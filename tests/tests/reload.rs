@@ -1,6 +1,7 @@
 //! Hot reload and the compiled-handler cache, against a real broker and
 //! real handler files.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper_tests::*;
 use rdkafka::message::{Header, OwnedHeaders};
@@ -39,12 +40,12 @@ impl Reloadable {
 
 fn handled_version(id: &str) -> impl FnMut(&Event) -> Option<(String, &'static str)> + '_ {
     move |e| match e {
-        Event::Handled {
+        Event::Handled(events::Handled {
             id: got,
             version,
             verdict,
             ..
-        } if got == id => Some((version.clone(), verdict.as_str())),
+        }) if got == id => Some((version.clone(), verdict.as_str())),
         _ => None,
     }
 }
@@ -67,21 +68,23 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
     let mut acks = Vec::new();
     let mut sent = 0;
     let record = |e: &Event, handled: &mut Vec<(String, String)>, reloads: &mut Vec<_>| match e {
-        Event::Handled {
+        Event::Handled(events::Handled {
             id,
             version,
             verdict,
             ..
-        } => {
+        }) => {
             assert_eq!(*verdict, "ok", "{id}");
             handled.push((id.clone(), version.clone()));
         }
-        Event::HandlerReloaded {
+        Event::HandlerReloaded(events::HandlerReloaded {
             old_version,
             new_version,
             ..
-        } => reloads.push((old_version.clone(), new_version.clone())),
-        Event::HandlerReloadFailed { error, .. } => panic!("reload failed: {error}"),
+        }) => reloads.push((old_version.clone(), new_version.clone())),
+        Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
+            panic!("reload failed: {error}")
+        }
         _ => {}
     };
 
@@ -99,7 +102,7 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
             |_| {},
             |e| {
                 record(e, &mut handled, &mut reloads);
-                matches!(e, Event::HandlerReloaded { new_version, .. } if new_version == new)
+                matches!(e, Event::HandlerReloaded(events::HandlerReloaded { new_version, .. }) if new_version == new)
                     .then_some(())
             },
         )
@@ -131,7 +134,8 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
                 |_| {},
                 |e| {
                     record(e, &mut handled, &mut reloads);
-                    matches!(e, Event::Handled { version, .. } if version == new).then_some(())
+                    matches!(e, Event::Handled(events::Handled { version, .. }) if version == new)
+                        .then_some(())
                 },
             )
             .await;
@@ -150,7 +154,7 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
             |_| {},
             |e| {
                 record(e, &mut handled, &mut reloads);
-                matches!(e, Event::Handled { .. }).then_some(())
+                matches!(e, Event::Handled(events::Handled { .. })).then_some(())
             },
         )
         .await;
@@ -206,17 +210,25 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
     // that stalls for longer than the debounce between its open (which
     // empties the file) and its write is seen at both stages.
     let mut failed = 0;
-    let mut count_failures =
-        |e: &Event| failed += matches!(e, Event::HandlerReloadFailed { .. }) as u64;
+    let mut count_failures = |e: &Event| {
+        failed += matches!(
+            e,
+            Event::HandlerReloadFailed(events::HandlerReloadFailed { .. })
+        ) as u64
+    };
 
     // A build that dies half-way through writing the file in place.
     std::fs::write(&r.path, &r.v2[..r.v2.len() / 2]).unwrap();
     let error = next_matching(&mut events, &mut count_failures, |e| match e {
-        Event::HandlerReloadFailed { version, error, .. } if error.contains("does not compile") => {
+        Event::HandlerReloadFailed(events::HandlerReloadFailed { version, error, .. })
+            if error.contains("does not compile") =>
+        {
             assert_eq!(*version, v1, "the serving version is reported");
             Some(error.clone())
         }
-        Event::HandlerReloaded { .. } => panic!("a truncated file was loaded"),
+        Event::HandlerReloaded(events::HandlerReloaded { .. }) => {
+            panic!("a truncated file was loaded")
+        }
         _ => None,
     })
     .await;
@@ -239,11 +251,11 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
     // The next build writes the whole file.
     std::fs::write(&r.path, &r.v2).unwrap();
     let (old, new) = next_matching(&mut events, &mut count_failures, |e| match e {
-        Event::HandlerReloaded {
+        Event::HandlerReloaded(events::HandlerReloaded {
             old_version,
             new_version,
             ..
-        } => Some((old_version.clone(), new_version.clone())),
+        }) => Some((old_version.clone(), new_version.clone())),
         _ => None,
     })
     .await;

@@ -2,6 +2,7 @@
 //! handled again and counted per record, the loop guard trips at its limit,
 //! and the rate limit holds.
 
+use hopper::events;
 use hopper::events::Event;
 use hopper::kafka::Cluster;
 use hopper_tests::*;
@@ -161,12 +162,12 @@ async fn a_replayed_record_is_handled_again_and_each_replay_is_counted_on_it() {
             &mut events,
             |_| {},
             |e| match e {
-                Event::Handled {
+                Event::Handled(events::Handled {
                     id,
                     attempt,
                     verdict,
                     ..
-                } if id == "r1" => Some((*attempt, *verdict)),
+                }) if id == "r1" => Some((*attempt, *verdict)),
                 _ => None,
             },
         )
@@ -247,7 +248,8 @@ async fn the_loop_guard_sends_a_record_past_its_limit_back_with_replay_loop() {
     let mut calls = 0;
     let deadline = tokio::time::Instant::now() + Duration::from_millis(500);
     while let Ok(Ok(event)) = tokio::time::timeout_at(deadline, events.recv()).await {
-        calls += matches!(&event, Event::Handled { id, .. } if id == "loop") as u32;
+        calls +=
+            matches!(&event, Event::Handled(events::Handled { id, .. }) if id == "loop") as u32;
     }
     assert_eq!(calls, 2);
     hopper.stop().await;

@@ -8,6 +8,7 @@
 //! read from what was logged on the test's own thread.
 
 use hopper::egress::Resolve;
+use hopper::events;
 use hopper::events::Event;
 use hopper::plugin::Verdict;
 use hopper_tests::http_server::TestServer;
@@ -385,12 +386,12 @@ async fn secrets_are_redacted_across_lines_cuts_encodings_and_errors() {
     let error = next_matching(
         &mut events,
         |e| {
-            if let Event::HttpDenied { url, reason, .. } = e {
+            if let Event::HttpDenied(events::HttpDenied { url, reason, .. }) = e {
                 denied.push((url.clone(), reason.clone()));
             }
         },
         |e| match e {
-            Event::HttpRequest { error, .. } => error.clone(),
+            Event::HttpRequest(events::HttpRequest { error, .. }) => error.clone(),
             _ => None,
         },
     )

@@ -5,7 +5,8 @@ use super::schedule::{Rejected, SCHEDULING, Schedule, Step, invalid, parse_sched
 use crate::clock::now_ms;
 use crate::config::{DelayRelay, RELAY_ROUTE};
 use crate::dlq;
-use crate::events::{Event, Telemetry};
+use crate::events;
+use crate::events::Event;
 use crate::headers;
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
@@ -146,15 +147,10 @@ pub struct DelayProcessor {
     tier_of: HashMap<String, Duration>,
     topic_of: HashMap<Duration, String>,
     topics: KnownTopics,
-    telemetry: Telemetry,
 }
 
 impl DelayProcessor {
-    pub fn new(
-        relay: Arc<DelayRelay>,
-        metadata: BaseConsumer,
-        telemetry: Telemetry,
-    ) -> DelayProcessor {
+    pub fn new(relay: Arc<DelayRelay>, metadata: BaseConsumer) -> DelayProcessor {
         DelayProcessor {
             waits: relay.tiers.iter().map(|(d, _)| *d).collect(),
             tier_of: relay.tiers.iter().map(|(d, t)| (t.clone(), *d)).collect(),
@@ -164,7 +160,6 @@ impl DelayProcessor {
                 known: Mutex::new(HashMap::new()),
             },
             relay,
-            telemetry,
         }
     }
 
@@ -283,10 +278,13 @@ impl Processor for DelayProcessor {
                     topic,
                     headers::rewrite(message.headers(), &SCHEDULING, &add),
                 );
-                self.telemetry.count_tier_hop(&record.topic);
+                let event = events::TierHop {
+                    id: schedule.id.clone(),
+                    tier: record.topic.clone(),
+                };
                 Action::Hop(PlannedHop {
                     record,
-                    event: None,
+                    event: Some(event.into()),
                 })
             }
         }
@@ -307,11 +305,11 @@ fn forward(message: &OwnedMessage, schedule: &Schedule) -> PlannedHop {
     );
     PlannedHop {
         record,
-        event: Some(Event::Delivered {
+        event: Some(Event::Delivered(events::Delivered {
             id: schedule.id.clone(),
             target: schedule.target.clone(),
             deliver_at: schedule.deliver_at,
-        }),
+        })),
     }
 }
 

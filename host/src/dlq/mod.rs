@@ -12,6 +12,7 @@ pub use record::{DlqRecord, DlqSummary, RecordRef};
 pub use replay::{Pacer, Report as ReplayReport};
 
 use crate::clock::now_ms;
+use crate::events;
 use crate::events::Event;
 use crate::headers::{self, Envelope, Hop, Reason};
 use crate::hop::{OutRecord, PlannedHop};
@@ -61,7 +62,7 @@ pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(Event::DeadLettered {
+        event: Some(Event::DeadLettered(events::DeadLettered {
             route: dead.route.to_string(),
             id: dead.envelope.id.clone(),
             attempt: dead.attempts_made,
@@ -69,7 +70,7 @@ pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
             reason: dead.reason,
             error: dead.error.to_string(),
             version: dead.handler.map(|(_, version)| version.to_string()),
-        }),
+        })),
     }
 }
 

@@ -1,6 +1,6 @@
 //! Prometheus metrics: every family hopper exports, and the handles hot
-//! paths hold. Which event bumps which family is decided in one place,
-//! `Telemetry::emit` (events.rs), through the methods here.
+//! paths hold. Which event bumps which counter is decided by the event's
+//! own type (events.rs), through the lookups here.
 //!
 //! Hot paths never look a metric up by name and never format a label: a
 //! route's processor holds its counters and histogram from the start, and
@@ -16,7 +16,6 @@ mod live;
 
 pub use histogram::{CALL_BUCKETS, Histogram, LATENESS_BUCKETS};
 
-use crate::clock::now_ms;
 use crate::config::{Config, RELAY_ROUTE};
 use crate::headers::Reason;
 use crate::health::Health;
@@ -26,13 +25,17 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// A counter: one atomic, shared by its clones.
 pub type Counter = PromCounter;
 
 type Labels = Vec<(&'static str, String)>;
-type Counters = Family<Labels, Counter>;
+/// A counter family, with the name it is registered under.
+#[derive(Clone)]
+struct Counters {
+    name: &'static str,
+    family: Family<Labels, Counter>,
+}
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
 
 /// The text format of a scrape.
@@ -54,39 +57,39 @@ impl Format {
 }
 
 /// The counters an event bumps for one route, registered at start.
-struct RouteCounters {
+pub(crate) struct RouteCounters {
     /// By tier topic.
-    retries: HashMap<String, Counter>,
-    dead_lettered: HashMap<Reason, Counter>,
-    reloads_ok: Counter,
-    reloads_failed: Counter,
-    replayed: Counter,
-    looped: Counter,
+    pub(crate) retries: HashMap<String, Counter>,
+    pub(crate) dead_lettered: HashMap<Reason, Counter>,
+    pub(crate) reloads_ok: Counter,
+    pub(crate) reloads_failed: Counter,
+    pub(crate) replayed: Counter,
+    pub(crate) looped: Counter,
     /// `hopper_emitted_records_total{result=produced}`.
-    emitted: Counter,
+    pub(crate) emitted: Counter,
     /// `hopper_emitted_records_total{result=discarded}`.
-    emits_discarded: Counter,
+    pub(crate) emits_discarded: Counter,
     /// `hopper_hop_failures_total` by outcome.
-    hop_failures: HashMap<HopFailure, Counter>,
+    pub(crate) hop_failures: HashMap<HopFailure, Counter>,
     /// Registered only for a route with a circuit breaker.
-    breaker: Option<BreakerCounters>,
+    pub(crate) breaker: Option<BreakerCounters>,
 }
 
 /// The counters of a route's circuit breaker.
-struct BreakerCounters {
-    opened: Counter,
-    probes: Counter,
-    closed: Counter,
-    deferred: Counter,
+pub(crate) struct BreakerCounters {
+    pub(crate) opened: Counter,
+    pub(crate) probes: Counter,
+    pub(crate) closed: Counter,
+    pub(crate) deferred: Counter,
 }
 
 /// The delay relay's counters.
-struct RelayCounters {
-    delivered: Counter,
-    early: Counter,
-    lateness: Histogram,
+pub(crate) struct RelayCounters {
+    pub(crate) delivered: Counter,
+    pub(crate) early: Counter,
+    pub(crate) lateness: Histogram,
     /// By tier topic.
-    tier_hops: HashMap<String, Counter>,
+    pub(crate) tier_hops: HashMap<String, Counter>,
 }
 
 /// What one route's processor holds: bumped per message without a lookup.
@@ -126,10 +129,10 @@ impl Metrics {
     /// (hopper's own status reads them).
     pub fn new(config: Option<&Config>, health: Arc<Health>, enabled: bool) -> Metrics {
         let mut registry = Registry::default();
-        let mut counters = |name: &str, help: &str| {
-            let family = Counters::default();
+        let mut counters = |name: &'static str, help: &str| {
+            let family = Family::default();
             registry.register(name, help, family.clone());
-            family
+            Counters { name, family }
         };
         let consumed = counters(
             "hopper_messages_consumed",
@@ -185,7 +188,7 @@ impl Metrics {
                 "Tier messages sent back to their tier, attempts unchanged, because the route's circuit breaker was open.",
             ),
         ]
-        .map(|(name, help)| (name, counters(name, help)));
+        .map(|(name, help)| counters(name, help));
         let delivered = counters(
             "hopper_delay_delivered",
             "Delayed messages forwarded to their target.",
@@ -245,10 +248,9 @@ impl Metrics {
         }
         for (route, tiers, has_breaker) in route_names {
             let breaker = has_breaker.then(|| {
-                let [opened, probes, closed, deferred] =
-                    breaker_families.each_ref().map(|(name, family)| {
-                        metrics.register(family, name, vec![("route", route.into())])
-                    });
+                let [opened, probes, closed, deferred] = breaker_families
+                    .each_ref()
+                    .map(|family| metrics.register(family, vec![("route", route.into())]));
                 BreakerCounters {
                     opened,
                     probes,
@@ -261,8 +263,7 @@ impl Metrics {
                     .into_iter()
                     .map(|tier| {
                         let labels = vec![("route", route.into()), ("tier", tier.clone())];
-                        let counter =
-                            metrics.register(&retries, "hopper_retries_scheduled", labels);
+                        let counter = metrics.register(&retries, labels);
                         (tier, counter)
                     })
                     .collect(),
@@ -271,39 +272,32 @@ impl Metrics {
                     .filter(|reason| *reason != Reason::Retryable)
                     .map(|reason| {
                         let labels = vec![("route", route.into()), ("reason", reason.to_string())];
-                        let counter =
-                            metrics.register(&dead_lettered, "hopper_dead_lettered", labels);
+                        let counter = metrics.register(&dead_lettered, labels);
                         (reason, counter)
                     })
                     .collect(),
                 reloads_ok: metrics.register(
                     &reloads,
-                    "hopper_handler_reloads",
                     vec![("route", route.into()), ("result", "ok".into())],
                 ),
                 reloads_failed: metrics.register(
                     &reloads,
-                    "hopper_handler_reloads",
                     vec![("route", route.into()), ("result", "failed".into())],
                 ),
                 replayed: metrics.register(
                     &metrics.replays,
-                    "hopper_replays",
                     vec![("route", route.into()), ("result", "replayed".into())],
                 ),
                 looped: metrics.register(
                     &metrics.replays,
-                    "hopper_replays",
                     vec![("route", route.into()), ("result", "loop".into())],
                 ),
                 emitted: metrics.register(
                     &metrics.emits,
-                    "hopper_emitted_records",
                     vec![("route", route.into()), ("result", "produced".into())],
                 ),
                 emits_discarded: metrics.register(
                     &metrics.emits,
-                    "hopper_emitted_records",
                     vec![("route", route.into()), ("result", "discarded".into())],
                 ),
                 hop_failures: HopFailure::ALL
@@ -311,8 +305,7 @@ impl Metrics {
                     .map(|outcome| {
                         let labels =
                             vec![("route", route.into()), ("outcome", outcome.to_string())];
-                        let counter =
-                            metrics.register(&hop_failures, "hopper_hop_failures", labels);
+                        let counter = metrics.register(&hop_failures, labels);
                         (outcome, counter)
                     })
                     .collect(),
@@ -322,18 +315,15 @@ impl Metrics {
         }
         if let Some(relay) = &config.delay {
             metrics.relay = Some(RelayCounters {
-                delivered: metrics.register(&delivered, "hopper_delay_delivered", vec![]),
-                early: metrics.register(&early, "hopper_delay_early", vec![]),
+                delivered: metrics.register(&delivered, vec![]),
+                early: metrics.register(&early, vec![]),
                 lateness,
                 tier_hops: relay
                     .tiers
                     .iter()
                     .map(|(_, tier)| {
                         let labels = vec![("tier", tier.clone())];
-                        (
-                            tier.clone(),
-                            metrics.register(&tier_hops, "hopper_delay_tier_hops", labels),
-                        )
+                        (tier.clone(), metrics.register(&tier_hops, labels))
                     })
                     .collect(),
             });
@@ -341,8 +331,9 @@ impl Metrics {
         metrics
     }
 
-    fn register(&self, family: &Counters, name: &str, labels: Labels) -> Counter {
-        let counter = family.get_or_create_owned(&labels);
+    fn register(&self, family: &Counters, labels: Labels) -> Counter {
+        let counter = family.family.get_or_create_owned(&labels);
+        let name = family.name;
         let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
         let key = format!("{name}_total{{{}}}", labels.join(","));
         self.registered.lock().unwrap().push((key, counter.clone()));
@@ -356,17 +347,17 @@ impl Metrics {
 
     /// The handles of route `route`'s processor, registered now; called
     /// once per route, at start.
-    pub fn route(&self, route: &str) -> RouteMetrics {
+    pub fn route_handles(&self, route: &str) -> RouteMetrics {
         let label = || ("route", route.to_string());
         RouteMetrics {
             consumed: self
                 .enabled
-                .then(|| self.register(&self.consumed, "hopper_messages_consumed", vec![label()])),
+                .then(|| self.register(&self.consumed, vec![label()])),
             outcomes: VerdictKind::ALL
                 .into_iter()
                 .map(|kind| {
                     let labels = vec![label(), ("outcome", kind.to_string())];
-                    let counter = self.register(&self.outcomes, "hopper_handler_outcomes", labels);
+                    let counter = self.register(&self.outcomes, labels);
                     (kind, counter)
                 })
                 .collect(),
@@ -393,116 +384,31 @@ impl Metrics {
     /// once per route and result, when its handler is first loaded.
     pub fn http_requests(&self, route: &str, result: &str) -> Counter {
         let labels = vec![("route", route.to_string()), ("result", result.to_string())];
-        self.register(&self.http_requests, "hopper_http_requests", labels)
+        self.register(&self.http_requests, labels)
     }
 
     /// The counter of records `route`'s handler tried to emit and the
     /// route's grants refused, for the route's grants to hold.
     pub fn emits_refused(&self, route: &str) -> Counter {
         let labels = vec![("route", route.to_string()), ("result", "refused".into())];
-        self.register(&self.emits, "hopper_emitted_records", labels)
+        self.register(&self.emits, labels)
     }
 
-    /// A record `route`'s handler emitted was produced and acknowledged.
-    pub fn emitted(&self, route: &str) {
-        if let Some(route) = self.routes.get(route) {
-            route.emitted.inc();
-        }
+    /// The counters events of `route` bump, registered at start; `None`
+    /// for a route hopper does not run. A lookup in a map never written
+    /// after start: for events that are not on a message's path.
+    pub(crate) fn route(&self, route: &str) -> Option<&RouteCounters> {
+        self.routes.get(route)
     }
 
-    /// `count` records `route`'s handler emitted were dropped: the verdict
-    /// was not `ok`.
-    pub fn emits_discarded(&self, route: &str, count: u64) {
-        if let Some(route) = self.routes.get(route) {
-            route.emits_discarded.inc_by(count);
-        }
+    /// The counters of `route`'s circuit breaker, when it has one.
+    pub(crate) fn breaker(&self, route: &str) -> Option<&BreakerCounters> {
+        self.routes.get(route)?.breaker.as_ref()
     }
 
-    /// `route`'s circuit breaker opened, or reopened.
-    pub fn breaker_opened(&self, route: &str) {
-        self.breaker(route, |b| &b.opened);
-    }
-
-    /// `route`'s half-open breaker let a probe through.
-    pub fn breaker_probed(&self, route: &str) {
-        self.breaker(route, |b| &b.probes);
-    }
-
-    /// `route`'s circuit breaker closed.
-    pub fn breaker_closed(&self, route: &str) {
-        self.breaker(route, |b| &b.closed);
-    }
-
-    /// `route`'s open breaker sent a tier message back to its tier.
-    pub fn breaker_deferred(&self, route: &str) {
-        self.breaker(route, |b| &b.deferred);
-    }
-
-    fn breaker(&self, route: &str, counter: impl Fn(&BreakerCounters) -> &Counter) {
-        if let Some(breaker) = self.routes.get(route).and_then(|r| r.breaker.as_ref()) {
-            counter(breaker).inc();
-        }
-    }
-
-    /// A message went up retry tier `tier` of `route`.
-    pub fn retry_scheduled(&self, route: &str, tier: &str) {
-        if let Some(counter) = self.routes.get(route).and_then(|r| r.retries.get(tier)) {
-            counter.inc();
-        }
-    }
-
-    /// A hop of `route` was not acknowledged.
-    pub fn hop_failed(&self, route: &str, outcome: HopFailure) {
-        if let Some(counter) = self
-            .routes
-            .get(route)
-            .and_then(|r| r.hop_failures.get(&outcome))
-        {
-            counter.inc();
-        }
-    }
-
-    /// A message of `route` was dead-lettered for `reason`.
-    pub fn dead_lettered(&self, route: &str, reason: Reason) {
-        if let Some(counter) = self
-            .routes
-            .get(route)
-            .and_then(|r| r.dead_lettered.get(&reason))
-        {
-            counter.inc();
-        }
-    }
-
-    /// The relay forwarded a message due at `deliver_at` (epoch ms), now.
-    pub fn delivered(&self, deliver_at: i64) {
-        if let Some(relay) = &self.relay {
-            relay.delivered.inc();
-            let late_ms = now_ms() - deliver_at;
-            if late_ms < 0 {
-                relay.early.inc();
-            } else if self.enabled {
-                relay
-                    .lateness
-                    .observe(Duration::from_millis(late_ms as u64));
-            }
-        }
-    }
-
-    /// A reload of `route`'s handler succeeded (`ok`) or failed.
-    pub fn reloaded(&self, route: &str, ok: bool) {
-        if let Some(route) = self.routes.get(route) {
-            match ok {
-                true => route.reloads_ok.inc(),
-                false => route.reloads_failed.inc(),
-            };
-        }
-    }
-
-    /// A delayed message moved down to tier topic `tier`.
-    pub fn tier_hop(&self, tier: &str) {
-        if let Some(counter) = self.relay.as_ref().and_then(|r| r.tier_hops.get(tier)) {
-            counter.inc();
-        }
+    /// The delay relay's counters, when a relay runs.
+    pub(crate) fn relay(&self) -> Option<&RelayCounters> {
+        self.relay.as_ref()
     }
 
     /// The delay relay's lateness histogram, when a relay runs.

@@ -14,6 +14,7 @@
 
 use super::GuestInfo;
 use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
+use crate::events;
 use crate::events::Event;
 use http_body_util::BodyExt;
 use std::future::Future;
@@ -257,14 +258,16 @@ impl Report {
             );
         }
         if g.grants.telemetry.has_observers() {
-            g.grants.telemetry.publish(Event::HttpDenied {
-                route: g.route.clone(),
-                id: self.message_id.to_string(),
-                version: g.version.clone(),
-                method: t.method.to_string(),
-                url,
-                reason,
-            });
+            g.grants
+                .telemetry
+                .publish(Event::HttpDenied(events::HttpDenied {
+                    route: g.route.clone(),
+                    id: self.message_id.to_string(),
+                    version: g.version.clone(),
+                    method: t.method.to_string(),
+                    url,
+                    reason,
+                }));
         }
     }
 
@@ -295,16 +298,18 @@ impl Report {
             "HTTP request sent."
         );
         if observed {
-            g.grants.telemetry.publish(Event::HttpRequest {
-                route: g.route.clone(),
-                id: self.message_id.to_string(),
-                version: g.version.clone(),
-                method: t.method.to_string(),
-                url,
-                status,
-                error,
-                took,
-            });
+            g.grants
+                .telemetry
+                .publish(Event::HttpRequest(events::HttpRequest {
+                    route: g.route.clone(),
+                    id: self.message_id.to_string(),
+                    version: g.version.clone(),
+                    method: t.method.to_string(),
+                    url,
+                    status,
+                    error,
+                    took,
+                }));
         }
     }
 }

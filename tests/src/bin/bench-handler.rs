@@ -14,6 +14,7 @@
 //! the write to the swap. Prints figures; asserts no timings.
 
 use hopper::config::ConfigFile;
+use hopper::events;
 use hopper::events::{Event, Telemetry};
 use hopper::plugin::HandlerSlot;
 use hopper::plugin::{Delivery, Handler, Runtime, Verdict};
@@ -167,12 +168,14 @@ async fn reload_latency(swaps: usize) {
                 .expect("reloaded within 30s")
                 .unwrap();
             match event {
-                Event::HandlerReloaded {
+                Event::HandlerReloaded(events::HandlerReloaded {
                     new_version,
                     cached,
                     ..
-                } if new_version == want => break cached,
-                Event::HandlerReloadFailed { error, .. } => panic!("{error}"),
+                }) if new_version == want => break cached,
+                Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
+                    panic!("{error}")
+                }
                 _ => {}
             }
         };

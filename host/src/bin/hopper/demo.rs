@@ -3,6 +3,7 @@
 
 use crate::{ctrl_c, prepare};
 use anyhow::Context as _;
+use hopper::events;
 use hopper::events::Event;
 use hopper::headers;
 use hopper::kafka::Cluster;
@@ -259,23 +260,23 @@ pub async fn run(
             _ = async { match tail.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => break,
             _ = ctrl_c() => break,
             event = events.recv() => match event {
-                Ok(Event::Handled { id, attempt, verdict, .. }) => {
+                Ok(Event::Handled(events::Handled { id, attempt, verdict, .. })) => {
                     println!("{} {id} attempt {attempt}: handler said {verdict}", stamp());
                     if verdict == "ok" {
                         settled.insert(id, "ok".into());
                     }
                 }
-                Ok(Event::RetryScheduled { id, topic, delay, .. }) => {
+                Ok(Event::RetryScheduled(events::RetryScheduled { id, topic, delay, .. })) => {
                     println!("{} {id} → {topic} (due in {})", stamp(), humantime::format_duration(delay));
                 }
-                Ok(Event::DeadLettered { id, reason, .. }) => {
+                Ok(Event::DeadLettered(events::DeadLettered { id, reason, .. })) => {
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
                 }
-                Ok(Event::Delivered { id, target, deliver_at }) => {
+                Ok(Event::Delivered(events::Delivered { id, target, deliver_at })) => {
                     let late = hopper::clock::now_ms() - deliver_at;
                     println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
                 }
-                Ok(Event::HandlerReloaded { handler, old_version, new_version, took, .. }) => {
+                Ok(Event::HandlerReloaded(events::HandlerReloaded { handler, old_version, new_version, took, .. })) => {
                     println!("{} handler {handler} reloaded in {took:.0?}: {} → {}", stamp(), &old_version[..12], &new_version[..12]);
                     if reload == Reload::Waiting {
                         reload = Reload::Done;
@@ -291,7 +292,7 @@ pub async fn run(
                         println!("{} sent {id} to {input}: {expect}", stamp());
                     }
                 }
-                Ok(Event::HttpRequest { id, method, url, status, error, took, .. }) => {
+                Ok(Event::HttpRequest(events::HttpRequest { id, method, url, status, error, took, .. })) => {
                     let answer = match (status, error) {
                         (Some(status), _) => status.to_string(),
                         (None, Some(error)) => format!("no answer: {error}"),
@@ -299,16 +300,16 @@ pub async fn run(
                     };
                     println!("{} {id} handler → {method} {url}: {answer} ({took:.1?})", stamp());
                 }
-                Ok(Event::HttpDenied { id, method, url, reason, .. }) => {
+                Ok(Event::HttpDenied(events::HttpDenied { id, method, url, reason, .. })) => {
                     println!("{} {id} handler → {method} {url}: denied ({reason})", stamp());
                 }
-                Ok(Event::Emitted { id, topic, .. }) => {
+                Ok(Event::Emitted(events::Emitted { id, topic, .. })) => {
                     println!("{} {id} emitted to {topic}", stamp());
                 }
-                Ok(Event::EmitsDiscarded { id, count, verdict, .. }) => {
+                Ok(Event::EmitsDiscarded(events::EmitsDiscarded { id, count, verdict, .. })) => {
                     println!("{} {id}: {count} emitted record(s) discarded, the verdict is {verdict}", stamp());
                 }
-                Ok(Event::HandlerReloadFailed { error, .. }) => {
+                Ok(Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. })) => {
                     println!("{} handler reload failed, the old version keeps serving: {error}", stamp());
                 }
                 _ => {}
