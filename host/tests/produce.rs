@@ -76,9 +76,14 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
         )
         .await;
 
-    // Two timeouts' worth with the broker down: nothing may complete.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    while let Ok(event) = events.try_recv() {
+    // Two produce attempts time out with the broker down, each reported as
+    // a retried hop: the hop is being tried, and nothing else may happen
+    // meanwhile, least of all an acknowledgement.
+    for attempt in 1..=2 {
+        let event = tokio::time::timeout(Duration::from_secs(30), events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no retried hop (attempt {attempt}) within 30 s"))
+            .unwrap();
         assert!(
             matches!(
                 event,

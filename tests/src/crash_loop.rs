@@ -25,7 +25,7 @@
 //! a hop not yet acknowledged, a delayed message's last stretch in memory).
 
 use crate::fleet::{HopperProcess, Ledger, Outgoing, Seen, acting_script};
-use crate::{brokers, create_topics_with, now_ms, plugin, rand_name};
+use crate::{TestConfig, create_topics_with, now_ms, plugin, rand_name, route_table};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
@@ -276,20 +276,24 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
         sink: format!("{name}.later"),
     };
     create_topics_with(&[&t.input, &t.done, &t.dlq, &t.inbox, &t.sink], 6).await;
-    let dir = tempfile::tempdir()?;
-    let config = dir.path().join("hopper.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[kafka]\nbrokers = \"{}\"\npartitions = 6\n\n[[route]]\nname = \"{name}\"\ntopics = [\"{}\"]\nhandler = \"{}\"\nemit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3\n\n[delay]\ninbox = \"{}\"\ngroup = \"{}\"\ntiers = [\"1s\", \"5s\"]\n",
-            brokers(),
-            t.input,
-            plugin("acting").display(),
-            t.done,
+    let file = TestConfig::with_partitions(
+        6,
+        &format!(
+            "{}\n[delay]\ninbox = \"{}\"\ngroup = \"{}\"\ntiers = [\"1s\", \"5s\"]\n",
+            route_table(
+                &name,
+                &t.input,
+                &plugin("acting"),
+                &format!(
+                    "emit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3",
+                    t.done
+                ),
+            ),
             t.inbox,
             t.inbox,
         ),
-    )?;
+    );
+    let (dir, config) = (&file.dir, &file.path);
     let ledger = Ledger::start(&[t.done.clone(), t.dlq.clone(), t.sink.clone()]);
     let say = |line: String| {
         if params.progress {
@@ -299,7 +303,7 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
     let fates_now = || ledger.with(|r| fates(r, &t).len());
 
     let mut generation = 1;
-    let mut process = HopperProcess::spawn("hopper-1", &config, dir.path());
+    let mut process = HopperProcess::spawn("hopper-1", config, dir.path());
     say(format!(
         "started hopper (pid {}), producing {} messages at {}/s",
         process.pid(),
@@ -434,7 +438,7 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
             ..Default::default()
         });
         generation += 1;
-        process = HopperProcess::spawn(&format!("hopper-{generation}"), &config, dir.path());
+        process = HopperProcess::spawn(&format!("hopper-{generation}"), config, dir.path());
     }
     producing.await?;
     say("all messages produced; waiting for every fate".into());

@@ -144,6 +144,7 @@ pub struct Seen {
 /// Reads `topics` from the beginning in a group of its own, in the
 /// background, and keeps every record as a [`Seen`].
 pub struct Ledger {
+    topics: Vec<String>,
     records: Arc<Mutex<Vec<Seen>>>,
     error: Arc<Mutex<Option<String>>>,
     task: tokio::task::JoinHandle<()>,
@@ -183,6 +184,7 @@ impl Ledger {
             }
         });
         Ledger {
+            topics: topics.to_vec(),
             records,
             error,
             task,
@@ -200,6 +202,22 @@ impl Ledger {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Waits until every record on the ledger's topics now, by their high
+    /// watermarks, has been read, within `timeout`.
+    pub async fn read_all(&self, timeout: Duration) {
+        let written = crate::records_on(&self.topics);
+        let deadline = tokio::time::Instant::now() + timeout;
+        while (self.len() as i64) < written {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the ledger read {} of the {written} records on {:?} within {timeout:?}",
+                self.len(),
+                self.topics
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// The reader's last error, if it had one (it keeps reading after it).

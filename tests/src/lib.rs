@@ -9,6 +9,7 @@ pub mod bench_server;
 pub mod crash_loop;
 pub mod fleet;
 pub mod http_server;
+pub mod logs;
 pub mod track_server;
 
 use hopper::config::Config;
@@ -155,14 +156,10 @@ impl TestRoute {
     pub fn new(handler: &Path, extra: &str) -> TestRoute {
         let name = rand_name("route");
         let input = format!("{name}.in");
-        let dir = tempfile::tempdir().unwrap();
-        let config_path = dir.path().join("hopper.toml");
-        let text = format!(
-            "[kafka]\nbrokers = \"{}\"\npartitions = 2\n\n[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\n{extra}\n",
-            brokers(),
-            handler.display()
-        );
-        std::fs::write(&config_path, text).unwrap();
+        let TestConfig {
+            dir,
+            path: config_path,
+        } = TestConfig::new(&route_table(&name, &input, handler, extra));
         TestRoute {
             dlq: format!("{name}.dlq"),
             name,
@@ -187,15 +184,8 @@ impl TestRoute {
 /// way `hopper run` resolves it, for calling the handler without a broker.
 /// `extra` goes inside the route table.
 pub fn resolve_route(handler: &Path, extra: &str) -> hopper::config::Route {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hopper.toml");
-    let text = format!(
-        "[[route]]\nname = \"direct\"\ntopics = [\"direct.in\"]\nhandler = \"{}\"\n{extra}\n",
-        handler.display()
-    );
-    std::fs::write(&path, text).unwrap();
-    Config::load(&path)
-        .unwrap_or_else(|e| panic!("{e:#}"))
+    TestConfig::raw(&route_table("direct", "direct.in", handler, extra))
+        .load()
         .routes
         .remove(0)
 }
@@ -305,6 +295,70 @@ pub async fn consume_until(
     }
 }
 
+/// Records on `topics` now: the sum of their partitions' high less low
+/// watermarks on the test broker.
+pub fn records_on(topics: &[String]) -> i64 {
+    let consumer: rdkafka::consumer::BaseConsumer = client_config().create().unwrap();
+    let mut sum = 0;
+    for topic in topics {
+        let metadata = consumer
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+        for p in metadata.topics()[0].partitions() {
+            let (low, high) = consumer
+                .fetch_watermarks(topic, p.id(), Duration::from_secs(10))
+                .unwrap_or_else(|e| panic!("watermarks of {topic}[{}]: {e}", p.id()));
+            sum += high - low;
+        }
+    }
+    sum
+}
+
+/// The offsets `group` has committed on `topic`, summed over the topic's
+/// partitions (a partition without a commit counts 0), read from the test
+/// broker.
+pub fn committed_on(group: &str, topic: &str) -> i64 {
+    let consumer: rdkafka::consumer::BaseConsumer = client_config()
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let metadata = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("metadata of {topic}: {e}"));
+    let mut wanted = rdkafka::TopicPartitionList::new();
+    for p in metadata.topics()[0].partitions() {
+        wanted.add_partition(topic, p.id());
+    }
+    let got = consumer
+        .committed_offsets(wanted, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("offsets {group} committed on {topic}: {e}"));
+    got.elements()
+        .iter()
+        .map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => o,
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Waits until `group` has committed `offsets` on `topic` (summed over its
+/// partitions, see [`committed_on`]), within `PATIENCE`.
+pub async fn until_committed_on(group: &str, topic: &str, offsets: i64) {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        let now = committed_on(group, topic);
+        if now == offsets {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{group} committed {now} offsets on {topic}, not {offsets}, within {PATIENCE:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Headers of a record as a map of UTF-8 text (the last value wins), plus
 /// the raw count per key so tests can check nothing was appended twice.
 pub fn header_map(message: &OwnedMessage) -> (HashMap<String, String>, HashMap<String, usize>) {
@@ -341,19 +395,35 @@ pub struct TestConfig {
 }
 
 impl TestConfig {
+    /// `body` after a `[kafka]` table on the test broker, two partitions a
+    /// topic.
     pub fn new(body: &str) -> TestConfig {
+        Self::with_partitions(2, body)
+    }
+
+    /// `body` after a `[kafka]` table on the test broker, `partitions` a
+    /// topic.
+    pub fn with_partitions(partitions: i32, body: &str) -> TestConfig {
+        Self::raw(&format!("{}\n{body}\n", kafka_table(partitions)))
+    }
+
+    /// A config file holding `text` and nothing else: for a `[kafka]` table
+    /// of the test's own, or none.
+    pub fn raw(text: &str) -> TestConfig {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("hopper.toml");
-        let text = format!(
-            "[kafka]\nbrokers = \"{}\"\npartitions = 2\n\n{body}\n",
-            brokers()
-        );
         std::fs::write(&path, text).unwrap();
         TestConfig { dir, path }
     }
 
+    /// The config, pointed at the test broker.
     pub fn config(&self) -> Config {
         load_config(&self.path)
+    }
+
+    /// The config as written, brokers included (or not).
+    pub fn load(&self) -> Config {
+        Config::load(&self.path).unwrap_or_else(|e| panic!("{}: {e:#}", self.path.display()))
     }
 
     pub async fn start(&self) -> Hopper {
@@ -361,6 +431,24 @@ impl TestConfig {
             .await
             .expect("hopper starts")
     }
+}
+
+/// A `[kafka]` table on the test broker, creating topics of `partitions`
+/// partitions.
+pub fn kafka_table(partitions: i32) -> String {
+    format!(
+        "[kafka]\nbrokers = \"{}\"\npartitions = {partitions}\n",
+        brokers()
+    )
+}
+
+/// A `[[route]]` table: route `name` reading `input` with `handler`, and
+/// `extra` (keys, or tables of the route such as `[route.config]`) after it.
+pub fn route_table(name: &str, input: &str, handler: &Path, extra: &str) -> String {
+    format!(
+        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\n{extra}\n",
+        handler.display()
+    )
 }
 
 /// Loads a test config the way `hopper run` does, against the test broker.
@@ -378,7 +466,7 @@ pub struct InProcess {
     pub handler: hopper::plugin::Handler,
     /// Where the handler's HTTP requests and refused emits are reported.
     pub telemetry: hopper::events::Telemetry,
-    _dir: tempfile::TempDir,
+    _file: TestConfig,
 }
 
 impl InProcess {
@@ -411,17 +499,11 @@ impl InProcess {
         rest: &str,
         adapt: impl FnOnce(hopper::plugin::Runtime) -> hopper::plugin::Runtime,
     ) -> InProcess {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("hopper.toml");
-        std::fs::write(
-            &path,
-            format!(
-                "[[route]]\nname = \"inproc\"\ntopics = [\"inproc.in\"]\nhandler = \"{}\"\n{extra}\n\n{rest}\n",
-                handler.display()
-            ),
-        )
-        .unwrap();
-        let mut config = Config::load(&path).unwrap();
+        let file = TestConfig::raw(&format!(
+            "{}\n{rest}\n",
+            route_table("inproc", "inproc.in", handler, extra)
+        ));
+        let mut config = file.load();
         let telemetry = hopper::events::Telemetry::new();
         let runtime = hopper::plugin::Runtime::new(64 << 20)
             .unwrap()
@@ -435,7 +517,7 @@ impl InProcess {
             route,
             handler,
             telemetry,
-            _dir: dir,
+            _file: file,
         }
     }
 

@@ -22,11 +22,15 @@ async fn route(server: &TrackServer, partitions: i32, extra: &str) -> (TestConfi
     } else {
         "timeout = \"10s\"\n"
     };
-    let config = TestConfig::new(&format!(
-        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nallowed_hosts = [\"{}\"]\n{timeout}{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"\n",
-        plugin("fetch").display(),
-        server.origin(),
-        server.url(),
+    let config = TestConfig::new(&route_table(
+        &name,
+        &input,
+        &plugin("fetch"),
+        &format!(
+            "allowed_hosts = [\"{}\"]\n{timeout}{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"",
+            server.origin(),
+            server.url(),
+        ),
     ));
     (config, input)
 }

@@ -138,8 +138,8 @@ async fn a_delayed_message_to_a_route_is_handled_after_its_time() {
     let route = rand_name("route");
     let inbox = rand_name("delay");
     let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n\n[[route]]\nname = \"{route}\"\ntopics = [\"{route}.in\"]\nhandler = \"{}\"\n",
-        plugin("scripted").display()
+        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n\n{}",
+        route_table(&route, &format!("{route}.in"), &plugin("scripted"), "")
     ));
     let hopper = config.start().await;
     let mut events = hopper.events();
@@ -307,8 +307,15 @@ async fn a_killed_relay_loses_nothing_and_delivers_nothing_early() {
         .await;
         due.insert(id, at);
     }
-    // Let the relay take them into its tiers and scheduler, then kill it.
-    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // Killed once the relay has taken every message from its inbox (into
+    // its tiers, or delivered) and committed them there.
+    until_committed_on(&inbox, &inbox, 30).await;
+    let delivered = records_on(std::slice::from_ref(&target));
+    eprintln!("kill -9 with {delivered} of 30 delivered");
+    assert!(
+        delivered < 30,
+        "the kill lands while messages wait in the relay's tiers"
+    );
     first.kill().expect("kill -9");
     first.wait().unwrap();
     let mut second = spawn();

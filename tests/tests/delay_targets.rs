@@ -7,7 +7,6 @@
 //! deleted.
 
 use hopper::Hopper;
-use hopper::config::Config;
 use hopper::delay::TARGET_TRUSTED_FOR;
 
 use hopper::embedded::EmbeddedBroker;
@@ -45,22 +44,17 @@ fn records_in(brokers: &str, topic: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered() {
-    init_tracing();
+    logs::capture();
     let broker = EmbeddedBroker::start().unwrap();
     let bootstrap = broker.bootstrap_servers();
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hopper.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 1\n\n[delay]\ntiers = [\"1s\"]\n"
-        ),
-    )
-    .unwrap();
-    let config = Config::load(&path).unwrap();
+    let file = TestConfig::raw(&format!(
+        "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 1\n\n[delay]\ntiers = [\"1s\"]\n"
+    ));
+    let config = file.load();
     let relay = config.delay.clone().unwrap();
     broker.create_topics(&config.all_topics(), 1).unwrap();
-    let target = "orders".to_string();
+    // Named for this test alone: the log lines below are told apart by it.
+    let target = rand_name("orders");
     broker.create_topics([&target], 1).unwrap();
     // The target exists, but the cluster answers every lookup of it with
     // LEADER_NOT_AVAILABLE, as it does during a leader election.
@@ -98,8 +92,19 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
         &[("hopper-target", &target), ("hopper-deliver-at", &at)],
     )
     .await;
-    // Several lookups fail meanwhile (they back off from 100 ms).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several lookups of the target get no answer meanwhile.
+    let failed = logs::wait_for_lines(
+        &[
+            "Delay target lookup got no answer",
+            &format!("topic=\"{target}\""),
+        ],
+        3,
+    )
+    .await;
+    assert!(
+        failed[0].contains("LEADER_NOT_AVAILABLE") || failed[0].contains("Leader not available"),
+        "{failed:?}"
+    );
     broker
         .mock()
         .topic_error(&target, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)
@@ -127,7 +132,7 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_target_deleted_while_hopper_runs_dead_letters_instead_of_looping() {
-    init_tracing();
+    logs::capture();
     let inbox = rand_name("delay");
     let config = TestConfig::new(&format!(
         "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\", \"2s\"]\nmax_delay = \"1h\""
@@ -252,14 +257,14 @@ async fn a_target_deleted_while_hopper_runs_dead_letters_instead_of_looping() {
 /// own topics are never targets now, and `[delay] targets` narrows the rest.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hoppers_own_topics_and_those_outside_targets_get_invalid_target() {
-    init_tracing();
+    logs::capture();
     let inbox = rand_name("delay");
     let route = rand_name("route");
     let allowed = rand_name("allowed");
     let outside = rand_name("outside");
     let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\ntargets = [\"{allowed}*\", \"{route}.in\", \"{route}.*\"]\n\n[[route]]\nname = \"{route}\"\ntopics = [\"{route}.in\"]\nhandler = \"{}\"\n",
-        plugin("noop").display()
+        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\ntargets = [\"{allowed}*\", \"{route}.in\", \"{route}.*\"]\n\n{}",
+        route_table(&route, &format!("{route}.in"), &plugin("noop"), "")
     ));
     let loaded = config.config();
     let tier = loaded.routes[0].tiers()[0].1.clone();

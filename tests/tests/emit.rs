@@ -100,8 +100,13 @@ async fn a_delayed_emit_goes_through_the_delay_relay_and_arrives_no_earlier() {
     let closed = rand_name("closed");
     let inbox = rand_name("delay");
     let config = TestConfig::new(&format!(
-        "[[route]]\nname = \"{name}\"\ntopics = [\"{name}.in\"]\nhandler = \"{}\"\nemit_topics = [\"{closed}\"]\n\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n",
-        plugin("acting").display()
+        "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n",
+        route_table(
+            &name,
+            &format!("{name}.in"),
+            &plugin("acting"),
+            &format!("emit_topics = [\"{closed}\"]")
+        )
     ));
     let hopper = config.start().await;
     let steps = json!([{"emit": {"topic": closed, "payload": "later", "delay_ms": 1500}}]);

@@ -15,20 +15,22 @@ use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-/// A one-route config on `broker`, the `scripted` fixture as its handler.
-fn config(broker_name: &str, extra: &str) -> (tempfile::TempDir, hopper::config::Config, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hopper.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\npartitions = 1\n\n[[route]]\nname = \"{broker_name}\"\ntopics = [\"{broker_name}.in\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 3\n{extra}\n",
-            plugin("scripted").display()
-        ),
-    )
-    .unwrap();
-    let config = hopper::config::Config::load(&path).unwrap();
-    (dir, config, format!("{broker_name}.in"))
+/// A one-route config named `name`, the `scripted` fixture as its handler,
+/// with topics of `partitions` partitions and no brokers yet (the embedded
+/// broker sets them).
+fn config(name: &str, partitions: i32) -> (TestConfig, hopper::config::Config, String) {
+    let input = format!("{name}.in");
+    let file = TestConfig::raw(&format!(
+        "[kafka]\npartitions = {partitions}\n\n{}",
+        route_table(
+            name,
+            &input,
+            &plugin("scripted"),
+            "retry = [\"1s\"]\nmax_attempts = 3"
+        )
+    ));
+    let config = file.load();
+    (file, config, input)
 }
 
 async fn start(config: hopper::config::Config) -> Hopper {
@@ -46,30 +48,45 @@ fn producer_to(broker: &EmbeddedBroker) -> FutureProducer {
 }
 
 async fn send(producer: &FutureProducer, topic: &str, id: &str, payload: &str) {
+    send_to(producer, topic, None, id, payload).await
+}
+
+/// Produces `payload` with hopper-id `id` to `partition` of `topic`, or to
+/// the partition the producer picks.
+async fn send_to(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: Option<i32>,
+    id: &str,
+    payload: &str,
+) {
     let headers = rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
         key: "hopper-id",
         value: Some(id),
     });
+    let mut record = FutureRecord::<str, str>::to(topic)
+        .payload(payload)
+        .headers(headers);
+    if let Some(partition) = partition {
+        record = record.partition(partition);
+    }
     producer
-        .send(
-            FutureRecord::<str, str>::to(topic)
-                .payload(payload)
-                .headers(headers),
-            Duration::from_secs(60),
-        )
+        .send(record, Duration::from_secs(60))
         .await
         .map_err(|(e, _)| e)
         .expect("produce");
 }
 
-fn committed(broker: &EmbeddedBroker, group: &str, topic: &str) -> Option<i64> {
+/// The offset `group` committed on `partition` of `topic`, read from the
+/// broker.
+fn committed(broker: &EmbeddedBroker, group: &str, topic: &str, partition: i32) -> Option<i64> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", broker.bootstrap_servers())
         .set("group.id", group)
         .create()
         .unwrap();
     let mut wanted = TopicPartitionList::new();
-    wanted.add_partition(topic, 0);
+    wanted.add_partition(topic, partition);
     let got = consumer
         .committed_offsets(wanted, Duration::from_secs(10))
         .ok()?;
@@ -83,7 +100,7 @@ fn committed(broker: &EmbeddedBroker, group: &str, topic: &str) -> Option<i64> {
 async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
     init_tracing();
     let name = rand_name("faults");
-    let (_dir, mut config, input) = config(&name, "");
+    let (_file, mut config, input) = config(&name, 1);
     let broker = EmbeddedBroker::serve(&mut config).unwrap();
     let dlq = config.routes[0].dlq.clone();
     let hopper = start(config).await;
@@ -185,61 +202,109 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
     hopper.stop().await;
 }
 
+/// Waits until `group` has committed `offset` on `partition` of `topic`.
+async fn until_committed(
+    broker: &EmbeddedBroker,
+    group: &str,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    what: &str,
+) {
+    let until = Instant::now() + PATIENCE;
+    while committed(broker, group, topic, partition) != Some(offset) {
+        assert!(
+            Instant::now() < until,
+            "{what}: {topic}[{partition}] committed {:?}, not {offset}, after {PATIENCE:?}",
+            committed(broker, group, topic, partition)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     init_tracing();
     let name = rand_name("stuck");
-    let (_dir, mut config, input) = config(&name, "");
+    let (_file, mut config, input) = config(&name, 2);
     let broker = EmbeddedBroker::serve(&mut config).unwrap();
     let group = config.routes[0].group.clone();
+    let dlq = config.routes[0].dlq.clone();
     let again = config.clone();
     let hopper = start(config).await;
     let producer = producer_to(&broker);
 
-    // Offsets 0 and 1 are ok; they are committed.
-    send(&producer, &input, "a", "ok").await;
-    send(&producer, &input, "b", "ok").await;
-    let until = Instant::now() + Duration::from_secs(60);
-    while committed(&broker, &group, &input) != Some(2) {
-        assert!(Instant::now() < until, "offsets 0 and 1 are committed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Offsets 0 and 1 of partition 0 are ok; they are committed.
+    send_to(&producer, &input, Some(0), "a", "ok").await;
+    send_to(&producer, &input, Some(0), "b", "ok").await;
+    until_committed(&broker, &group, &input, 0, 2, "offsets 0 and 1 are ok").await;
     hopper.stop().await;
     // Offset 2 is fatal, and, once hopper runs again, its dead-letter record
-    // cannot be produced: every produce request fails, for a long while.
-    send(&producer, &input, "c", "fatal").await;
-    send(&producer, &input, "d", "ok").await;
-    broker.mock().request_errors(
-        RDKafkaApiKey::Produce,
-        &[RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS; 1000],
-    );
+    // cannot be produced: the DLQ's partitions have no leader, so no
+    // produce to them is acknowledged until they get one back.
+    send_to(&producer, &input, Some(0), "c", "fatal").await;
+    send_to(&producer, &input, Some(0), "d", "ok").await;
+    for partition in 0..2 {
+        broker
+            .mock()
+            .partition_leader(&dlq, partition, None)
+            .unwrap();
+    }
     let hopper = start(again).await;
     let mut events = hopper.events();
-    let handled = next_matching(
+    let mut seen = Vec::new();
+    next_matching(
         &mut events,
-        |_| {},
-        |e| match e {
-            Event::Handled(events::Handled { id, .. }) if id == "d" => Some(()),
-            _ => None,
-        },
-    );
-    tokio::time::timeout(Duration::from_secs(60), handled)
-        .await
-        .expect("offset 3 is handled while offset 2's hop fails");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+        |e| seen.push(e.clone()),
+        |e| matches!(e, Event::Handled(events::Handled { id, .. }) if id == "d").then_some(()),
+    )
+    .await;
+    // Offset 3 is done. A message of partition 1, handled after it, is
+    // committed: the pipeline has committed since offset 3 was done.
+    send_to(&producer, &input, Some(1), "e", "ok").await;
+    next_matching(
+        &mut events,
+        |e| seen.push(e.clone()),
+        |e| matches!(e, Event::Handled(events::Handled { id, .. }) if id == "e").then_some(()),
+    )
+    .await;
+    until_committed(
+        &broker,
+        &group,
+        &input,
+        1,
+        1,
+        "offset 0 of partition 1 is ok",
+    )
+    .await;
+    for event in &seen {
+        assert!(
+            !matches!(event, Event::DeadLettered(events::DeadLettered { id, .. }) if id == "c"),
+            "c's dead-letter record was acknowledged by a leaderless DLQ"
+        );
+    }
     assert_eq!(
-        committed(&broker, &group, &input),
+        committed(&broker, &group, &input, 0),
         Some(2),
         "nothing from offset 2 on is committed while its hop fails"
     );
-    broker.mock().clear_request_errors(RDKafkaApiKey::Produce);
-    let until = Instant::now() + Duration::from_secs(60);
-    while committed(&broker, &group, &input) != Some(4) {
-        assert!(
-            Instant::now() < until,
-            "once the hop is produced, offsets 2 and 3 are committed"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    // Once the DLQ has a leader again, the hop is acknowledged and offsets
+    // 2 and 3 are committed.
+    for partition in 0..2 {
+        broker
+            .mock()
+            .partition_leader(&dlq, partition, Some(1))
+            .unwrap();
     }
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| {
+            matches!(e, Event::DeadLettered(events::DeadLettered { id, .. }) if id == "c")
+                .then_some(())
+        },
+    )
+    .await;
+    until_committed(&broker, &group, &input, 0, 4, "c is dead-lettered").await;
     hopper.stop().await;
 }

@@ -136,19 +136,15 @@ async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
 
 #[test]
 fn a_missing_secret_stops_startup_naming_the_route_and_the_secret() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("hopper.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"{}\"\n[route.secrets]\napi-token = \"env:HOPPER_TEST_NEVER_SET\"\nca = \"file:missing.pem\"\n",
-            plugin("acting").display()
-        ),
-    )
-    .unwrap();
+    let file = TestConfig::raw(&route_table(
+        "orders",
+        "orders",
+        &plugin("acting"),
+        "[route.secrets]\napi-token = \"env:HOPPER_TEST_NEVER_SET\"\nca = \"file:missing.pem\"",
+    ));
     let out = Command::new(hopper_bin())
         .args(["run", "--config"])
-        .arg(&config)
+        .arg(&file.path)
         .env_remove("HOPPER_TEST_NEVER_SET")
         .output()
         .unwrap();

@@ -17,19 +17,19 @@ async fn config(server: &TrackServer, extra: &str) -> (tempfile::TempDir, PathBu
     let name = rand_name("stop");
     let input = format!("{name}.in");
     create_topics_with(&[&input], 1).await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hopper.toml");
-    std::fs::write(
-        &path,
-        format!(
-            "[kafka]\nbrokers = \"{}\"\npartitions = 1\n\n[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nallowed_hosts = [\"{}\"]\ntimeout = \"30s\"\n{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"\n",
-            brokers(),
-            plugin("fetch").display(),
-            server.origin(),
-            server.url(),
+    let TestConfig { dir, path } = TestConfig::with_partitions(
+        1,
+        &route_table(
+            &name,
+            &input,
+            &plugin("fetch"),
+            &format!(
+                "allowed_hosts = [\"{}\"]\ntimeout = \"30s\"\n{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"",
+                server.origin(),
+                server.url(),
+            ),
         ),
-    )
-    .unwrap();
+    );
     (dir, path, input)
 }
 
@@ -155,7 +155,16 @@ async fn a_second_signal_forces_a_non_zero_exit_and_a_late_drain_exits_non_zero(
         })
         .await;
     signal(&hopper, "TERM");
-    std::thread::sleep(Duration::from_secs(1));
+    // The first signal is taken: hopper says it is draining, and it is.
+    let until = Instant::now() + Duration::from_secs(10);
+    while !log_of(&log).contains("Stopping: finishing the calls in flight") {
+        assert!(
+            Instant::now() < until,
+            "the first SIGTERM is not logged within 10s: {}",
+            log_of(&log)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         hopper.try_wait().unwrap().is_none(),
         "still draining after the first signal"

@@ -13,16 +13,11 @@ use std::time::Duration;
 
 /// A relay-only config (no handler needed) with `kafka` as its `[kafka]`
 /// table, in a directory of its own.
-fn config(kafka: &str) -> (tempfile::TempDir, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("hopper.toml");
+fn config(kafka: &str) -> TestConfig {
     let inbox = rand_name("delay");
-    std::fs::write(
-        &path,
-        format!("[kafka]\n{kafka}\n\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n"),
-    )
-    .unwrap();
-    (dir, path)
+    TestConfig::raw(&format!(
+        "[kafka]\n{kafka}\n\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n"
+    ))
 }
 
 /// Kills the child on drop, so a failed assertion leaves nothing running.
@@ -89,7 +84,7 @@ fn run_until_logged(args: &[&str], wanted: &str) -> Vec<String> {
 
 #[test]
 fn a_config_without_brokers_is_refused_and_says_how_to_fix_it() {
-    let (_dir, path) = config("partitions = 1");
+    let TestConfig { dir: _dir, path } = config("partitions = 1");
     let out = Command::new(hopper_bin())
         .args(["run", "--config"])
         .arg(&path)
@@ -117,7 +112,7 @@ fn a_config_without_brokers_is_refused_and_says_how_to_fix_it() {
 
 #[test]
 fn the_embedded_broker_starts_when_asked_for() {
-    let (_dir, path) = config("partitions = 1");
+    let TestConfig { dir: _dir, path } = config("partitions = 1");
     let path = path.to_str().unwrap();
     let lines = run_until_logged(&["--config", path, "--embedded"], "Delay relay started.");
     assert!(
@@ -127,7 +122,7 @@ fn the_embedded_broker_starts_when_asked_for() {
         "{lines:#?}"
     );
 
-    let (_dir, path) = config("partitions = 1\nembedded = true");
+    let TestConfig { dir: _dir, path } = config("partitions = 1\nembedded = true");
     let lines = run_until_logged(
         &["--config", path.to_str().unwrap()],
         "Delay relay started.",
@@ -142,7 +137,7 @@ fn the_embedded_broker_starts_when_asked_for() {
 
 #[test]
 fn embedded_and_brokers_together_are_refused() {
-    let (_dir, path) = config("brokers = \"127.0.0.1:1\"\nembedded = true");
+    let TestConfig { dir: _dir, path } = config("brokers = \"127.0.0.1:1\"\nembedded = true");
     let out = Command::new(hopper_bin())
         .args(["run", "--config"])
         .arg(&path)
@@ -158,7 +153,8 @@ fn embedded_and_brokers_together_are_refused() {
 
 #[test]
 fn topics_created_with_replication_1_are_named_in_a_warning() {
-    let (_dir, path) = config(&format!("brokers = \"{}\"\npartitions = 1", brokers()));
+    let TestConfig { dir: _dir, path } =
+        config(&format!("brokers = \"{}\"\npartitions = 1", brokers()));
     let text = std::fs::read_to_string(&path).unwrap();
     let inbox = text
         .lines()
