@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::headers::Reason;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::types::{HopFailure, VerdictKind};
+use crate::types::{HopFailure, TopicPartition, VerdictKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,6 +88,9 @@ events! {
     BreakerProbed,
     BreakerClosed,
     BreakerDeferred,
+    PartitionsSuspended,
+    PartitionsReleased,
+    TargetLookupFailed,
 }
 
 /// A handler call finished. Counted and logged in route.rs through the
@@ -643,6 +646,73 @@ impl Telemetry {
 /// log line.
 pub fn short(version: &str) -> &str {
     &version[..12.min(version.len())]
+}
+
+/// A pipeline paused these partitions at the broker because its processor
+/// suspends their topics (a route's open circuit breaker): nothing more is
+/// fetched from them until they are released.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionsSuspended {
+    pub pipeline: String,
+    pub partitions: Vec<TopicPartition>,
+}
+
+impl InternalEvent for PartitionsSuspended {
+    fn record(&self, _: &Metrics) {
+        tracing::info!(
+            pipeline = self.pipeline,
+            partitions = %list(&self.partitions),
+            "Partitions suspended: their topics are paused."
+        );
+    }
+}
+
+/// Partitions a pipeline had suspended are no longer: each resumes unless
+/// a hold, a rewind or a full queue keeps it paused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartitionsReleased {
+    pub pipeline: String,
+    pub partitions: Vec<TopicPartition>,
+}
+
+impl InternalEvent for PartitionsReleased {
+    fn record(&self, _: &Metrics) {
+        tracing::info!(
+            pipeline = self.pipeline,
+            partitions = %list(&self.partitions),
+            "Suspended partitions released."
+        );
+    }
+}
+
+/// The delay relay asked the brokers whether a target topic exists and got
+/// no answer; it asks again after `retry_in`, and the message waits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetLookupFailed {
+    pub target: String,
+    pub error: String,
+    pub retry_in: Duration,
+}
+
+impl InternalEvent for TargetLookupFailed {
+    fn record(&self, metrics: &Metrics) {
+        tracing::warn!(
+            pipeline = crate::config::RELAY_ROUTE,
+            topic = self.target,
+            error = self.error,
+            retry_in_ms = self.retry_in.as_millis() as u64,
+            "Delay target lookup got no answer; retrying."
+        );
+        if let Some(relay) = metrics.relay() {
+            relay.lookups_failed.inc();
+        }
+    }
+}
+
+/// `topic[partition]` entries, comma-separated, for a log line.
+fn list(partitions: &[TopicPartition]) -> String {
+    let names: Vec<String> = partitions.iter().map(ToString::to_string).collect();
+    names.join(",")
 }
 
 #[cfg(test)]

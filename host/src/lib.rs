@@ -343,7 +343,8 @@ impl Hopper {
                 .consumer_config(&relay.group)
                 .create()
                 .context("creating the delay relay's metadata client")?;
-            let processor = delay::DelayProcessor::new(Arc::new(relay.clone()), metadata);
+            let processor =
+                delay::DelayProcessor::new(Arc::new(relay.clone()), metadata, telemetry.clone());
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
             start_pipeline(&start, &relay.group, &subscription, processor)

@@ -275,8 +275,22 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
         |e| matches!(e, Event::BreakerOpened(events::BreakerOpened { .. })).then_some(()),
     )
     .await;
-    // Past the next store tick, the input is paused: what arrives now waits.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The input is paused at the broker once this is reported: what arrives
+    // now waits.
+    let input = route.input.clone();
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::PartitionsSuspended(events::PartitionsSuspended { partitions, .. })
+                if partitions.iter().any(|tp| tp.topic == input) =>
+            {
+                Some(())
+            }
+            _ => None,
+        },
+    )
+    .await;
     for i in 0..5 {
         let id = format!("late{i}");
         produce(

@@ -105,6 +105,8 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
         failed[0].contains("LEADER_NOT_AVAILABLE") || failed[0].contains("Leader not available"),
         "{failed:?}"
     );
+    let counted = hopper.telemetry().counters()["hopper_delay_target_lookups_failed_total{}"];
+    assert!(counted >= 3, "each failed lookup is counted: {counted}");
     broker
         .mock()
         .topic_error(&target, RDKafkaRespErr::RD_KAFKA_RESP_ERR_NO_ERROR)

@@ -5,8 +5,7 @@ use super::schedule::{Rejected, SCHEDULING, Schedule, Step, invalid, parse_sched
 use crate::clock::now_ms;
 use crate::config::{DelayRelay, RELAY_ROUTE};
 use crate::dlq;
-use crate::events;
-use crate::events::Event;
+use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
@@ -79,6 +78,7 @@ struct KnownTopics {
     metadata: Arc<BaseConsumer>,
     // std Mutex: no .await while it is held.
     known: Mutex<HashMap<String, Instant>>,
+    telemetry: Telemetry,
 }
 
 impl KnownTopics {
@@ -108,13 +108,11 @@ impl KnownTopics {
                     return Err(why);
                 }
                 Lookup::Unknown(why) => {
-                    tracing::warn!(
-                        pipeline = RELAY_ROUTE,
-                        topic,
-                        error = why,
-                        retry_in_ms = backoff.as_millis() as u64,
-                        "Delay target lookup got no answer; retrying."
-                    );
+                    self.telemetry.emit(events::TargetLookupFailed {
+                        target: topic.to_string(),
+                        error: why,
+                        retry_in: backoff,
+                    });
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(LOOKUP_BACKOFF.1);
                 }
@@ -150,7 +148,11 @@ pub struct DelayProcessor {
 }
 
 impl DelayProcessor {
-    pub fn new(relay: Arc<DelayRelay>, metadata: BaseConsumer) -> DelayProcessor {
+    pub fn new(
+        relay: Arc<DelayRelay>,
+        metadata: BaseConsumer,
+        telemetry: Telemetry,
+    ) -> DelayProcessor {
         DelayProcessor {
             waits: relay.tiers.iter().map(|(d, _)| *d).collect(),
             tier_of: relay.tiers.iter().map(|(d, t)| (t.clone(), *d)).collect(),
@@ -158,6 +160,7 @@ impl DelayProcessor {
             topics: KnownTopics {
                 metadata: Arc::new(metadata),
                 known: Mutex::new(HashMap::new()),
+                telemetry,
             },
             relay,
         }

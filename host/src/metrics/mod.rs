@@ -87,6 +87,8 @@ pub(crate) struct BreakerCounters {
 pub(crate) struct RelayCounters {
     pub(crate) delivered: Counter,
     pub(crate) early: Counter,
+    /// `hopper_delay_target_lookups_failed_total`.
+    pub(crate) lookups_failed: Counter,
     pub(crate) lateness: Histogram,
     /// By tier topic.
     pub(crate) tier_hops: HashMap<String, Counter>,
@@ -196,6 +198,10 @@ impl Metrics {
         let early = counters(
             "hopper_delay_early",
             "Delayed messages forwarded before their deliver-at (never expected).",
+        );
+        let lookups_failed = counters(
+            "hopper_delay_target_lookups_failed",
+            "Target lookups of the delay relay that got no answer from the brokers (each is retried; the message waits).",
         );
         let tier_hops = counters(
             "hopper_delay_tier_hops",
@@ -317,6 +323,7 @@ impl Metrics {
             metrics.relay = Some(RelayCounters {
                 delivered: metrics.register(&delivered, vec![]),
                 early: metrics.register(&early, vec![]),
+                lookups_failed: metrics.register(&lookups_failed, vec![]),
                 lateness,
                 tier_hops: relay
                     .tiers

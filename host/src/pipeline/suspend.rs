@@ -4,6 +4,7 @@
 use super::Loop;
 use super::context::{partitions, tpl_of};
 use crate::clock::now_ms;
+use crate::events;
 use crate::hold::TopicPartition;
 use crate::hop::Processor;
 use rdkafka::consumer::Consumer;
@@ -27,13 +28,17 @@ impl<P: Processor> Loop<P> {
             Err(_) => return, // tried again on the next tick
         };
         let mut now_suspended = HashSet::new();
+        let mut paused = Vec::new();
         for tp in assigned.iter().filter(|tp| topics.contains(&tp.topic)) {
             if self.suspended.contains(tp) {
                 now_suspended.insert(tp.clone());
                 continue;
             }
             match self.shared.consumer.pause(&tpl_of(tp)) {
-                Ok(()) => _ = now_suspended.insert(tp.clone()),
+                Ok(()) => {
+                    now_suspended.insert(tp.clone());
+                    paused.push(tp.clone());
+                }
                 Err(e) => {
                     tracing::warn!(pipeline = self.name, topic = tp.topic, partition = tp.partition, error = %e, "Cannot suspend partition; trying again.")
                 }
@@ -43,10 +48,25 @@ impl<P: Processor> Loop<P> {
             .into_iter()
             .filter(|tp| !self.suspended.contains(tp) && assigned.contains(tp))
             .collect();
-        for tp in released {
-            if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
-                self.resume(&tp);
+        if !paused.is_empty() {
+            paused.sort();
+            self.shared.telemetry.emit(events::PartitionsSuspended {
+                pipeline: self.name.clone(),
+                partitions: paused,
+            });
+        }
+        for tp in &released {
+            if !self.hold.is_held(tp) && !self.rewinds.contains_key(tp) {
+                self.resume(tp);
             }
+        }
+        if !released.is_empty() {
+            let mut partitions = released;
+            partitions.sort();
+            self.shared.telemetry.emit(events::PartitionsReleased {
+                pipeline: self.name.clone(),
+                partitions,
+            });
         }
     }
 }
