@@ -636,9 +636,8 @@ impl Telemetry {
     /// observers.
     pub fn emit(&self, event: impl InternalEvent) {
         event.record(&self.metrics);
-        if self.has_observers() {
-            let _ = self.events.send(event.into());
-        }
+        // Fails, cheaply, when nobody observes.
+        let _ = self.events.send(event.into());
     }
 }
 

@@ -211,7 +211,12 @@ impl Envelope {
             Some(id) => check_id(id)?,
             None => default_id(rec.topic, rec.partition, rec.offset),
         };
-        Ok(Envelope {
+        Ok(Envelope::first(rec, id, 0))
+    }
+
+    /// Attempt 0 of the record `rec`, its own origin, with `id`.
+    fn first<H: Headers>(rec: &Incoming<'_, H>, id: String, replays: u32) -> Envelope {
+        Envelope {
             id,
             attempts_made: 0,
             origin: Origin {
@@ -222,8 +227,8 @@ impl Envelope {
             },
             first_failure_at: None,
             trail: Vec::new(),
-            replays: 0,
-        })
+            replays,
+        }
     }
 
     /// The envelope for the dead-letter record of a message whose own
@@ -239,19 +244,7 @@ impl Envelope {
             Ok(Some(id)) if !id.is_empty() => shorten(id, MAX_ID_BYTES),
             _ => default_id(rec.topic, rec.partition, rec.offset),
         };
-        Envelope {
-            id,
-            attempts_made: 0,
-            origin: Origin {
-                topic: rec.topic.to_string(),
-                partition: rec.partition,
-                offset: rec.offset,
-                timestamp: rec.timestamp,
-            },
-            first_failure_at: None,
-            trail: Vec::new(),
-            replays: replay_count(rec.headers),
-        }
+        Envelope::first(rec, id, replay_count(rec.headers))
     }
 
     /// The envelope of a record that hopper itself wrote onto a tier topic.

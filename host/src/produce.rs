@@ -21,8 +21,7 @@
 //!   pipeline is halted ([`Halt`]), its offset is never completed, and
 //!   hopper exits non-zero.
 
-use crate::events;
-use crate::events::{Event, Telemetry};
+use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Reason};
 use crate::hop::{Completion, Halt, OutRecord};
 use crate::types::HopFailure;

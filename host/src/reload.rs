@@ -20,8 +20,7 @@
 //! meanwhile cause one more load after it.
 
 use crate::config::Route;
-use crate::events;
-use crate::events::Telemetry;
+use crate::events::{self, Telemetry};
 use crate::plugin::{Handler, HandlerSlot, LoadError, Runtime};
 use notify::event::{AccessKind, AccessMode};
 use notify::{EventKind, RecursiveMode, Watcher as _};

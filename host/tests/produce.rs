@@ -3,8 +3,7 @@
 //! mock cluster, whose broker can be taken down and brought back.
 
 use hopper::config::KafkaConfig;
-use hopper::events;
-use hopper::events::{Event, Telemetry};
+use hopper::events::{self, Event, Telemetry};
 use hopper::headers::Reason;
 use hopper::hop::{Completion, Halt, OutRecord};
 use hopper::kafka::Cluster;

@@ -6,8 +6,7 @@
 //! outage spends every attempt and dead-letters every message.
 
 use hopper::breaker::BreakerState;
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper::metrics::Format;
 use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;

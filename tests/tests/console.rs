@@ -6,8 +6,7 @@
 //! Needs Debian's `chromium` and `chromium-driver` (`./dev` installs them).
 
 use fantoccini::{Client, ClientBuilder, Locator};
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::Message;
 use serde_json::json;

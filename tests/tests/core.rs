@@ -1,8 +1,7 @@
 //! The core loop against a real broker: ok, retry, dead-letter, traps, bad
 //! envelopes, restarts.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::Message;
 use std::time::Duration;

@@ -1,8 +1,7 @@
 //! The delay relay against a real broker: header-only scheduling from a plain
 //! client, several tiers, a kill -9 with messages pending, and bad input.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::Message;
 use std::collections::HashMap;

@@ -2,8 +2,7 @@
 //! stable id, through the delay relay when delayed, never lost to a crash
 //! between the emit and the commit.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
 use hopper_tests::*;

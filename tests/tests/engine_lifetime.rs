@@ -8,8 +8,7 @@
 //! so a process that started ~18 hoppers failed with `mmap failed to
 //! reserve`.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 
 /// Hoppers started and stopped one after another in this process.

@@ -5,8 +5,7 @@
 
 use hopper::Hopper;
 use hopper::embedded::EmbeddedBroker;
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};

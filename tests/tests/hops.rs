@@ -3,8 +3,7 @@
 //! and a call that panics stops its pipeline without committing past it.
 //! Against the test broker.
 
-use hopper::events;
-use hopper::events::{Event, Telemetry};
+use hopper::events::{self, Event, Telemetry};
 use hopper::hop::{Action, Halt, Processor};
 use hopper::kafka::Cluster;
 use hopper::pipeline::{self, Ended, PipelineConsumer, PipelineContext, Shared};

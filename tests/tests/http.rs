@@ -4,8 +4,7 @@
 //! in-process; what a route does with it (the timeout retried, connections
 //! per partition) runs against the broker.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;

@@ -1,8 +1,7 @@
 //! Instance policies against a real broker: warm instances are reused,
 //! retired and dropped after a failure; fresh ones never share state.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use std::collections::HashMap;
 

@@ -4,8 +4,7 @@
 //! way, send the service the same requests, write the same dead-letter
 //! records and announce the same closed orders.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use order_service::{Order, OrderService, Served, Status};
 use rdkafka::Message;

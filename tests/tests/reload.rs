@@ -1,8 +1,7 @@
 //! Hot reload and the compiled-handler cache, against a real broker and
 //! real handler files.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;

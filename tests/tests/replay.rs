@@ -2,8 +2,7 @@
 //! handled again and counted per record, the loop guard trips at its limit,
 //! and the rate limit holds.
 
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper::kafka::Cluster;
 use hopper_tests::*;
 use rdkafka::Message;

@@ -8,8 +8,7 @@
 //! read from what was logged on the test's own thread.
 
 use hopper::egress::Resolve;
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper::plugin::Verdict;
 use hopper_tests::http_server::TestServer;
 use hopper_tests::*;

@@ -99,9 +99,11 @@ impl DlqFilter {
                 .is_none_or(|w| w.is_empty() || got.as_deref() == Some(w.as_str()))
         };
         let failed = s.failed_at.unwrap_or(0);
-        let reason = s.reason.map(|r| r.as_str().to_string());
         eq(&self.route, &s.route)
-            && eq(&self.reason, &reason)
+            && self
+                .reason
+                .as_deref()
+                .is_none_or(|w| w.is_empty() || s.reason.is_some_and(|r| r.as_str() == w))
             && eq(&self.key, &s.key)
             && self.since.is_none_or(|t| failed >= t)
             && self.until.is_none_or(|t| failed < t)

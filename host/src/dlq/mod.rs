@@ -12,8 +12,7 @@ pub use record::{DlqRecord, DlqSummary, RecordRef};
 pub use replay::{Pacer, Report as ReplayReport};
 
 use crate::clock::now_ms;
-use crate::events;
-use crate::events::Event;
+use crate::events::{self, Event};
 use crate::headers::{self, Envelope, Hop, Reason};
 use crate::hop::{OutRecord, PlannedHop};
 use rdkafka::message::{Message, OwnedMessage};

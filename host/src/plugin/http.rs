@@ -14,8 +14,7 @@
 
 use super::GuestInfo;
 use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
-use crate::events;
-use crate::events::Event;
+use crate::events::{self, Event};
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};

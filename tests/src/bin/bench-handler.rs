@@ -14,8 +14,7 @@
 //! the write to the swap. Prints figures; asserts no timings.
 
 use hopper::config::ConfigFile;
-use hopper::events;
-use hopper::events::{Event, Telemetry};
+use hopper::events::{self, Event, Telemetry};
 use hopper::plugin::HandlerSlot;
 use hopper::plugin::{Delivery, Handler, Runtime, Verdict};
 use hopper::reload::{Reloader, Target};

@@ -3,8 +3,7 @@
 
 use crate::{ctrl_c, prepare};
 use anyhow::Context as _;
-use hopper::events;
-use hopper::events::Event;
+use hopper::events::{self, Event};
 use hopper::headers;
 use hopper::kafka::Cluster;
 use hopper::{Hopper, Options};
