@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::headers::Reason;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::types::{HopFailure, TopicPartition, VerdictKind};
+use crate::types::{EmitKind, HopFailure, TopicPartition, VerdictKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -349,13 +349,17 @@ impl InternalEvent for HttpDenied {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Emitted {
     pub route: String,
-    /// The emitted record's own id: `<message id>/emit/<index>`.
+    /// The emitted record's own id: `<message id>/emit/<index>`, or the
+    /// handler's for a schedule or a cancel.
     pub id: String,
     /// The topic it is for (the delay relay's inbox holds it until
-    /// `deliver_at` when delayed).
+    /// `deliver_at` when delayed); for a cancel, the inbox.
     pub topic: String,
     /// Epoch ms, for a delayed record.
     pub deliver_at: Option<i64>,
+    /// Which import emitted it: `publish`, `schedule` (or a replace) or
+    /// `cancel`.
+    pub kind: EmitKind,
 }
 
 impl InternalEvent for Emitted {
@@ -365,6 +369,7 @@ impl InternalEvent for Emitted {
             id = self.id,
             topic = self.topic,
             deliver_at = self.deliver_at,
+            kind = self.kind.as_str(),
             "Emitted record produced."
         );
         if let Some(route) = metrics.route(&self.route) {

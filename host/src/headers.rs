@@ -43,6 +43,12 @@ pub const TARGET: &str = "hopper-target";
 pub const DELIVER_AT: &str = "hopper-deliver-at";
 /// Delay relay: how long to wait, humantime, instead of `hopper-deliver-at`.
 pub const DELAY: &str = "hopper-delay";
+/// Delay relay: `true` on a record that cancels every pending schedule of
+/// its `hopper-id` (key = the id; no target, no time).
+pub const CANCEL: &str = "hopper-cancel";
+/// Delay relay: `true` on a schedule that takes the place of the earlier
+/// schedules of its `hopper-id`.
+pub const REPLACE: &str = "hopper-replace";
 /// How many times the message was replayed from a dead-letter topic. Its
 /// presence on an input record marks a replay: the id, origin and trail are
 /// kept, and attempts start over.

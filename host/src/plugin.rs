@@ -47,7 +47,7 @@ mod bindings {
 }
 
 /// The world every handler must target.
-pub const WORLD: &str = "hopper:handler/handler@0.1.1";
+pub const WORLD: &str = "hopper:handler/handler@0.1.2";
 
 /// How often the engine's epoch advances. Deadlines are counted in ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(1);

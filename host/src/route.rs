@@ -12,6 +12,7 @@ use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
 use crate::plugin::{Delivery, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
+use crate::types::EmitKind;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -321,7 +322,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
 
 /// The record of one emitted record: its own headers, then `hopper-id` and
 /// `hopper-route`; a delayed one goes to the delay relay's inbox with
-/// `hopper-target` and `hopper-deliver-at` (docs/headers.md).
+/// `hopper-target` and `hopper-deliver-at` (and `hopper-replace` for a
+/// replacing schedule), a cancel with `hopper-cancel` (docs/headers.md).
 fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
     let Emitted {
         id,
@@ -330,15 +332,24 @@ fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
         payload,
         headers: own,
         deliver_at,
+        kind,
     } = emitted;
-    let mut out = Vec::with_capacity(own.len() + 4);
+    let mut out = Vec::with_capacity(own.len() + 5);
     out.extend(own);
     out.push((headers::ID.to_string(), id.clone().into_bytes()));
     out.push((headers::ROUTE.to_string(), route.name.clone().into_bytes()));
-    let destination = match (deliver_at, &route.grants.delay) {
-        (Some(at), Some(relay)) => {
+    let destination = match (kind, deliver_at, &route.grants.delay) {
+        // A cancel's topic is the inbox already.
+        (EmitKind::Cancel, ..) => {
+            out.push((headers::CANCEL.to_string(), b"true".to_vec()));
+            topic.clone()
+        }
+        (_, Some(at), Some(relay)) => {
             out.push((headers::TARGET.to_string(), topic.clone().into_bytes()));
             out.push((headers::DELIVER_AT.to_string(), at.to_string().into_bytes()));
+            if kind == (EmitKind::Schedule { replace: true }) {
+                out.push((headers::REPLACE.to_string(), b"true".to_vec()));
+            }
             relay.inbox.clone()
         }
         // The emit import refuses a delay without a relay.
@@ -364,6 +375,7 @@ fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
             id,
             topic,
             deliver_at,
+            kind,
         })),
     }
 }

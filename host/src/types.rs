@@ -26,6 +26,36 @@ impl fmt::Display for TopicPartition {
     }
 }
 
+/// What a record a handler emitted asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EmitKind {
+    /// `publish`: a record to a granted topic, at once or through the delay
+    /// relay, with an id derived from the source message's.
+    Publish,
+    /// `schedule`: a delayed record under the handler's own id, replacing
+    /// the earlier schedules of that id when `replace`.
+    Schedule { replace: bool },
+    /// `cancel`: a cancel of every pending schedule of an id.
+    Cancel,
+}
+
+impl EmitKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmitKind::Publish => "publish",
+            EmitKind::Schedule { replace: false } => "schedule",
+            EmitKind::Schedule { replace: true } => "replace",
+            EmitKind::Cancel => "cancel",
+        }
+    }
+}
+
+impl fmt::Display for EmitKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The kind of a handler's verdict: its label in logs, events and the
 /// `verdict` label of `hopper_handler_calls_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

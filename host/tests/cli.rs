@@ -106,7 +106,7 @@ fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
     );
     assert!(stdout.starts_with("ok: "), "{stdout}");
     assert!(
-        stdout.contains("fits hopper:handler/handler@0.1.1"),
+        stdout.contains("fits hopper:handler/handler@0.1.2"),
         "{stdout}"
     );
     assert!(stdout.contains("exports: handle"), "{stdout}");

@@ -56,7 +56,12 @@ const EXTERNAL: &[&str] = &[
 /// Full Rust paths, written as a guest's bindings name them, whose first
 /// segment is also a module of the host: the guest's `config` and `emit`
 /// interfaces are not `hopper::config` and `hopper::plugin::emit`.
-const EXTERNAL_PATHS: &[&str] = &["config::get", "emit::publish"];
+const EXTERNAL_PATHS: &[&str] = &[
+    "config::get",
+    "emit::publish",
+    "emit::schedule",
+    "emit::cancel",
+];
 
 /// One segment of an item's path: its name, and whether it is a crate or
 /// module (which a reference may leave out).

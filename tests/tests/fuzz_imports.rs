@@ -7,6 +7,7 @@
 //! A plain `cargo test` runs 3,000 cases per import; `cargo xtask fuzz`
 //! runs a million (`PROPTEST_CASES=1000000`).
 
+use hopper::headers::Reason;
 use hopper::plugin::{Delivery, Handled, Handler, Runtime, Verdict};
 use hopper_tests::{cache_dir, plugin, resolve_route};
 use proptest::prelude::*;
@@ -26,9 +27,11 @@ fn config() -> Config {
 
 /// The topic the route grants for emits.
 const GRANTED: &str = "fuzz.granted";
+/// The prefix of the ids the route grants for cancels and replaces.
+const CANCELLABLE: &str = "fuzz-";
 
 /// One runtime and one handler for every case: a route that grants an emit
-/// topic, the delay relay, a secret, config values and one loopback origin
+/// topic, cancels of the ids starting `fuzz-`, the delay relay, a secret, config values and one loopback origin
 /// where nothing listens.
 fn fixture() -> &'static (tokio::runtime::Runtime, Handler) {
     static FIXTURE: OnceLock<(tokio::runtime::Runtime, Handler)> = OnceLock::new();
@@ -48,7 +51,7 @@ fn fixture() -> &'static (tokio::runtime::Runtime, Handler) {
         let route = resolve_route(
             &plugin("imports"),
             &format!(
-                "timeout = \"5s\"\nmemory_mib = 64\nallowed_hosts = [\"http://{nowhere}\"]\nemit_topics = [\"{GRANTED}\"]\n\n[route.config]\nk = \"v\"\n\"é\" = \"ü\"\n\n[route.secrets]\ntoken = \"file:{}\"\n\n[delay]\n",
+                "timeout = \"5s\"\nmemory_mib = 64\nallowed_hosts = [\"http://{nowhere}\"]\nemit_topics = [\"{GRANTED}\"]\ncancel_ids = [\"{CANCELLABLE}*\"]\n\n[route.config]\nk = \"v\"\n\"é\" = \"ü\"\n\n[route.secrets]\ntoken = \"file:{}\"\n\n[delay]\n",
                 secret.display()
             ),
         );
@@ -111,6 +114,17 @@ fn bytes() -> impl Strategy<Value = String> {
     .prop_map(hex::encode)
 }
 
+/// An id for a schedule or a cancel: any string, one the route grants,
+/// one just past the longest id (257 bytes), and none at all.
+fn ids() -> impl Strategy<Value = String> {
+    prop_oneof![
+        10 => text(),
+        10 => text().prop_map(|t| format!("{CANCELLABLE}{t}")),
+        2 => "[a-z]{251,252}".prop_map(|t| format!("{CANCELLABLE}{t}")),
+        1 => Just(String::new()),
+    ]
+}
+
 fn headers() -> impl Strategy<Value = Vec<(String, String)>> {
     proptest::collection::vec((text(), bytes()), 0..6)
 }
@@ -151,6 +165,26 @@ proptest! {
             "topic": topic, "key": key, "payload": payload,
             "headers": headers, "delay_ms": delay_ms,
         }})), "emit.publish")?;
+    }
+
+    #[test]
+    fn schedule_takes_any_record(
+        id in ids(),
+        topic in prop_oneof![text(), Just(GRANTED.to_string())],
+        payload in proptest::option::of(bytes()),
+        headers in headers(),
+        delay_ms in prop_oneof![any::<u64>(), Just(u64::MAX), 0..10_000u64],
+        replace in any::<bool>(),
+    ) {
+        ok(call(json!({"schedule": {
+            "id": id, "topic": topic, "payload": payload,
+            "headers": headers, "delay_ms": delay_ms, "replace": replace,
+        }})), "emit.schedule")?;
+    }
+
+    #[test]
+    fn cancel_takes_any_id(id in ids()) {
+        ok(call(json!({"cancel": id})), "emit.cancel")?;
     }
 
     #[test]
@@ -209,4 +243,43 @@ fn an_emit_header_in_hoppers_namespace_is_refused() {
     );
     assert_eq!(handled.verdict, Verdict::Ok);
     assert!(handled.emitted.is_empty());
+}
+
+/// A `string` is UTF-8 by the component model's rules, and a guest that
+/// breaks them (here with a cancel's id) is refused by the canonical ABI
+/// before any host code runs: the call traps, nothing it emitted is kept,
+/// and the next call on the same handler is served as usual.
+#[test]
+fn a_cancel_id_that_is_not_utf8_traps_the_call_and_nothing_else() {
+    // The same route takes the same bytes when they are UTF-8.
+    let valid = run(json!({"cancel_raw": hex::encode("fuzz-1")}));
+    assert_eq!(valid.verdict, Verdict::Ok);
+    assert_eq!(valid.emitted.len(), 1);
+    assert_eq!(valid.emitted[0].id, "fuzz-1");
+
+    // A lone continuation byte, a truncated sequence, an overlong `/`, a
+    // surrogate, and 300 bytes of 0xff.
+    let long = "ff".repeat(300);
+    for raw in [
+        "66757a7a2d80",
+        "66757a7a2dc3",
+        "c0af",
+        "eda080",
+        long.as_str(),
+    ] {
+        let handled = run(json!({"cancel_raw": raw}));
+        match &handled.verdict {
+            Verdict::Failed { class, error } => {
+                assert_eq!(*class, Reason::HandlerTrap, "{raw}: {error}");
+                assert!(error.to_lowercase().contains("utf-8"), "{raw}: {error}");
+            }
+            other => panic!("{raw}: {other:?}"),
+        }
+        assert!(handled.emitted.is_empty(), "{raw}");
+        assert_eq!(
+            call(json!({"cancel": "fuzz-2"})),
+            Verdict::Ok,
+            "after {raw}"
+        );
+    }
 }

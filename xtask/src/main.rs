@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 7] = [
+const PLUGINS: [&str; 9] = [
     "order-timeout",
     "noop",
     "scripted",
@@ -31,6 +31,9 @@ const PLUGINS: [&str; 7] = [
     "acting",
     "fetch",
     "imports",
+    // Built against the WIT releases they are named for, kept unchanged.
+    "legacy-0-1-0",
+    "legacy-0-1-1",
 ];
 const NISSHI_VERSION: &str = "0.8.1";
 

@@ -1,5 +1,6 @@
 //! What a route's handler may touch beyond computing a verdict: outbound
-//! HTTP to `allowed_hosts`, records to `emit_topics`, and `[route.secrets]`.
+//! HTTP to `allowed_hosts`, records to `emit_topics`, cancels of the delayed
+//! messages in `cancel_ids`, and `[route.secrets]`.
 //! Everything is off unless the route grants it (docs/config.md, grants).
 
 use super::check_name;
@@ -68,6 +69,9 @@ pub struct Grants {
     /// Topics the handler may emit records to. Empty: no emits.
     pub emit_topics: Vec<String>,
     pub emit: EmitLimits,
+    /// Ids of delayed messages the handler may cancel or replace. Empty:
+    /// none.
+    pub cancel_ids: CancelIds,
     /// Where delayed emits go: the delay relay of the same config, if any.
     pub delay: Option<DelayGrant>,
     pub secrets: Secrets,
@@ -113,6 +117,68 @@ impl Default for EmitLimits {
     }
 }
 
+/// `cancel_ids`: the delayed messages a handler may cancel or replace, by
+/// id. A cancel reaches every schedule of its id, whoever produced it, so it
+/// is granted by id rather than by topic: a route that schedules
+/// `timeout-*` and one that cancels them share those ids and no others.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CancelIds {
+    exact: Vec<String>,
+    prefixes: Vec<String>,
+}
+
+impl CancelIds {
+    /// Whether `id` is granted: it is one of the exact ids, or starts with
+    /// one of the prefixes.
+    pub fn allows(&self, id: &str) -> bool {
+        self.exact.iter().any(|e| e == id) || self.prefixes.iter().any(|p| id.starts_with(p))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.prefixes.is_empty()
+    }
+
+    /// Reads the entries as written: an exact id, or a prefix ending in
+    /// `*`. Every entry that is neither is a problem.
+    fn parse(entries: &[String], label: &str, problems: &mut Vec<String>) -> CancelIds {
+        let mut ids = CancelIds::default();
+        for entry in entries {
+            let (text, prefix) = match entry.strip_suffix('*') {
+                Some(head) => (head, true),
+                None => (entry.as_str(), false),
+            };
+            if text.contains('*') {
+                problems.push(format!(
+                    "{label}: cancel_ids entry `{entry}` has `*` before its end; only a trailing `*` (a prefix) is allowed"
+                ));
+            } else if !prefix && text.is_empty() {
+                problems.push(format!(
+                    "{label}: cancel_ids entry is empty; write `*` to grant every id"
+                ));
+            } else if text.len() > crate::headers::MAX_ID_BYTES {
+                problems.push(format!(
+                    "{label}: cancel_ids entry `{}` is longer than an id may be ({} bytes)",
+                    crate::headers::shorten(entry, 64),
+                    crate::headers::MAX_ID_BYTES
+                ));
+            } else if prefix {
+                ids.prefixes.push(text.to_string());
+            } else {
+                ids.exact.push(text.to_string());
+            }
+        }
+        ids
+    }
+}
+
+impl fmt::Display for CancelIds {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let exact = self.exact.iter().cloned();
+        let prefixes = self.prefixes.iter().map(|p| format!("{p}*"));
+        f.write_str(&exact.chain(prefixes).collect::<Vec<_>>().join(", "))
+    }
+}
+
 /// The delay relay, as far as a delayed emit needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DelayGrant {
@@ -126,6 +192,7 @@ pub(super) struct RawGrants<'a> {
     pub http: &'a HttpConfig,
     pub emit_topics: &'a [String],
     pub emit: &'a EmitConfig,
+    pub cancel_ids: &'a [String],
     pub secrets: &'a BTreeMap<String, String>,
     /// The route's `max_instances`: the default of `http.max_idle_per_host`.
     pub max_instances: usize,
@@ -169,6 +236,7 @@ pub(super) fn resolve(
             problems,
         ),
     };
+    let cancel_ids = CancelIds::parse(raw.cancel_ids, label, problems);
     let mut secrets = Secrets::default();
     for (name, source) in raw.secrets {
         match read_secret(name, source, base) {
@@ -181,6 +249,7 @@ pub(super) fn resolve(
         http,
         emit_topics,
         emit,
+        cancel_ids,
         delay: None,
         secrets,
     }
@@ -399,6 +468,56 @@ mod tests {
             assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
         }
         assert_eq!(problems.len(), 13, "{text}");
+    }
+
+    #[test]
+    fn cancel_ids_grant_exact_ids_and_prefixes_and_need_a_relay() {
+        let dir = tempfile::tempdir().unwrap();
+        let route = |name: &str, ids: &str| {
+            format!(
+                "[[route]]\nname = \"{name}\"\ntopics = [\"{name}.in\"]\nhandler = \"h.wasm\"\ncancel_ids = {ids}\n"
+            )
+        };
+        let routes = resolve(
+            dir.path(),
+            &format!(
+                "{}{}{}[delay]\n",
+                route("payments", r#"["timeout-*", "reminder-o-1"]"#),
+                route("admin", r#"["*"]"#),
+                route("plain", "[]"),
+            ),
+        )
+        .unwrap();
+        let ids = &routes[0].grants.cancel_ids;
+        assert!(ids.allows("timeout-o-1") && ids.allows("timeout-"));
+        assert!(ids.allows("reminder-o-1"));
+        assert!(!ids.allows("reminder-o-10"), "an exact id is not a prefix");
+        assert!(!ids.allows("timeout") && !ids.allows("order-o-1"));
+        assert_eq!(ids.to_string(), "reminder-o-1, timeout-*");
+        assert!(routes[1].grants.cancel_ids.allows("anything at all"));
+        assert!(routes[2].grants.cancel_ids.is_empty());
+        assert!(!routes[2].grants.cancel_ids.allows(""));
+
+        let long = "x".repeat(300);
+        let problems = resolve(
+            dir.path(),
+            &format!(
+                "{}{}",
+                route("bad", &format!(r#"["time*out-*", "", "{long}*"]"#)),
+                route("relayless", r#"["timeout-*"]"#),
+            ),
+        )
+        .unwrap_err();
+        let text = problems.join("\n");
+        for expected in [
+            "route `bad`: cancel_ids entry `time*out-*` has `*` before its end",
+            "route `bad`: cancel_ids entry is empty; write `*` to grant every id",
+            "route `bad`: cancel_ids entry `xxxx",
+            "route `relayless`: cancel_ids needs a [delay] table",
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+        assert_eq!(problems.len(), 4, "{text}");
     }
 
     #[test]

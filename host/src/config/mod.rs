@@ -19,7 +19,7 @@ mod secrets;
 pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
 pub use breaker::{BreakerConfig, BreakerSettings};
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
-pub use grants::{DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
+pub use grants::{CancelIds, DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
 pub use limits::Limits;
 pub use route::{
@@ -208,6 +208,14 @@ impl ConfigFile {
                         ));
                     }
                 }
+            }
+        }
+        if delay.is_none() {
+            for route in routes.iter().filter(|r| !r.grants.cancel_ids.is_empty()) {
+                problems.push(format!(
+                    "route `{}`: cancel_ids needs a [delay] table: a cancel goes to the delay relay's inbox",
+                    route.name
+                ));
             }
         }
         if !problems.is_empty() {

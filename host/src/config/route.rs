@@ -73,6 +73,11 @@ pub struct RouteConfig {
     /// Limits of the records one call may emit.
     #[serde(default)]
     pub emit: EmitConfig,
+    /// Ids of delayed messages the handler may cancel or replace through
+    /// emit: exact ids, or prefixes ending in `*` (`"timeout-*"`, `"*"`
+    /// for any). Default none.
+    #[serde(default)]
+    pub cancel_ids: Vec<String>,
     /// Secrets the handler may read, by name: `env:VARIABLE` or
     /// `file:PATH` (relative to the config file). Read once at startup.
     #[serde(default)]
@@ -343,6 +348,7 @@ pub(super) fn resolve_route(
             http: &raw.http,
             emit_topics: &raw.emit_topics,
             emit: &raw.emit,
+            cancel_ids: &raw.cancel_ids,
             secrets: &raw.secrets,
             max_instances,
         },

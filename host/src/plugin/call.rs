@@ -7,7 +7,7 @@ use super::grants::RouteGrants;
 use super::instance::{Guest, Pool};
 use super::output::LineBudget;
 use super::state::GuestState;
-use super::{Delivery, EPOCH_TICK, EpochTicker, Verdict, root_cause};
+use super::{Delivery, EPOCH_TICK, EpochTicker, Verdict};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
 use futures::FutureExt;
@@ -243,7 +243,17 @@ fn classify(
     }
     let mut text = match trap {
         Some(trap) => format!("trap: {trap}"),
-        None => root_cause(error),
+        // Not a trap of the guest's own: an error wasmtime raised on the
+        // guest's behalf, such as a `string` argument that is not UTF-8.
+        // Its outermost context is a wasm backtrace, several lines that
+        // start "error while executing"; the innermost error says what.
+        None => error
+            .root_cause()
+            .to_string()
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .to_string(),
     };
     if let Some(line) = stderr_summary {
         text.push_str("; guest stderr: ");

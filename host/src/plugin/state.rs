@@ -206,6 +206,14 @@ impl wit_emit::Host for GuestState {
     fn publish(&mut self, emitted: wit_emit::Outgoing) -> Result<String, wit_emit::EmitError> {
         self.emits.publish(&self.guest, emitted)
     }
+
+    fn schedule(&mut self, record: wit_emit::Scheduled) -> Result<(), wit_emit::ScheduleError> {
+        self.emits.schedule(&self.guest, record)
+    }
+
+    fn cancel(&mut self, id: String) -> Result<(), wit_emit::ScheduleError> {
+        self.emits.cancel(&self.guest, id)
+    }
 }
 
 impl wit_secrets::Host for GuestState {

@@ -13,9 +13,9 @@
 // until the promise settles, behind the synchronous WIT export. A promise
 // that rejects traps the call, so every path returns an outcome.
 
-import { log } from "hopper:handler/log@0.1.1";
-import { get } from "hopper:handler/config@0.1.1";
-import { publish } from "hopper:handler/emit@0.1.1";
+import { log } from "hopper:handler/log@0.1.2";
+import { get } from "hopper:handler/config@0.1.2";
+import { publish } from "hopper:handler/emit@0.1.2";
 
 function retryable(reason) {
   log("warn", reason);

@@ -1,0 +1,175 @@
+//! Components built against earlier releases of the handler world keep
+//! loading and running unchanged: `plugins/fixtures/legacy-0-1-0` is built
+//! against `hopper:handler@0.1.0` (`log` and `config` only) and
+//! `legacy-0-1-1` against 0.1.1 (`emit` with `publish` only, `secrets`).
+//! Hopper links 0.1.2, whose `emit` has `schedule` and `cancel` as well;
+//! wasmtime's linker serves a 0.1.x import from 0.1.2 because 0.1.2 only
+//! adds.
+
+use hopper::plugin::{Runtime, Verdict};
+use hopper_tests::*;
+use rdkafka::Message;
+use std::time::Duration;
+
+/// The world's imports of a component, as it names them (with version).
+fn hopper_imports(name: &str) -> Vec<String> {
+    let fit = Runtime::new(64 << 20)
+        .unwrap()
+        .with_cache(cache_dir())
+        .unwrap()
+        .fit(&plugin(name))
+        .unwrap();
+    assert!(fit.fits(), "{name}: {:?}", fit.error);
+    let mut imports: Vec<String> = fit
+        .imports
+        .into_iter()
+        .filter(|i| i.starts_with("hopper:handler/"))
+        .collect();
+    imports.sort();
+    imports
+}
+
+#[test]
+fn the_fixtures_are_built_against_the_releases_they_are_named_for() {
+    // What makes the tests below about old components: had a fixture been
+    // rebuilt against today's WIT, its imports would say 0.1.2.
+    assert_eq!(
+        hopper_imports("legacy_0_1_0"),
+        vec![
+            "hopper:handler/config@0.1.0",
+            "hopper:handler/log@0.1.0",
+            "hopper:handler/types@0.1.0",
+        ]
+    );
+    assert_eq!(
+        hopper_imports("legacy_0_1_1"),
+        vec![
+            "hopper:handler/config@0.1.1",
+            "hopper:handler/emit@0.1.1",
+            "hopper:handler/secrets@0.1.1",
+            "hopper:handler/types@0.1.1",
+        ]
+    );
+    assert!(
+        hopper_imports("acting").contains(&"hopper:handler/emit@0.1.2".to_string()),
+        "a component built from wit/ today imports 0.1.2"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_1_0_component_gets_its_config_and_returns_every_verdict() {
+    let legacy = InProcess::new(
+        &plugin("legacy_0_1_0"),
+        "[route.config]\nname = \"billing\"",
+    );
+    let handled = legacy.handler.run(legacy.delivery("m-1", "ok")).await;
+    assert_eq!(handled.verdict, Verdict::Ok);
+    assert!(handled.emitted.is_empty());
+    assert_eq!(
+        legacy.handler.call(legacy.delivery("m-2", "retry")).await,
+        Verdict::Retryable {
+            reason: "asked to retry".into(),
+            retry_after: Some(Duration::from_millis(1500)),
+        }
+    );
+    assert_eq!(
+        legacy.handler.call(legacy.delivery("m-3", "no")).await,
+        Verdict::Fatal {
+            reason: "billing refuses m-3 on attempt 1".into()
+        }
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_1_1_component_publishes_through_the_0_1_2_emit() {
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("token");
+    std::fs::write(&token, "t0ken").unwrap();
+    let legacy = InProcess::new(
+        &plugin("legacy_0_1_1"),
+        &format!(
+            "emit_topics = [\"closed\"]\n[route.config]\ntopic = \"closed\"\n[route.secrets]\ntoken = \"file:{}\"",
+            token.display()
+        ),
+    );
+    let handled = legacy.handler.run(legacy.delivery("m-1", "emit")).await;
+    assert_eq!(handled.verdict, Verdict::Ok);
+    assert_eq!(handled.emitted.len(), 1);
+    let record = &handled.emitted[0];
+    assert_eq!(record.id, "m-1/emit/0");
+    assert_eq!(record.topic, "closed");
+    assert_eq!(record.payload.as_deref(), Some(&b"from 0.1.1"[..]));
+    assert_eq!(
+        record.headers,
+        vec![("secret-name".to_string(), b"granted".to_vec())]
+    );
+
+    // Its refusals are still 0.1.1's `emit-error`.
+    let refused = InProcess::new(
+        &plugin("legacy_0_1_1"),
+        "[route.config]\ntopic = \"closed\"",
+    );
+    assert_eq!(
+        refused.handler.call(refused.delivery("m-2", "emit")).await,
+        Verdict::Fatal {
+            reason: "emit refused: EmitError::TopicNotGranted(\"closed\")".into()
+        }
+    );
+}
+
+/// Both old components as the handlers of real routes: messages committed,
+/// dead-lettered and emitted as they were before 0.1.2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_components_run_as_routes_on_a_broker() {
+    init_tracing();
+    let (old, older) = (rand_name("legacy11"), rand_name("legacy10"));
+    let closed = rand_name("closed");
+    let config = TestConfig::new(&format!(
+        "{}\n{}",
+        route_table(
+            &old,
+            &format!("{old}.in"),
+            &plugin("legacy_0_1_1"),
+            &format!("emit_topics = [\"{closed}\"]\n[route.config]\ntopic = \"{closed}\""),
+        ),
+        route_table(
+            &older,
+            &format!("{older}.in"),
+            &plugin("legacy_0_1_0"),
+            "[route.config]\nname = \"billing\"",
+        ),
+    ));
+    let hopper = config.start().await;
+    let producer = producer();
+    produce(
+        &producer,
+        &format!("{old}.in"),
+        Some("o-1"),
+        "emit",
+        &[("hopper-id", "e-1")],
+    )
+    .await;
+    produce(
+        &producer,
+        &format!("{older}.in"),
+        None,
+        "no",
+        &[("hopper-id", "f-1")],
+    )
+    .await;
+
+    let emitted = consume(&closed, 1, PATIENCE).await;
+    assert_eq!(emitted[0].key(), Some(&b"o-1"[..]));
+    assert_eq!(emitted[0].payload(), Some(&b"from 0.1.1"[..]));
+    let (h, _) = header_map(&emitted[0]);
+    assert_eq!(h["hopper-id"], "e-1/emit/0");
+    assert_eq!(h["hopper-route"], old);
+    assert_eq!(h["secret-name"], "none");
+
+    let dead = consume(&format!("{older}.dlq"), 1, PATIENCE).await;
+    let (h, _) = header_map(&dead[0]);
+    assert_eq!(h["hopper-id"], "f-1");
+    assert_eq!(h["hopper-reason"], "FATAL");
+    assert_eq!(h["hopper-last-error"], "billing refuses f-1 on attempt 1");
+    hopper.stop().await;
+}
