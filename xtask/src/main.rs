@@ -1,8 +1,8 @@
 //! Project tooling: `cargo xtask <command>`.
 //!
-//! - `demo`: builds the Rust order-timeout handler (no other handler) and
-//!   hopper (as `test` builds it, so the two share one build), and runs the
-//!   demo on the embedded broker.
+//! - `demo`: builds the Rust order-timeout and order-events handlers (no
+//!   other handler) and hopper (as `test` builds it, so the two share one
+//!   build), and runs the demo on the embedded broker.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
 //! - `build-plugins`: builds every handler component into `plugins/dist/`:
@@ -23,8 +23,9 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 9] = [
+const PLUGINS: [&str; 10] = [
     "order-timeout",
+    "order-events",
     "noop",
     "scripted",
     "wrong-world",
@@ -210,7 +211,8 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// The demo needs only the Rust order-timeout handler (v1 and v2): on a
+/// The demo needs only the Rust order-timeout handler (v1 and v2) and the
+/// order-events handler that schedules and cancels timeouts: on a
 /// fresh machine it must not wait for the Python, JavaScript and C
 /// toolchains, which `build-plugins` installs.
 ///
@@ -222,7 +224,7 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
 /// them without the dev-dependencies and rebuild hopper and much of what
 /// it depends on.
 fn demo(rest: &[String]) -> Result<()> {
-    build_rust_plugins(&["order-timeout"])?;
+    build_rust_plugins(&["order-timeout", "order-events"])?;
     step("building hopper: cargo test --workspace --no-run --test cli");
     let mut build = cargo();
     build
