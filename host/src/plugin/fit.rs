@@ -35,7 +35,8 @@ const WASI_PACKAGES: [&str; 7] = [
 pub enum Grant {
     /// `wasi:http/outgoing-handler`: hosts in `allowed_hosts`.
     Http,
-    /// `hopper:handler/emit`: topics in `emit_topics`.
+    /// `hopper:handler/emit`: topics in `emit_topics`; ids in `cancel_ids`
+    /// for a cancel or a replace.
     Emit,
     /// `hopper:handler/secrets`: names in `[route.secrets]`.
     Secrets,
@@ -60,7 +61,9 @@ impl fmt::Display for Grant {
             Grant::Http => {
                 "HTTP (wasi:http/outgoing-handler): the hosts in the route's `allowed_hosts`"
             }
-            Grant::Emit => "emit (hopper:handler/emit): the topics in the route's `emit_topics`",
+            Grant::Emit => {
+                "emit (hopper:handler/emit): the topics in the route's `emit_topics`, and the ids in its `cancel_ids` to cancel or replace a schedule"
+            }
             Grant::Secrets => {
                 "secrets (hopper:handler/secrets): the names in the route's `[route.secrets]`"
             }
