@@ -15,6 +15,13 @@ use rdkafka::producer::FutureProducer;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+/// The prefetched bytes (in KiB) librdkafka keeps, at most, per assigned
+/// partition: a partition's queue is its own once split off, and the
+/// setting then applies to each.
+pub const QUEUED_KBYTES: usize = 8 * 1024;
+/// The messages librdkafka tries to keep prefetched per partition.
+pub const QUEUED_MIN_MESSAGES: usize = 20_000;
+
 /// How long metadata and admin calls may take before startup gives up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -88,7 +95,13 @@ impl Cluster {
             // request; a long-polling fetch would hold it up to this long.
             .set("fetch.wait.max.ms", "20")
             .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000");
+            .set("heartbeat.interval.ms", "1000")
+            // Each partition's queue is split off the main queue, so these
+            // bound every assigned partition's prefetch on its own: memory
+            // for prefetched messages is at most partitions ×
+            // QUEUED_KBYTES (docs/scaling.md).
+            .set("queued.max.messages.kbytes", QUEUED_KBYTES.to_string())
+            .set("queued.min.messages", QUEUED_MIN_MESSAGES.to_string());
         config
     }
 

@@ -95,7 +95,6 @@ use rdkafka::consumer::Consumer;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -171,19 +170,14 @@ fn start_pipeline<P: hop::Processor>(
         supervision,
         deadline,
     } = *start;
-    let (tx, rx) = mpsc::unbounded_channel();
-    let trackers = pipeline::Trackers::default();
-    let consumer: pipeline::PipelineConsumer = cluster
-        .consumer_config(group)
-        .create_with_context(pipeline::PipelineContext {
-            name: processor.name().to_string(),
-            rebalances: tx,
-            trackers: trackers.clone(),
-        })
+    let pipeline::Connected {
+        consumer,
+        rebalances: rx,
+        trackers,
+    } = pipeline::connect(&cluster.consumer_config(group), processor.name())
         .context("creating the consumer")?;
     let subscription: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&subscription).context("subscribing")?;
-    let consumer = Arc::new(consumer);
     let name = processor.name().to_string();
     let assigned = Arc::downgrade(&consumer);
     telemetry.health().set_assignment_probe(

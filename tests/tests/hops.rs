@@ -6,7 +6,7 @@
 use hopper::events::{self, Event, Telemetry};
 use hopper::hop::{Action, Halt, Processor};
 use hopper::kafka::Cluster;
-use hopper::pipeline::{self, Ended, PipelineConsumer, PipelineContext, Shared};
+use hopper::pipeline::{self, Ended, Shared};
 use hopper::produce::HopProducer;
 use hopper_tests::*;
 use rdkafka::TopicPartitionList;
@@ -106,16 +106,11 @@ async fn a_call_that_panics_stops_its_pipeline_without_committing_past_it() {
         kafka: Default::default(),
     };
     let group = rand_name("panics-group");
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    let trackers = pipeline::Trackers::default();
-    let consumer: PipelineConsumer = cluster
-        .consumer_config(&group)
-        .create_with_context(PipelineContext {
-            name: "panics".into(),
-            rebalances: tx,
-            trackers: trackers.clone(),
-        })
-        .unwrap();
+    let pipeline::Connected {
+        consumer,
+        rebalances: rx,
+        trackers,
+    } = pipeline::connect(&cluster.consumer_config(&group), "panics").unwrap();
     consumer.subscribe(&[&topic]).unwrap();
     let acks = TaskTracker::new();
     let halt = Arc::new(Halt::default());
@@ -132,7 +127,7 @@ async fn a_call_that_panics_stops_its_pipeline_without_committing_past_it() {
     let shared = Arc::new(Shared {
         processor: PanicsAt { offset: 4 },
         producer: hops,
-        consumer: Arc::new(consumer),
+        consumer,
         telemetry,
         acks,
         halt,

@@ -12,7 +12,7 @@
 //! `O(log keys)`, whatever waits behind a busy key: a hot key with 100,000
 //! messages at the head of the queue is never scanned.
 
-use super::Ordering;
+use crate::hop::Ordering;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
@@ -205,6 +205,7 @@ impl<T> KeyGate<T> {
         self.len
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

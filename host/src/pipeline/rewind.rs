@@ -28,9 +28,9 @@ pub(super) struct Seeked {
 impl<P: Processor> Loop<P> {
     /// Pauses `tp` and seeks it back to `offset`, the held message, so that
     /// offset is fetched again after the resume. The seek blocks, so it runs
-    /// on a blocking thread; until it is done, messages of `tp` are dropped
-    /// (they are fetched again after it). A failed pause or seek is retried
-    /// on the tick: the held message is never skipped.
+    /// on a blocking thread; until the hold is over, the partition's task
+    /// reads nothing. A failed pause or seek is retried on the tick: the
+    /// held message is never skipped.
     ///
     /// Ordering relies on librdkafka's op versions: pause, seek and resume
     /// each bump the partition's version, and messages fetched under an
@@ -84,7 +84,7 @@ impl<P: Processor> Loop<P> {
         }
         let rewind = self.rewinds.remove(&seek.tp).expect("found above");
         if rewind.resume_after {
-            self.resume(&seek.tp);
+            self.release(&seek.tp);
         }
     }
 }

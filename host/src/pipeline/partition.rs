@@ -1,0 +1,330 @@
+//! A partition's task: it reads the partition's own queue, split off the
+//! consumer's ([`super::context`]), and runs the partition's calls.
+//!
+//! The task takes a message only when it has room: fewer than
+//! `max_in_flight` calls running and fewer than [`lookahead`] messages
+//! waiting for their key. Otherwise it leaves the partition's queue alone,
+//! so librdkafka's queue is the buffer and nothing fetched is thrown away
+//! (`queued.max.messages.kbytes` bounds it per partition). Its calls run in
+//! one `FuturesUnordered`, in the order the [`KeyGate`] allows; the gate,
+//! like everything else here, is the task's own, so a message costs no
+//! lock but its offset tracker's, shared with the producer's delivery
+//! callback and the commit tick.
+//!
+//! A message of a tier that is not due yet stops the task: it reports the
+//! hold to the loop, which pauses the partition and seeks back to that
+//! message ([`super::rewind`]), and reads nothing until the loop releases it
+//! once the message is due.
+
+use super::Shared;
+use super::context::PartitionQueue;
+use super::gate::{KeyGate, KeyHasher, key_of};
+use crate::clock::now_ms;
+use crate::hold::TopicPartition;
+use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
+use crate::offsets::OffsetTracker;
+use crate::scheduler::Scheduled;
+use futures::FutureExt as _;
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt as _};
+use rdkafka::message::{Message, OwnedMessage};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// How often a task waiting for a message looks at its queue even without a
+/// wake-up: librdkafka wakes a reader only when the queue turns non-empty,
+/// and a wake-up lost in between must not stall the partition.
+pub(super) const WAKE_FALLBACK: Duration = Duration::from_millis(100);
+/// The key and payload bytes a task holds waiting for their key, at most.
+const LOOKAHEAD_BYTES: usize = 16 << 20;
+
+/// The messages a task reads ahead of its calls, at most: enough for keys
+/// that are free to start while others are busy.
+pub(super) fn lookahead(max_in_flight: usize) -> usize {
+    max_in_flight.saturating_mul(4).max(256)
+}
+
+/// What the loop tells a partition's task.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Control {
+    /// The hold the task reported is over and the partition was sought back
+    /// to the held message: read on.
+    Release,
+    /// Revoked, or stopping: read nothing more, finish the calls running,
+    /// and end.
+    Close,
+}
+
+/// A tier message read before it is due, which the task did not take: the
+/// loop rewinds the partition to it.
+#[derive(Debug)]
+pub(super) struct Held {
+    pub tp: TopicPartition,
+    pub offset: i64,
+    pub due_ms: i64,
+}
+
+/// What a partition's task works with.
+pub(super) struct Partition<P> {
+    pub shared: Arc<Shared<P>>,
+    pub tp: Arc<TopicPartition>,
+    pub tracker: Arc<Mutex<OffsetTracker>>,
+    pub concurrency: Concurrency,
+    pub keys: KeyHasher,
+    pub scheduler: mpsc::UnboundedSender<Scheduled>,
+    pub held: mpsc::UnboundedSender<Held>,
+}
+
+/// How a call ended.
+struct Called {
+    key: Option<u64>,
+    offset: i64,
+    panicked: bool,
+}
+
+/// Runs a partition until the loop closes it. `previous` is the task of the
+/// partition's previous ownership, if it has not ended: nothing starts
+/// before it has, so no two calls of one partition overlap across a
+/// rebalance, and this task's end implies its predecessor's.
+pub(super) async fn run<P: Processor>(
+    partition: Partition<P>,
+    queue: PartitionQueue,
+    mut control: mpsc::UnboundedReceiver<Control>,
+    previous: Option<JoinHandle<()>>,
+) {
+    let mut queue = queue;
+    if let Some(previous) = previous {
+        let _ = previous.await;
+        // The predecessor's queue, dropped as it ended, was a handle of the
+        // same librdkafka queue, and dropping it turned off this one's
+        // wake-ups: split again, now that it is gone.
+        drop(queue);
+        let tp = &partition.tp;
+        match partition
+            .shared
+            .consumer
+            .split_partition_queue(&tp.topic, tp.partition)
+        {
+            Some(again) => queue = again,
+            None => {
+                partition.shared.halt.fail(format!(
+                    "librdkafka has no queue for the assigned partition {}[{}]",
+                    tp.topic, tp.partition
+                ));
+                return;
+            }
+        }
+    }
+    let mut messages = queue.stream();
+    let max = match partition.concurrency.ordering {
+        Ordering::Partition => 1,
+        _ => partition.concurrency.max_in_flight.max(1),
+    };
+    let lookahead = lookahead(max);
+    let mut gate: KeyGate<OwnedMessage> = KeyGate::default();
+    let mut waiting_bytes = 0usize;
+    let mut calls = FuturesUnordered::new();
+    let (mut held, mut closed) = (false, false);
+    let mut fallback = fallback_timer();
+    loop {
+        while calls.len() < max {
+            let Some((key, message)) = gate.take() else {
+                break;
+            };
+            waiting_bytes -= size_of(&message);
+            let done = Completion::new(message.offset(), partition.tracker.clone());
+            calls.push(call(
+                partition.shared.clone(),
+                partition.scheduler.clone(),
+                key,
+                message,
+                done,
+            ));
+        }
+        if closed && calls.is_empty() {
+            break;
+        }
+        let reading = !held
+            && !closed
+            && calls.len() < max
+            && gate.len() < lookahead
+            && waiting_bytes < LOOKAHEAD_BYTES;
+        tokio::select! {
+            biased;
+            order = control.recv(), if !closed => match order {
+                Some(Control::Release) => held = false,
+                Some(Control::Close) | None => {
+                    closed = true;
+                    gate.clear();
+                    waiting_bytes = 0;
+                }
+            },
+            Some(called) = calls.next(), if !calls.is_empty() => {
+                if called.panicked {
+                    let tp = &partition.tp;
+                    partition.shared.halt.fail(format!(
+                        "processing {}[{}]@{} panicked; nothing from that offset on is committed",
+                        tp.topic, tp.partition, called.offset
+                    ));
+                } else if let Some(key) = called.key {
+                    gate.done(key);
+                }
+            }
+            Some(next) = next_or_fallback(&mut messages, &mut fallback), if reading => match next {
+                Ok(message) => {
+                    let offset = message.offset();
+                    if let Some(due_ms) = partition.shared.processor.due_at(&message)
+                        && due_ms > now_ms()
+                    {
+                        held = true;
+                        let tp = (*partition.tp).clone();
+                        let _ = partition.held.send(Held { tp, offset, due_ms });
+                        continue;
+                    }
+                    let key = key_of(partition.concurrency.ordering, message.key(), &partition.keys);
+                    let message = message.detach();
+                    partition.tracker.lock().unwrap().begin(offset);
+                    waiting_bytes += size_of(&message);
+                    gate.push(key, message);
+                }
+                Err(e) => tracing::warn!(
+                    pipeline = partition.shared.processor.name(),
+                    topic = partition.tp.topic,
+                    partition = partition.tp.partition,
+                    error = %e,
+                    "Consumer error."
+                ),
+            },
+        }
+    }
+}
+
+/// The timer of [`next_or_fallback`]: its first tick one period from now.
+fn fallback_timer() -> tokio::time::Interval {
+    let mut timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + WAKE_FALLBACK, WAKE_FALLBACK);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer
+}
+
+/// The next item of `messages`, or `None` when `fallback` ticks first (the
+/// caller then asks again, which polls the queue again): a wake-up that
+/// librdkafka never gives costs one [`WAKE_FALLBACK`], not a stalled
+/// partition.
+async fn next_or_fallback<S: Stream + Unpin>(
+    messages: &mut S,
+    fallback: &mut tokio::time::Interval,
+) -> Option<S::Item> {
+    tokio::select! {
+        biased;
+        next = messages.next() => next,
+        _ = fallback.tick() => None,
+    }
+}
+
+/// The bytes a waiting message holds: its key and payload.
+fn size_of(message: &OwnedMessage) -> usize {
+    message.key().map_or(0, <[u8]>::len) + message.payload().map_or(0, <[u8]>::len)
+}
+
+/// One call: processes `message` and hands its hops to the producer (or the
+/// scheduler). Its offset is done when they are acknowledged. A call that
+/// panics is reported, and its offset never completes, so nothing past it is
+/// committed.
+async fn call<P: Processor>(
+    shared: Arc<Shared<P>>,
+    scheduler: mpsc::UnboundedSender<Scheduled>,
+    key: Option<u64>,
+    message: OwnedMessage,
+    done: Completion,
+) -> Called {
+    let offset = message.offset();
+    let work = async {
+        match shared.processor.process(&message).await {
+            Action::Done => done.complete(),
+            Action::Hop(hop) => shared.producer.send(hop.record, done, hop.event).await,
+            Action::Hops(hops) if hops.is_empty() => done.complete(),
+            Action::Hops(hops) => {
+                let dones = done.split(hops.len());
+                for (hop, done) in hops.into_iter().zip(dones) {
+                    shared.producer.send(hop.record, done, hop.event).await;
+                }
+            }
+            Action::HopAt { at_ms, hop } => {
+                // The scheduler lives until shutdown; if it is gone, the
+                // offset simply stays uncommitted.
+                let _ = scheduler.send(Scheduled { at_ms, hop, done });
+            }
+        }
+    };
+    let panicked = AssertUnwindSafe(work).catch_unwind().await.is_err();
+    Called {
+        key,
+        offset,
+        panicked,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream whose first item is ready from its second poll on, and
+    /// which never wakes its reader: a lost wake-up.
+    struct NeverWakes {
+        polls: usize,
+    }
+
+    impl Stream for NeverWakes {
+        type Item = u32;
+
+        fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<u32>> {
+            self.polls += 1;
+            match self.polls {
+                1 => Poll::Pending,
+                _ => Poll::Ready(Some(7)),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_wake_up_costs_one_fallback_period_not_a_stall() {
+        let mut plain = NeverWakes { polls: 0 };
+        let read = tokio::spawn(async move { plain.next().await });
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(
+            !read.is_finished(),
+            "without the fallback, a lost wake-up stalls the read"
+        );
+        read.abort();
+
+        let mut messages = NeverWakes { polls: 0 };
+        let mut fallback = fallback_timer();
+        let start = tokio::time::Instant::now();
+        let mut got = None;
+        let mut asked = 0;
+        while got.is_none() {
+            got = next_or_fallback(&mut messages, &mut fallback).await;
+            asked += 1;
+        }
+        assert_eq!(got, Some(7));
+        assert_eq!(
+            asked, 1,
+            "the tick wakes the read, which polls the stream again"
+        );
+        assert_eq!(start.elapsed(), WAKE_FALLBACK);
+    }
+
+    #[test]
+    fn a_task_reads_ahead_enough_for_free_keys_and_no_more() {
+        assert_eq!(lookahead(1), 256);
+        assert_eq!(lookahead(16), 256);
+        assert_eq!(lookahead(256), 1024);
+        assert_eq!(lookahead(usize::MAX), usize::MAX);
+    }
+}
