@@ -22,7 +22,7 @@ use crate::config::Config;
 use crate::headers::Reason;
 use crate::health::Health;
 use crate::metrics::Metrics;
-use crate::types::{EmitKind, HopFailure, TopicPartition, VerdictKind};
+use crate::types::{CancelKind, EmitKind, HopFailure, InboxPosition, TopicPartition, VerdictKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -91,6 +91,11 @@ events! {
     PartitionsSuspended,
     PartitionsReleased,
     TargetLookupFailed,
+    CancelRecorded,
+    CancellationKnown,
+    ScheduleCancelled,
+    CancelTooLate,
+    CancellationExpired,
 }
 
 /// A handler call finished. Counted and logged in route.rs through the
@@ -189,6 +194,10 @@ pub struct Delivered {
     pub id: String,
     pub target: String,
     pub deliver_at: i64,
+    /// Where the inbox read the schedule: what the cancellation table
+    /// checks the forward against just before it is produced. `None` for a
+    /// tier record written before hopper stamped positions.
+    pub inbox: Option<InboxPosition>,
 }
 
 impl InternalEvent for Delivered {
@@ -709,6 +718,144 @@ impl InternalEvent for TargetLookupFailed {
         );
         if let Some(relay) = metrics.relay() {
             relay.lookups_failed.inc();
+        }
+    }
+}
+
+/// The delay relay read a cancel (or a replace) from its inbox and its
+/// entry in the cancellation topic was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelRecorded {
+    pub id: String,
+    pub kind: CancelKind,
+    pub inbox: InboxPosition,
+}
+
+impl InternalEvent for CancelRecorded {
+    fn record(&self, metrics: &Metrics) {
+        tracing::debug!(
+            id = self.id,
+            kind = self.kind.as_str(),
+            inbox = %self.inbox,
+            "Cancellation recorded."
+        );
+        if let Some(relay) = metrics.relay() {
+            match self.kind {
+                CancelKind::Cancel => relay.cancels_recorded.inc(),
+                CancelKind::Replace => relay.replaces_recorded.inc(),
+            };
+        }
+    }
+}
+
+/// This process's cancellation table took in an entry from the
+/// cancellation topic: from now on it drops what the entry covers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancellationKnown {
+    /// The id, lossily decoded (the topic's keys are bytes).
+    pub id: String,
+    pub kind: CancelKind,
+    pub inbox: InboxPosition,
+    /// The record time of the entry, epoch ms.
+    pub recorded_at: i64,
+}
+
+impl InternalEvent for CancellationKnown {
+    fn record(&self, _: &Metrics) {
+        tracing::trace!(
+            id = self.id,
+            kind = self.kind.as_str(),
+            inbox = %self.inbox,
+            "Cancellation known."
+        );
+    }
+}
+
+/// A delayed message was dropped, never delivered: a cancel or a replace
+/// read after it covers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScheduleCancelled {
+    pub id: String,
+    pub target: String,
+    pub deliver_at: i64,
+    /// What dropped it.
+    pub kind: CancelKind,
+    /// Where the inbox read the dropped schedule.
+    pub inbox: InboxPosition,
+}
+
+impl InternalEvent for ScheduleCancelled {
+    fn record(&self, metrics: &Metrics) {
+        tracing::debug!(
+            id = self.id,
+            target = self.target,
+            deliver_at = self.deliver_at,
+            kind = self.kind.as_str(),
+            inbox = %self.inbox,
+            "Delayed message cancelled."
+        );
+        if let Some(relay) = metrics.relay() {
+            match self.kind {
+                CancelKind::Cancel => relay.cancelled.inc(),
+                CancelKind::Replace => relay.replaced.inc(),
+            };
+        }
+    }
+}
+
+/// A cancellation arrived after this process had forwarded a schedule it
+/// covers: the message was delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelTooLate {
+    pub id: String,
+    pub kind: CancelKind,
+}
+
+impl InternalEvent for CancelTooLate {
+    fn record(&self, metrics: &Metrics) {
+        tracing::warn!(
+            id = self.id,
+            kind = self.kind.as_str(),
+            "Cancellation too late: the message was already delivered."
+        );
+        if let Some(relay) = metrics.relay() {
+            relay.too_late.inc();
+        }
+    }
+}
+
+/// A cancellation entry expired: nothing it covers can still be due, and
+/// this process forgot it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancellationExpired {
+    pub id: String,
+    pub kind: CancelKind,
+    /// Schedules this process dropped because of it.
+    pub dropped: u32,
+    /// Whether this process read the cancel from the inbox and, having
+    /// dropped nothing and seen no delivery it came too late for, counts it
+    /// as a cancel for an unknown id.
+    pub unknown_id: bool,
+}
+
+impl InternalEvent for CancellationExpired {
+    fn record(&self, metrics: &Metrics) {
+        tracing::debug!(
+            id = self.id,
+            kind = self.kind.as_str(),
+            dropped = self.dropped,
+            unknown_id = self.unknown_id,
+            "Cancellation expired."
+        );
+        if self.unknown_id {
+            tracing::debug!(
+                id = self.id,
+                kind = self.kind.as_str(),
+                "Cancellation expired without cancelling anything: unknown id, or already delivered."
+            );
+            if let Some(relay) = metrics.relay() {
+                relay.unknown_id.inc();
+            }
         }
     }
 }

@@ -43,12 +43,21 @@ pub const TARGET: &str = "hopper-target";
 pub const DELIVER_AT: &str = "hopper-deliver-at";
 /// Delay relay: how long to wait, humantime, instead of `hopper-deliver-at`.
 pub const DELAY: &str = "hopper-delay";
-/// Delay relay: `true` on a record that cancels every pending schedule of
-/// its `hopper-id` (key = the id; no target, no time).
+/// Delay relay: `true` cancels every pending schedule of the record's
+/// `hopper-id` read before it (docs/headers.md).
 pub const CANCEL: &str = "hopper-cancel";
-/// Delay relay: `true` on a schedule that takes the place of the earlier
-/// schedules of its `hopper-id`.
+/// Delay relay: `true` on a schedule cancels the earlier schedules of its
+/// `hopper-id`, and the record takes their place.
 pub const REPLACE: &str = "hopper-replace";
+/// Delay relay, on tier records: where the inbox read the schedule,
+/// `<partition>:<offset>`; what a cancel is compared against.
+pub const INBOX_POSITION: &str = "hopper-inbox-position";
+/// On a cancellation-topic entry: `cancel` or `replace`.
+pub const CANCEL_KIND: &str = "hopper-cancel-kind";
+/// On a cancellation-topic entry: the relay process that read the cancel
+/// from the inbox (a random id per process), which counts it unmatched
+/// when it expires having cancelled nothing there.
+pub const CANCEL_BY: &str = "hopper-cancel-by";
 /// How many times the message was replayed from a dead-letter topic. Its
 /// presence on an input record marks a replay: the id, origin and trail are
 /// kept, and attempts start over.

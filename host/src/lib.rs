@@ -160,6 +160,7 @@ fn start_pipeline<P: hop::Processor>(
     group: &str,
     topics: &[String],
     processor: P,
+    gate: Option<Arc<dyn produce::Gate>>,
 ) -> anyhow::Result<()> {
     let Start {
         cluster,
@@ -199,6 +200,9 @@ fn start_pipeline<P: hop::Processor>(
         halt.clone(),
     )
     .context("creating the producer")?;
+    if let Some(gate) = gate {
+        producer.set_gate(gate).map_err(anyhow::Error::msg)?;
+    }
     // Metadata for the topics it will produce to, fetched off the async
     // start (it may block seconds per topic); a hop before it is done
     // fetches its own.
@@ -253,6 +257,8 @@ pub struct Hopper {
     admin: Option<admin::Server>,
     supervision: Supervision,
     engine: plugin::EngineWatch,
+    /// The delay relay's cancellation table, followed until shutdown.
+    cancels: Option<Arc<delay::CancelTable>>,
 }
 
 impl Hopper {
@@ -292,6 +298,14 @@ impl Hopper {
             anyhow::bail!("{}", failures.join("\n"));
         }
 
+        // The cancellation topic is compacted: created with its settings
+        // before the check that creates the rest.
+        if let Some(relay) = &config.delay
+            && delay::CancelTable::ensure_topic(&cluster, &relay.cancels, relay.cancel_lifetime())
+                .await?
+        {
+            tracing::info!(topic = relay.cancels, "Cancellation topic created.");
+        }
         let created = cluster.ensure_topics(&config.all_topics()).await?;
         if !created.is_empty() {
             tracing::info!(topics = created.join(","), "Topics created.");
@@ -309,6 +323,7 @@ impl Hopper {
             deadline: options.shutdown_timeout,
         };
         let mut slots = HashMap::new();
+        let mut cancels: Option<Arc<delay::CancelTable>> = None;
         let mut reload_targets = Vec::new();
         for (route, handler) in config.routes.iter().zip(handlers) {
             let route = Arc::new(route.clone());
@@ -322,7 +337,7 @@ impl Hopper {
             });
             let mut subscription: Vec<String> = route.topics.clone();
             subscription.extend(processor.tiers.keys().cloned());
-            start_pipeline(&start, &route.group, &subscription, processor)
+            start_pipeline(&start, &route.group, &subscription, processor, None)
                 .with_context(|| format!("starting route `{}`", route.name))?;
             tracing::info!(
                 route = route.name,
@@ -337,12 +352,33 @@ impl Hopper {
                 .consumer_config(&relay.group)
                 .create()
                 .context("creating the delay relay's metadata client")?;
-            let processor =
-                delay::DelayProcessor::new(Arc::new(relay.clone()), metadata, telemetry.clone());
+            // Read to its end before the relay forwards anything, so a
+            // cancel recorded before a crash or a rebalance still holds.
+            let table = delay::CancelTable::start(
+                &cluster,
+                &relay.cancels,
+                relay.cancel_lifetime(),
+                telemetry.clone(),
+                shutdown.clone(),
+            )
+            .await
+            .context("loading the delay relay's cancellation table")?;
+            let entries = cluster
+                .producer()
+                .context("creating the delay relay's cancellation producer")?;
+            let processor = delay::DelayProcessor::new(
+                Arc::new(relay.clone()),
+                metadata,
+                telemetry.clone(),
+                table.clone(),
+                entries,
+            );
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
-            start_pipeline(&start, &relay.group, &subscription, processor)
+            let gate: Arc<dyn produce::Gate> = table.clone();
+            start_pipeline(&start, &relay.group, &subscription, processor, Some(gate))
                 .context("starting the delay relay")?;
+            cancels = Some(table);
             tracing::info!(
                 inbox = relay.inbox,
                 tiers = relay.tiers.len(),
@@ -388,6 +424,7 @@ impl Hopper {
                     config: Arc::new(config),
                     cluster,
                     telemetry: telemetry.clone(),
+                    cancels: cancels.clone(),
                 };
                 match admin::Server::start(context, settings).await {
                     Ok(server) => Some(server),
@@ -408,7 +445,13 @@ impl Hopper {
             admin,
             supervision,
             engine,
+            cancels,
         })
+    }
+
+    /// The delay relay's cancellation table, when a relay runs.
+    pub fn cancellations(&self) -> Option<Arc<delay::CancelTable>> {
+        self.cancels.clone()
     }
 
     /// Whether this hopper's WebAssembly engine is alive. It is freed, with

@@ -164,6 +164,15 @@ fn refusal(error: &KafkaError, failures: u32, topic: &str) -> Option<(Reason, St
     }
 }
 
+/// Asked just before a hop is produced whether it still should be. The
+/// delay relay's cancellation table is one: it drops a forward that a
+/// cancel read meanwhile covers, however long the forward waited in memory.
+pub trait Gate: Send + Sync + 'static {
+    /// `None`: produce the hop. `Some(event)`: drop it; its source offset
+    /// is done at once, and `event` says why.
+    fn stop(&self, record: &OutRecord, event: Option<&Event>) -> Option<Event>;
+}
+
 /// A pipeline's producer: idempotent, `acks=all`, completing hops from its
 /// delivery callback.
 pub struct HopProducer {
@@ -175,6 +184,8 @@ pub struct HopProducer {
     telemetry: Telemetry,
     /// Set when a dead-letter record is refused for good.
     halt: Arc<Halt>,
+    /// Set once, before the pipeline starts, for the delay relay.
+    gate: std::sync::OnceLock<Arc<dyn Gate>>,
 }
 
 impl HopProducer {
@@ -203,6 +214,7 @@ impl HopProducer {
             dlq: dlq.to_string(),
             telemetry,
             halt,
+            gate: std::sync::OnceLock::new(),
         });
         tokio::spawn(produce_again(Arc::downgrade(&producer), redos));
         Ok(producer)
@@ -224,10 +236,26 @@ impl HopProducer {
         }
     }
 
+    /// Has `gate` look at every hop before it is produced. Set once, before
+    /// the first hop; a second gate is refused.
+    pub fn set_gate(&self, gate: Arc<dyn Gate>) -> Result<(), &'static str> {
+        self.gate
+            .set(gate)
+            .map_err(|_| "the hop producer already has a gate")
+    }
+
     /// Enqueues `record`; once it is acknowledged, `event` is emitted and
     /// `done` completed. Waits only while the producer's queue is full, or
-    /// while the producer refuses to enqueue for a transient reason.
+    /// while the producer refuses to enqueue for a transient reason. A hop
+    /// the gate stops is not produced: `done` completes at once.
     pub async fn send(&self, record: OutRecord, done: Completion, event: Option<Event>) {
+        if let Some(gate) = self.gate.get()
+            && let Some(why) = gate.stop(&record, event.as_ref())
+        {
+            done.complete();
+            self.telemetry.emit(why);
+            return;
+        }
         let hop = Box::new(InFlight {
             done,
             event,

@@ -139,3 +139,67 @@ impl PartialEq<&str> for VerdictKind {
         self.as_str() == *label
     }
 }
+
+/// What a delay-relay cancellation entry came from: a `hopper-cancel`
+/// record, or a schedule with `hopper-replace`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CancelKind {
+    Cancel,
+    Replace,
+}
+
+impl CancelKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelKind::Cancel => "cancel",
+            CancelKind::Replace => "replace",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<CancelKind> {
+        match text {
+            "cancel" => Some(CancelKind::Cancel),
+            "replace" => Some(CancelKind::Replace),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CancelKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where the delay relay's inbox read a record: what a cancellation is
+/// compared against (docs/headers.md, "read before it").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct InboxPosition {
+    pub partition: i32,
+    pub offset: i64,
+}
+
+impl InboxPosition {
+    /// `<partition>:<offset>`, as in `hopper-inbox-position`.
+    pub fn parse(text: &str) -> Option<InboxPosition> {
+        let (partition, offset) = text.split_once(':')?;
+        let position = InboxPosition {
+            partition: partition.parse().ok()?,
+            offset: offset.parse().ok()?,
+        };
+        (position.partition >= 0 && position.offset >= 0).then_some(position)
+    }
+
+    /// Whether a cancellation read at `self` covers a schedule read at
+    /// `schedule`: same partition, and read before it.
+    pub fn covers(self, schedule: InboxPosition) -> bool {
+        self.partition == schedule.partition && schedule.offset < self.offset
+    }
+}
+
+impl fmt::Display for InboxPosition {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.partition, self.offset)
+    }
+}

@@ -361,3 +361,65 @@ pub(super) async fn replay(
     );
     Ok(Json(report))
 }
+
+/// The body of `POST /api/delay/cancel`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CancelBody {
+    id: String,
+}
+
+/// Cancels every pending delayed message of an id: a cancel record (key =
+/// the id) to the relay's inbox, as `hopper delay cancel` sends.
+pub(super) async fn delay_cancel(
+    Shared(state): Shared<Arc<State>>,
+    body: Result<Json<CancelBody>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Json(body) = body.map_err(|e| bad_request(e.body_text()))?;
+    let relay = state.context.config.delay.as_ref().ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            "no delay relay: the config has no [delay] table".into(),
+        )
+    })?;
+    let producer = state
+        .context
+        .cluster
+        .producer()
+        .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, format!("{e:#}")))?;
+    let (partition, offset) = crate::delay::cancel(&producer, &relay.inbox, &body.id)
+        .await
+        .map_err(|e| {
+            let status = if body.id.is_empty() || body.id.len() > crate::headers::MAX_ID_BYTES {
+                StatusCode::BAD_REQUEST
+            } else {
+                StatusCode::BAD_GATEWAY
+            };
+            ApiError(status, format!("cancelling `{}`: {e:#}", body.id))
+        })?;
+    Ok(Json(json!({
+        "id": body.id,
+        "inbox": relay.inbox,
+        "partition": partition,
+        "offset": offset,
+    })))
+}
+
+/// The pending cancellation of an id, as this process's cancellation table
+/// has it (`dropped` counts what this process dropped because of it).
+pub(super) async fn delay_show(
+    Shared(state): Shared<Arc<State>>,
+    Path(id): Path<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let table = state.context.cancels.as_ref().ok_or_else(|| {
+        ApiError(
+            StatusCode::NOT_FOUND,
+            "no delay relay: the config has no [delay] table".into(),
+        )
+    })?;
+    Ok(Json(json!({
+        "id": id,
+        "cancellation": table.get(id.as_bytes()),
+        "entries": table.len(),
+    })))
+}

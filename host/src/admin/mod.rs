@@ -45,6 +45,8 @@ pub struct Context {
     pub config: Arc<Config>,
     pub cluster: Cluster,
     pub telemetry: Telemetry,
+    /// The delay relay's cancellation table, when a relay runs.
+    pub cancels: Option<Arc<crate::delay::CancelTable>>,
 }
 
 /// Shared by every request.
@@ -120,6 +122,14 @@ fn router(state: Arc<State>) -> Router {
         .route(
             "/replay",
             post(api::replay).route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                auth::require_token,
+            )),
+        )
+        .route("/delay/cancels/{id}", get(api::delay_show))
+        .route(
+            "/delay/cancel",
+            post(api::delay_cancel).route_layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 auth::require_token,
             )),

@@ -45,10 +45,20 @@ pub struct DelayConfig {
     pub targets: Option<Vec<String>>,
     /// Prefix of tier topics. Default `<inbox>`, giving `hopper.delay.30m`.
     pub tier_prefix: Option<String>,
+    /// The compacted topic of cancellations every relay process reads.
+    /// Default `<inbox>.cancels`.
+    pub cancels: Option<String>,
+    /// How long a cancellation outlives `max_delay`: the slack for a relay
+    /// that was down and forwards overdue messages late. Default 1h.
+    #[serde(default = "default_cancel_grace", with = "humantime_serde")]
+    pub cancel_grace: Duration,
 }
 
 fn default_inbox() -> String {
     "hopper.delay".into()
+}
+fn default_cancel_grace() -> Duration {
+    Duration::from_secs(60 * 60)
 }
 fn default_max_delay() -> Duration {
     Duration::from_secs(30 * 24 * 60 * 60)
@@ -69,11 +79,21 @@ pub struct DelayRelay {
     /// topic and replay journal, and the relay's inbox and tiers): never a
     /// target. Filled in once every route is resolved.
     pub internal: BTreeSet<String>,
+    /// The compacted cancellation topic (docs/headers.md). Startup creates
+    /// it compacted before the other missing topics.
+    pub cancels: String,
+    pub cancel_grace: Duration,
 }
 
 impl DelayRelay {
+    /// How long a cancellation entry is kept after its record time: past
+    /// it, nothing the entry covers can still be due.
+    pub fn cancel_lifetime(&self) -> Duration {
+        self.max_delay.saturating_add(self.cancel_grace)
+    }
+
     pub fn all_topics(&self) -> Vec<String> {
-        let mut topics = vec![self.inbox.clone(), self.dlq.clone()];
+        let mut topics = vec![self.inbox.clone(), self.dlq.clone(), self.cancels.clone()];
         topics.extend(self.tiers.iter().map(|(_, t)| t.clone()));
         topics
     }
@@ -154,8 +174,13 @@ impl DelayConfig {
             .tier_prefix
             .clone()
             .unwrap_or_else(|| self.inbox.clone());
+        let cancels = self
+            .cancels
+            .clone()
+            .unwrap_or_else(|| format!("{}.cancels", self.inbox));
         for (what, name) in [
             ("inbox", &self.inbox),
+            ("cancels", &cancels),
             ("dlq", &dlq),
             ("group", &group),
             ("tier_prefix", &prefix),
@@ -189,6 +214,8 @@ impl DelayConfig {
             max_delay: self.max_delay,
             dlq,
             group,
+            cancels,
+            cancel_grace: self.cancel_grace,
         })
     }
 }
@@ -232,6 +259,8 @@ mod tests {
                 .into_iter()
                 .map(String::from)
                 .collect(),
+            cancels: "hopper.delay.cancels".into(),
+            cancel_grace: Duration::from_secs(1),
         }
     }
 

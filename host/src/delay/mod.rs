@@ -9,10 +9,14 @@
 //! tiers ([`crate::hold`]), and the Kafka offset is the durable record until
 //! the message is forwarded, so a crash loses nothing.
 
+mod cancel;
 mod relay;
 mod schedule;
 mod send;
+mod table;
 
+pub use cancel::{Intent, parse_intent};
 pub use relay::{DelayProcessor, Lookup, TARGET_TRUSTED_FOR};
 pub use schedule::{HOP_MARGIN, Rejected, Schedule, Step, parse_instant, parse_schedule, step};
-pub use send::DelayedMessage;
+pub use send::{DelayedMessage, cancel};
+pub use table::{CancelTable, CancelView, lookup};

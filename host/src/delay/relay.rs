@@ -1,7 +1,9 @@
 //! The relay's processor: moves each message one tier closer to its time,
 //! holds its last stretch in memory, and forwards it to its target.
 
+use super::cancel::{Intent, cancelled_id, entry_headers, entry_value, parse_intent};
 use super::schedule::{Rejected, SCHEDULING, Schedule, Step, invalid, parse_schedule, step};
+use super::table::CancelTable;
 use crate::clock::now_ms;
 use crate::config::{DelayRelay, RELAY_ROUTE};
 use crate::dlq;
@@ -9,9 +11,11 @@ use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::types::{CancelKind, InboxPosition};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -145,15 +149,28 @@ pub struct DelayProcessor {
     tier_of: HashMap<String, Duration>,
     topic_of: HashMap<Duration, String>,
     topics: KnownTopics,
+    /// The cancellations of the whole relay group.
+    table: Arc<CancelTable>,
+    /// Writes the entry of a replace whose new time is too close for a
+    /// tier, before the replace waits in memory (see `process`).
+    entries: FutureProducer,
+    telemetry: Telemetry,
 }
 
 impl DelayProcessor {
+    /// `table` must be loaded ([`CancelTable::start`]) before the relay
+    /// forwards anything.
     pub fn new(
         relay: Arc<DelayRelay>,
         metadata: BaseConsumer,
         telemetry: Telemetry,
+        table: Arc<CancelTable>,
+        entries: FutureProducer,
     ) -> DelayProcessor {
         DelayProcessor {
+            table,
+            entries,
+            telemetry: telemetry.clone(),
             waits: relay.tiers.iter().map(|(d, _)| *d).collect(),
             tier_of: relay.tiers.iter().map(|(d, t)| (t.clone(), *d)).collect(),
             topic_of: relay.tiers.iter().map(|(d, t)| (*d, t.clone())).collect(),
@@ -188,9 +205,56 @@ impl DelayProcessor {
                 reason: rejected.reason,
                 error: &rejected.error,
                 handler: None,
-                keep: &[headers::TARGET, headers::DELIVER_AT, headers::DELAY],
+                keep: &[
+                    headers::TARGET,
+                    headers::DELIVER_AT,
+                    headers::DELAY,
+                    headers::CANCEL,
+                    headers::REPLACE,
+                ],
             },
         ))
+    }
+
+    /// The entry a cancel or replace read at `at` writes to the
+    /// cancellation topic: key the id, value the position.
+    fn entry(&self, id: &str, kind: CancelKind, at: InboxPosition) -> PlannedHop {
+        PlannedHop {
+            record: OutRecord {
+                topic: self.relay.cancels.clone(),
+                key: Some(id.as_bytes().to_vec()),
+                payload: Some(entry_value(at)),
+                headers: entry_headers(kind, self.table.me()),
+                timestamp: now_ms(),
+            },
+            event: Some(
+                events::CancelRecorded {
+                    id: id.to_string(),
+                    kind,
+                    inbox: at,
+                }
+                .into(),
+            ),
+        }
+    }
+
+    /// Writes a replace's entry and waits for the acknowledgement: for a
+    /// replace that waits in memory next, which no hop can follow.
+    async fn write_entry(&self, id: &str, at: InboxPosition) -> Result<(), String> {
+        let hop = self.entry(id, CancelKind::Replace, at);
+        let record = FutureRecord::<[u8], [u8]>::to(&hop.record.topic)
+            .key(id.as_bytes())
+            .payload(hop.record.payload.as_deref().unwrap_or_default())
+            .headers(hop.record.headers)
+            .timestamp(hop.record.timestamp);
+        self.entries
+            .send(record, Duration::from_secs(30))
+            .await
+            .map_err(|(e, _)| format!("writing to `{}`: {e}", self.relay.cancels))?;
+        if let Some(event) = hop.event {
+            self.telemetry.emit(event);
+        }
+        Ok(())
     }
 }
 
@@ -217,6 +281,41 @@ impl Processor for DelayProcessor {
     async fn process(&self, message: &OwnedMessage) -> Action {
         let now = now_ms();
         let from_inbox = !self.tier_of.contains_key(message.topic());
+        // Where the inbox read the schedule: this record, or the stamp its
+        // first hop put on it.
+        let inbox = if from_inbox {
+            Some(InboxPosition {
+                partition: message.partition(),
+                offset: message.offset(),
+            })
+        } else {
+            headers::text(message.headers(), headers::INBOX_POSITION)
+                .ok()
+                .flatten()
+                .and_then(InboxPosition::parse)
+        };
+        let intent = match from_inbox {
+            true => match parse_intent(message.headers()) {
+                Ok(intent) => intent,
+                Err(rejected) => return self.reject(message, rejected),
+            },
+            false => Intent::Schedule { replace: false },
+        };
+        let replace = match (intent, inbox) {
+            (Intent::Cancel, Some(at)) => {
+                return match cancelled_id(message.headers(), message.key(), CancelKind::Cancel) {
+                    Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at)),
+                    Err(rejected) => self.reject(message, rejected),
+                };
+            }
+            (Intent::Schedule { replace: true }, Some(at)) => {
+                match cancelled_id(message.headers(), message.key(), CancelKind::Replace) {
+                    Ok(_) => Some(at),
+                    Err(rejected) => return self.reject(message, rejected),
+                }
+            }
+            _ => None,
+        };
         let default_id =
             headers::default_id(message.topic(), message.partition(), message.offset());
         let reference = message
@@ -234,6 +333,20 @@ impl Processor for DelayProcessor {
             Ok(schedule) => schedule,
             Err(rejected) => return self.reject(message, rejected),
         };
+        // A tier record a cancel read since covers, or an inbox record read
+        // again after a restart: dropped here, before any further hop.
+        if let Some(at) = inbox
+            && let Some(kind) = self.table.covering(&schedule.id, at)
+        {
+            self.telemetry.emit(events::ScheduleCancelled {
+                id: schedule.id.clone(),
+                target: schedule.target.clone(),
+                deliver_at: schedule.deliver_at,
+                kind,
+                inbox: at,
+            });
+            return Action::Done;
+        }
         // hopper's own topics, and those outside `[delay] targets`, are
         // refused on every pass: a rule may have changed since the inbox.
         if let Err(why) = self.relay.check_target(&schedule.target) {
@@ -259,14 +372,30 @@ impl Processor for DelayProcessor {
             now = now_ms();
             next = step(schedule.deliver_at.saturating_sub(now), &self.waits);
         }
-        match next {
-            Step::Forward => Action::Hop(forward(message, &schedule)),
-            Step::Schedule => Action::HopAt {
-                at_ms: schedule.deliver_at,
-                hop: forward(message, &schedule),
-            },
+        let planned = match next {
+            Step::Forward => forward(message, &schedule, inbox),
+            Step::Schedule => {
+                // A replace's entry must be written before its offset can be
+                // committed; a message waiting in memory has no hop to wait
+                // for it, so it is written here first.
+                if let Some(at) = replace
+                    && let Err(why) = self.write_entry(&schedule.id, at).await
+                {
+                    return self.reject(
+                        message,
+                        Rejected {
+                            reason: headers::Reason::HopFailed,
+                            error: why,
+                        },
+                    );
+                }
+                return Action::HopAt {
+                    at_ms: schedule.deliver_at,
+                    hop: forward(message, &schedule, inbox),
+                };
+            }
             Step::Tier(wait) => {
-                let add = [
+                let mut add = vec![
                     (headers::ID, schedule.id.clone()),
                     (headers::TARGET, schedule.target.clone()),
                     (headers::DELIVER_AT, schedule.deliver_at.to_string()),
@@ -275,6 +404,9 @@ impl Processor for DelayProcessor {
                         now.saturating_add(wait.as_millis() as i64).to_string(),
                     ),
                 ];
+                if let Some(at) = inbox {
+                    add.push((headers::INBOX_POSITION, at.to_string()));
+                }
                 let topic = self.topic_of[&wait].clone();
                 let record = OutRecord::like(
                     message,
@@ -285,18 +417,29 @@ impl Processor for DelayProcessor {
                     id: schedule.id.clone(),
                     tier: record.topic.clone(),
                 };
-                Action::Hop(PlannedHop {
+                PlannedHop {
                     record,
                     event: Some(event.into()),
-                })
+                }
             }
+        };
+        match replace {
+            Some(at) => Action::Hops(vec![
+                self.entry(&schedule.id, CancelKind::Replace, at),
+                planned,
+            ]),
+            None => Action::Hop(planned),
         }
     }
 }
 
 /// The record delivered to the target: key, payload and every header as the
 /// producer sent them, less the scheduling headers, plus `hopper-id`.
-fn forward(message: &OwnedMessage, schedule: &Schedule) -> PlannedHop {
+fn forward(
+    message: &OwnedMessage,
+    schedule: &Schedule,
+    inbox: Option<InboxPosition>,
+) -> PlannedHop {
     let record = OutRecord::like(
         message,
         schedule.target.clone(),
@@ -312,6 +455,7 @@ fn forward(message: &OwnedMessage, schedule: &Schedule) -> PlannedHop {
             id: schedule.id.clone(),
             target: schedule.target.clone(),
             deliver_at: schedule.deliver_at,
+            inbox,
         })),
     }
 }

@@ -12,11 +12,14 @@ pub const HOP_MARGIN: Duration = Duration::from_millis(250);
 
 /// Headers the relay owns; each hop replaces them, and the forward to the
 /// target removes them.
-pub(super) const SCHEDULING: [&str; 4] = [
+pub(super) const SCHEDULING: [&str; 7] = [
     headers::TARGET,
     headers::DELIVER_AT,
     headers::DELAY,
     headers::DUE_AT,
+    headers::INBOX_POSITION,
+    headers::CANCEL,
+    headers::REPLACE,
 ];
 
 /// The next step for a message with `remaining` ms to go.

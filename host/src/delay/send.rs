@@ -65,3 +65,38 @@ impl DelayedMessage {
         Ok((delivery.partition, delivery.offset))
     }
 }
+
+/// Cancels every pending schedule of `id` that the relay reads before this
+/// record: produces `hopper-cancel: true` and `hopper-id`, key = the id, to
+/// `inbox`, and waits for the acknowledgement. Returns the inbox partition
+/// and offset. The library side of `hopper delay cancel`.
+pub async fn cancel(
+    producer: &rdkafka::producer::FutureProducer,
+    inbox: &str,
+    id: &str,
+) -> anyhow::Result<(i32, i64)> {
+    use rdkafka::message::{Header, OwnedHeaders};
+    anyhow::ensure!(
+        !id.is_empty() && id.len() <= headers::MAX_ID_BYTES,
+        "an id is 1 to {} bytes, not {}",
+        headers::MAX_ID_BYTES,
+        id.len()
+    );
+    let owned = OwnedHeaders::new()
+        .insert(Header {
+            key: headers::CANCEL,
+            value: Some("true"),
+        })
+        .insert(Header {
+            key: headers::ID,
+            value: Some(id),
+        });
+    let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(inbox)
+        .key(id)
+        .headers(owned);
+    let delivery = producer
+        .send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| anyhow::anyhow!("cannot produce to {inbox}: {e}"))?;
+    Ok((delivery.partition, delivery.offset))
+}

@@ -28,6 +28,8 @@ use std::sync::{Arc, Mutex};
 
 /// A counter: one atomic, shared by its clones.
 pub type Counter = PromCounter;
+/// A gauge: one atomic, shared by its clones.
+pub type Gauge = prometheus_client::metrics::gauge::Gauge;
 
 type Labels = Vec<(&'static str, String)>;
 /// A counter family, with the name it is registered under.
@@ -92,6 +94,18 @@ pub(crate) struct RelayCounters {
     pub(crate) lateness: Histogram,
     /// By tier topic.
     pub(crate) tier_hops: HashMap<String, Counter>,
+    /// `hopper_delay_cancels_total{kind=cancel}` and `{kind=replace}`:
+    /// cancel and replace records read from the inbox and recorded.
+    pub(crate) cancels_recorded: Counter,
+    pub(crate) replaces_recorded: Counter,
+    /// Schedules dropped because a cancel covered them.
+    pub(crate) cancelled: Counter,
+    /// Schedules dropped because a replace covered them.
+    pub(crate) replaced: Counter,
+    pub(crate) too_late: Counter,
+    pub(crate) unknown_id: Counter,
+    /// `hopper_delay_cancellations`: entries in this process's table.
+    pub(crate) cancellations: Gauge,
 }
 
 /// What one route's processor holds: bumped per message without a lookup.
@@ -206,6 +220,32 @@ impl Metrics {
         let tier_hops = counters(
             "hopper_delay_tier_hops",
             "Delayed messages moved down to a delay tier.",
+        );
+        let cancels = counters(
+            "hopper_delay_cancels",
+            "Cancel and replace records the delay relay read from its inbox and recorded in its cancellation topic, by kind.",
+        );
+        let cancelled = counters(
+            "hopper_delay_cancelled",
+            "Delayed messages dropped, never delivered, because a cancel covered them.",
+        );
+        let replaced = counters(
+            "hopper_delay_replaced",
+            "Delayed messages dropped, never delivered, because a replace took their place.",
+        );
+        let too_late = counters(
+            "hopper_delay_cancels_too_late",
+            "Cancellations that arrived after this process had forwarded a schedule they cover (best effort: the message was delivered).",
+        );
+        let unknown_id = counters(
+            "hopper_delay_cancels_unknown_id",
+            "Cancellations read by this process that expired without having dropped a schedule here: an id that was never scheduled, or already delivered.",
+        );
+        let cancellations = Gauge::default();
+        registry.register(
+            "hopper_delay_cancellations",
+            "Entries in this process's cancellation table (pending cancels and replaces).",
+            cancellations.clone(),
         );
         let call_duration: Histograms =
             Family::new_with_constructor(|| Histogram::new(&CALL_BUCKETS));
@@ -325,6 +365,13 @@ impl Metrics {
                 early: metrics.register(&early, vec![]),
                 lookups_failed: metrics.register(&lookups_failed, vec![]),
                 lateness,
+                cancels_recorded: metrics.register(&cancels, vec![("kind", "cancel".into())]),
+                replaces_recorded: metrics.register(&cancels, vec![("kind", "replace".into())]),
+                cancelled: metrics.register(&cancelled, vec![]),
+                replaced: metrics.register(&replaced, vec![]),
+                too_late: metrics.register(&too_late, vec![]),
+                unknown_id: metrics.register(&unknown_id, vec![]),
+                cancellations,
                 tier_hops: relay
                     .tiers
                     .iter()
@@ -416,6 +463,18 @@ impl Metrics {
     /// The delay relay's counters, when a relay runs.
     pub(crate) fn relay(&self) -> Option<&RelayCounters> {
         self.relay.as_ref()
+    }
+
+    /// Sets the gauge of the cancellation table's size.
+    pub fn set_cancellations(&self, entries: usize) {
+        if let Some(relay) = &self.relay {
+            relay.cancellations.set(entries as i64);
+        }
+    }
+
+    /// The gauge of the cancellation table's size, when a relay runs.
+    pub fn cancellations(&self) -> Option<i64> {
+        self.relay.as_ref().map(|r| r.cancellations.get())
     }
 
     /// The delay relay's lateness histogram, when a relay runs.

@@ -25,8 +25,8 @@ use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
 use crate::offsets::OffsetTracker;
 use crate::scheduler::Scheduled;
 use futures::FutureExt as _;
-use futures::StreamExt as _;
 use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt as _};
 use rdkafka::message::{Message, OwnedMessage};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -128,8 +128,7 @@ pub(super) async fn run<P: Processor>(
     let mut waiting_bytes = 0usize;
     let mut calls = FuturesUnordered::new();
     let (mut held, mut closed) = (false, false);
-    let mut fallback = tokio::time::interval(WAKE_FALLBACK);
-    fallback.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut fallback = fallback_timer();
     loop {
         while calls.len() < max {
             let Some((key, message)) = gate.take() else {
@@ -174,7 +173,7 @@ pub(super) async fn run<P: Processor>(
                     gate.done(key);
                 }
             }
-            Some(next) = messages.next(), if reading => match next {
+            Some(next) = next_or_fallback(&mut messages, &mut fallback), if reading => match next {
                 Ok(message) => {
                     let offset = message.offset();
                     if let Some(due_ms) = partition.shared.processor.due_at(&message)
@@ -199,8 +198,30 @@ pub(super) async fn run<P: Processor>(
                     "Consumer error."
                 ),
             },
-            _ = fallback.tick(), if reading => {}
         }
+    }
+}
+
+/// The timer of [`next_or_fallback`]: its first tick one period from now.
+fn fallback_timer() -> tokio::time::Interval {
+    let mut timer =
+        tokio::time::interval_at(tokio::time::Instant::now() + WAKE_FALLBACK, WAKE_FALLBACK);
+    timer.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    timer
+}
+
+/// The next item of `messages`, or `None` when `fallback` ticks first (the
+/// caller then asks again, which polls the queue again): a wake-up that
+/// librdkafka never gives costs one [`WAKE_FALLBACK`], not a stalled
+/// partition.
+async fn next_or_fallback<S: Stream + Unpin>(
+    messages: &mut S,
+    fallback: &mut tokio::time::Interval,
+) -> Option<S::Item> {
+    tokio::select! {
+        biased;
+        next = messages.next() => next,
+        _ = fallback.tick() => None,
     }
 }
 
@@ -244,5 +265,66 @@ async fn call<P: Processor>(
         key,
         offset,
         panicked,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::pin::Pin;
+    use std::task::{Context, Poll};
+
+    /// A stream whose first item is ready from its second poll on, and
+    /// which never wakes its reader: a lost wake-up.
+    struct NeverWakes {
+        polls: usize,
+    }
+
+    impl Stream for NeverWakes {
+        type Item = u32;
+
+        fn poll_next(mut self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Option<u32>> {
+            self.polls += 1;
+            match self.polls {
+                1 => Poll::Pending,
+                _ => Poll::Ready(Some(7)),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_wake_up_costs_one_fallback_period_not_a_stall() {
+        let mut plain = NeverWakes { polls: 0 };
+        let read = tokio::spawn(async move { plain.next().await });
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+        assert!(
+            !read.is_finished(),
+            "without the fallback, a lost wake-up stalls the read"
+        );
+        read.abort();
+
+        let mut messages = NeverWakes { polls: 0 };
+        let mut fallback = fallback_timer();
+        let start = tokio::time::Instant::now();
+        let mut got = None;
+        let mut asked = 0;
+        while got.is_none() {
+            got = next_or_fallback(&mut messages, &mut fallback).await;
+            asked += 1;
+        }
+        assert_eq!(got, Some(7));
+        assert_eq!(
+            asked, 1,
+            "the tick wakes the read, which polls the stream again"
+        );
+        assert_eq!(start.elapsed(), WAKE_FALLBACK);
+    }
+
+    #[test]
+    fn a_task_reads_ahead_enough_for_free_keys_and_no_more() {
+        assert_eq!(lookahead(1), 256);
+        assert_eq!(lookahead(16), 256);
+        assert_eq!(lookahead(256), 1024);
+        assert_eq!(lookahead(usize::MAX), usize::MAX);
     }
 }

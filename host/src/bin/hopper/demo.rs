@@ -271,7 +271,7 @@ pub async fn run(
                 Ok(Event::DeadLettered(events::DeadLettered { id, reason, .. })) => {
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
                 }
-                Ok(Event::Delivered(events::Delivered { id, target, deliver_at })) => {
+                Ok(Event::Delivered(events::Delivered { id, target, deliver_at, .. })) => {
                     let late = hopper::clock::now_ms() - deliver_at;
                     println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
                 }

@@ -94,6 +94,12 @@ enum Command {
         #[command(subcommand)]
         command: ops::DlqCommand,
     },
+    /// Delayed messages: cancel one by id, or show its pending
+    /// cancellation, straight against the brokers.
+    Delay {
+        #[command(subcommand)]
+        command: ops::DelayCommand,
+    },
     /// What waits in each topic of each route, the size of each dead-letter
     /// topic, and, when hopper's admin server answers, readiness and handler
     /// versions.
@@ -193,6 +199,7 @@ async fn main() -> ExitCode {
         } => plugin_new(lang, name, dir),
         Command::Send(args) => send(args).await,
         Command::Dlq { command } => ops::dlq(command).await,
+        Command::Delay { command } => ops::delay(command).await,
         Command::Status(target) => ops::status(target).await,
     };
     match result {

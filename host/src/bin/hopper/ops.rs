@@ -548,3 +548,82 @@ pub fn table(headers: &[&str], rows: Vec<Vec<String>>) -> String {
     }
     out
 }
+
+#[derive(Subcommand)]
+pub enum DelayCommand {
+    /// Cancels every pending delayed message of an id: produces a cancel
+    /// record (key = the id) to the relay's inbox.
+    Cancel {
+        #[command(flatten)]
+        target: Target,
+        /// The message id (`hopper-id`).
+        #[arg(long)]
+        id: String,
+    },
+    /// Whether an id has a pending cancellation, read from the relay's
+    /// cancellation topic.
+    Show {
+        #[command(flatten)]
+        target: Target,
+        /// The message id (`hopper-id`).
+        #[arg(long)]
+        id: String,
+    },
+}
+
+pub async fn delay(command: DelayCommand) -> anyhow::Result<()> {
+    let relay_of = |config: &Config| {
+        config.delay.clone().with_context(
+            || "the config has no [delay] table: there is no delay relay to cancel through",
+        )
+    };
+    match command {
+        DelayCommand::Cancel { target, id } => {
+            let (config, cluster) = target.load()?;
+            let relay = relay_of(&config)?;
+            let (partition, offset) =
+                hopper::delay::cancel(&cluster.producer()?, &relay.inbox, &id)
+                    .await
+                    .with_context(|| format!("cancelling `{id}`"))?;
+            if target.json {
+                let out = serde_json::json!({
+                    "id": id, "inbox": relay.inbox, "partition": partition, "offset": offset,
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!(
+                    "Cancel of `{id}` sent to {}[{partition}]@{offset}: it covers every schedule of `{id}` read before it.",
+                    relay.inbox
+                );
+            }
+        }
+        DelayCommand::Show { target, id } => {
+            let (config, cluster) = target.load()?;
+            let relay = relay_of(&config)?;
+            let found =
+                hopper::delay::lookup(&cluster, &relay.cancels, relay.cancel_lifetime(), &id)
+                    .await
+                    .with_context(|| format!("reading `{}`", relay.cancels))?;
+            if target.json {
+                let out = serde_json::json!({ "id": id, "cancellation": found });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                match found {
+                    None => println!("`{id}`: no pending cancellation."),
+                    Some(c) => println!(
+                        "`{id}`: {} read at {}[{}]@{}: schedules of `{id}` read before it are not delivered. Expires at {}.",
+                        c.kind,
+                        relay.inbox,
+                        c.partition,
+                        c.offset,
+                        humantime::format_rfc3339_millis(
+                            std::time::UNIX_EPOCH
+                                + Duration::from_millis(c.expires_at.max(0) as u64)
+                        )
+                    ),
+                }
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,621 @@
+//! The cancellation table: every cancel and replace the relay group has
+//! read, as every relay process knows them.
+//!
+//! The relay that reads a cancel (or a replace) from its inbox writes an
+//! entry to the cancellation topic (key: the id; value: where the inbox read
+//! it). Every relay process reads the whole topic, with no consumer group,
+//! into this table, as a Kafka Streams GlobalKTable, so a due message is
+//! checked just before it is forwarded whichever process read its cancel.
+//! The table holds one entry per id with a pending cancellation, never one
+//! per scheduled message; an entry goes once nothing it covers can still be
+//! due ([`crate::config::DelayRelay::cancel_lifetime`]).
+//!
+//! On start the table is read to the end of the topic before the relay
+//! forwards anything ([`CancelTable::start`] returns only then).
+
+use crate::clock::now_ms;
+use crate::events::{self, Event, Telemetry};
+use crate::headers;
+use crate::hop::OutRecord;
+use crate::kafka::Cluster;
+use crate::produce::Gate;
+use crate::types::{CancelKind, InboxPosition};
+use anyhow::Context;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::ClientContext;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use std::collections::hash_map::RandomState;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// How many recent forwards a process remembers (fingerprints only, so the
+/// memory is fixed, about 2 MB), to tell a cancel that came too late.
+const RECENT_FORWARDS: usize = 65_536;
+/// How often expired entries are dropped.
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How long one metadata request may take.
+const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The table reader's client: it asks for end-of-partition events to know
+/// when it has read the whole topic, which are no error.
+struct ReaderContext;
+
+impl ClientContext for ReaderContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        let end_of_partition = matches!(
+            error,
+            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
+        );
+        if !end_of_partition {
+            tracing::error!(error = %error, reason, "Cancellation table reader error.");
+        }
+    }
+}
+
+impl ConsumerContext for ReaderContext {}
+
+/// One pending cancellation: 32 bytes, plus its id.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    at: InboxPosition,
+    expires_at: i64,
+    /// Schedules this process dropped because of it.
+    dropped: u32,
+    kind: CancelKind,
+    /// This process read the cancel from the inbox and wrote the entry.
+    mine: bool,
+    /// This process had forwarded a schedule it covers before it knew it.
+    too_late: bool,
+}
+
+/// What [`CancelTable::get`] reports of an entry.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CancelView {
+    pub kind: CancelKind,
+    /// Where the inbox read the cancel: it covers the id's schedules read
+    /// before this offset of this partition.
+    pub partition: i32,
+    pub offset: i64,
+    pub expires_at: i64,
+    /// Schedules this process dropped because of it.
+    pub dropped: u32,
+}
+
+/// Ids this process forwarded lately, and where each was read: a fixed
+/// number of fingerprints, the oldest forgotten first.
+struct Recent {
+    hasher: RandomState,
+    order: VecDeque<u64>,
+    at: HashMap<u64, InboxPosition>,
+}
+
+impl Recent {
+    fn new() -> Recent {
+        Recent {
+            hasher: RandomState::new(),
+            order: VecDeque::new(),
+            at: HashMap::new(),
+        }
+    }
+
+    fn remember(&mut self, id: &[u8], at: InboxPosition) {
+        let print = self.hasher.hash_one(id);
+        if self.at.insert(print, at).is_none() {
+            self.order.push_back(print);
+        }
+        while self.order.len() > RECENT_FORWARDS {
+            if let Some(old) = self.order.pop_front() {
+                self.at.remove(&old);
+            }
+        }
+    }
+
+    fn forwarded(&self, id: &[u8]) -> Option<InboxPosition> {
+        self.at.get(&self.hasher.hash_one(id)).copied()
+    }
+}
+
+/// The cancellations every relay process shares.
+pub struct CancelTable {
+    /// std Mutex: no .await while it is held; each use is a map operation.
+    entries: Mutex<HashMap<Box<[u8]>, Entry>>,
+    recent: Mutex<Recent>,
+    /// This process, in the entries it writes (`hopper-cancel-by`).
+    me: String,
+    lifetime_ms: i64,
+    topic: String,
+    telemetry: Telemetry,
+}
+
+impl CancelTable {
+    /// An empty table; [`CancelTable::start`] fills and follows it.
+    pub fn new(topic: &str, lifetime: Duration, telemetry: Telemetry) -> CancelTable {
+        CancelTable {
+            entries: Mutex::new(HashMap::new()),
+            recent: Mutex::new(Recent::new()),
+            me: format!("{:016x}", RandomState::new().hash_one(std::process::id())),
+            lifetime_ms: i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX),
+            topic: topic.to_string(),
+            telemetry,
+        }
+    }
+
+    /// This process's id in the entries it writes.
+    pub fn me(&self) -> &str {
+        &self.me
+    }
+
+    /// The cancellation topic.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The pending cancellation of `id`, if any.
+    pub fn get(&self, id: &[u8]) -> Option<CancelView> {
+        self.entries.lock().unwrap().get(id).map(|e| CancelView {
+            kind: e.kind,
+            partition: e.at.partition,
+            offset: e.at.offset,
+            expires_at: e.expires_at,
+            dropped: e.dropped,
+        })
+    }
+
+    /// Whether a cancellation covers the schedule of `id` read at
+    /// `schedule`, and what kind; counted as dropped when it does.
+    pub fn covering(&self, id: &str, schedule: InboxPosition) -> Option<CancelKind> {
+        let mut entries = self.entries.lock().unwrap();
+        let entry = entries.get_mut(id.as_bytes())?;
+        if !entry.at.covers(schedule) {
+            return None;
+        }
+        entry.dropped = entry.dropped.saturating_add(1);
+        Some(entry.kind)
+    }
+
+    /// Takes in one record of the cancellation topic. An entry keeps the
+    /// highest position of its id; an entry already expired is not kept.
+    pub fn apply<M: Message>(&self, record: &M) {
+        let Some(key) = record.key() else { return };
+        let recorded_at = record.timestamp().to_millis().unwrap_or_else(now_ms);
+        let Some(value) = record.payload() else {
+            // A tombstone.
+            self.entries.lock().unwrap().remove(key);
+            self.gauge();
+            return;
+        };
+        let at = std::str::from_utf8(value)
+            .ok()
+            .and_then(InboxPosition::parse);
+        let kind = headers::text(record.headers(), headers::CANCEL_KIND)
+            .ok()
+            .flatten()
+            .and_then(CancelKind::parse);
+        let (Some(at), Some(kind)) = (at, kind) else {
+            tracing::warn!(
+                topic = self.topic,
+                partition = record.partition(),
+                offset = record.offset(),
+                "Cancellation entry not understood; skipped."
+            );
+            return;
+        };
+        let mine = headers::text(record.headers(), headers::CANCEL_BY)
+            .ok()
+            .flatten()
+            == Some(self.me.as_str());
+        let expires_at = recorded_at.saturating_add(self.lifetime_ms);
+        if expires_at <= now_ms() {
+            return;
+        }
+        let too_late = self
+            .recent
+            .lock()
+            .unwrap()
+            .forwarded(key)
+            .is_some_and(|forwarded| at.covers(forwarded));
+        {
+            let mut entries = self.entries.lock().unwrap();
+            let known = entries.get(key).copied();
+            if let Some(known) = known
+                && known.at.partition == at.partition
+                && known.at.offset >= at.offset
+            {
+                return;
+            }
+            // A later cancel of the id extends the earlier one: what that
+            // one dropped, and whether it came too late, still count.
+            entries.insert(
+                key.into(),
+                Entry {
+                    at,
+                    expires_at,
+                    dropped: known.map_or(0, |k| k.dropped),
+                    kind,
+                    mine,
+                    too_late: too_late || known.is_some_and(|k| k.too_late),
+                },
+            );
+        }
+        self.gauge();
+        let id = String::from_utf8_lossy(key).into_owned();
+        if too_late {
+            self.telemetry.emit(events::CancelTooLate {
+                id: id.clone(),
+                kind,
+            });
+        }
+        if self.telemetry.has_observers() {
+            self.telemetry.emit(events::CancellationKnown {
+                id,
+                kind,
+                inbox: at,
+                recorded_at,
+            });
+        }
+    }
+
+    /// Drops the entries that expired by `now`.
+    pub fn sweep(&self, now: i64) {
+        let mut expired = Vec::new();
+        self.entries.lock().unwrap().retain(|id, entry| {
+            let keep = entry.expires_at > now;
+            if !keep {
+                expired.push((id.clone(), *entry));
+            }
+            keep
+        });
+        if expired.is_empty() {
+            return;
+        }
+        self.gauge();
+        for (id, entry) in expired {
+            self.telemetry.emit(events::CancellationExpired {
+                id: String::from_utf8_lossy(&id).into_owned(),
+                kind: entry.kind,
+                dropped: entry.dropped,
+                unknown_id: entry.mine && entry.dropped == 0 && !entry.too_late,
+            });
+        }
+    }
+
+    fn gauge(&self) {
+        let len = self.len();
+        self.telemetry.metrics().set_cancellations(len);
+    }
+
+    /// Creates the cancellation topic when it is missing and the config
+    /// allows it: compacted (one entry per id), and deleting what is older
+    /// than an entry's lifetime. Returns whether it created it. When it may
+    /// not, the startup check of every topic names it as missing.
+    pub async fn ensure_topic(
+        cluster: &Cluster,
+        topic: &str,
+        lifetime: Duration,
+    ) -> anyhow::Result<bool> {
+        if !cluster.kafka.create_topics || cluster.existing_topics()?.contains(topic) {
+            return Ok(false);
+        }
+        let admin: AdminClient<DefaultClientContext> = cluster
+            .producer_config()
+            .create()
+            .context("creating an admin client")?;
+        let retention = lifetime.as_millis().to_string();
+        let new = NewTopic::new(
+            topic,
+            cluster.kafka.partitions,
+            TopicReplication::Fixed(cluster.kafka.replication),
+        )
+        .set("cleanup.policy", "compact,delete")
+        .set("retention.ms", &retention);
+        let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
+        for result in admin.create_topics([&new], &options).await? {
+            match result {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((topic, code)) => {
+                    anyhow::bail!("cannot create the cancellation topic `{topic}`: {code}")
+                }
+            }
+        }
+        Ok(true)
+    }
+
+    /// Reads the cancellation topic to its end into a new table, then keeps
+    /// following it (and dropping expired entries) until `shutdown`.
+    pub async fn start(
+        cluster: &Cluster,
+        topic: &str,
+        lifetime: Duration,
+        telemetry: Telemetry,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Arc<CancelTable>> {
+        let table = Arc::new(CancelTable::new(topic, lifetime, telemetry));
+        let consumer = reader(cluster, topic)?;
+        let started = std::time::Instant::now();
+        read_to_end(&consumer, topic, |record| table.apply(record)).await?;
+        table.gauge();
+        tracing::info!(
+            topic,
+            entries = table.len(),
+            took_ms = started.elapsed().as_millis() as u64,
+            "Cancellation table loaded."
+        );
+        let following = table.clone();
+        tokio::spawn(async move {
+            let mut sweep = tokio::time::interval(SWEEP_EVERY);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = sweep.tick() => following.sweep(now_ms()),
+                    record = consumer.recv() => match record {
+                        Ok(record) => following.apply(&record),
+                        Err(KafkaError::PartitionEOF(_)) => {}
+                        Err(e) => {
+                            tracing::warn!(topic = following.topic, error = %e, "Reading the cancellation topic failed; retrying.");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    },
+                }
+            }
+        });
+        Ok(table)
+    }
+}
+
+/// A reader of the whole cancellation topic, from its beginning, in no
+/// consumer group.
+fn reader(cluster: &Cluster, topic: &str) -> anyhow::Result<StreamConsumer<ReaderContext>> {
+    let mut config = cluster.consumer_config(&format!("{topic}.reader"));
+    config
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("fetch.wait.max.ms", "10");
+    let consumer: StreamConsumer<ReaderContext> = config
+        .create_with_context(ReaderContext)
+        .with_context(|| format!("creating the reader of `{topic}`"))?;
+    let metadata = consumer
+        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
+        .with_context(|| format!("reading the partitions of `{topic}`"))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .find(|t| t.name() == topic)
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    anyhow::ensure!(
+        !partitions.is_empty(),
+        "the cancellation topic `{topic}` has no partitions"
+    );
+    let mut assignment = TopicPartitionList::new();
+    for partition in &partitions {
+        assignment.add_partition_offset(topic, *partition, Offset::Beginning)?;
+    }
+    consumer
+        .assign(&assignment)
+        .with_context(|| format!("reading `{topic}`"))?;
+    Ok(consumer)
+}
+
+/// Hands every record of the topic to `each`, up to the end it had when
+/// this started: each partition's high watermark then, or its
+/// end-of-partition event (a compacted tail).
+async fn read_to_end(
+    consumer: &StreamConsumer<ReaderContext>,
+    topic: &str,
+    mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
+) -> anyhow::Result<()> {
+    let assignment = consumer.assignment()?;
+    let mut unread = HashSet::new();
+    for element in assignment.elements() {
+        let partition = element.partition();
+        let (low, high) = consumer
+            .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
+            .with_context(|| format!("reading the end of `{topic}`[{partition}]"))?;
+        if high > low {
+            unread.insert((partition, high));
+        }
+    }
+    while !unread.is_empty() {
+        match consumer.recv().await {
+            Ok(record) => {
+                each(&record);
+                let partition = record.partition();
+                unread.retain(|(p, high)| *p != partition || record.offset() + 1 < *high);
+            }
+            Err(KafkaError::PartitionEOF(partition)) => {
+                unread.retain(|(p, _)| *p != partition);
+            }
+            Err(e) => anyhow::bail!("reading the cancellation topic `{topic}`: {e}"),
+        }
+    }
+    Ok(())
+}
+
+/// The pending cancellation of `id` as the cancellation topic has it now:
+/// `hopper delay show`, without a running relay. Reads the whole topic.
+pub async fn lookup(
+    cluster: &Cluster,
+    topic: &str,
+    lifetime: Duration,
+    id: &str,
+) -> anyhow::Result<Option<CancelView>> {
+    let table = CancelTable::new(topic, lifetime, Telemetry::new());
+    let consumer = reader(cluster, topic)?;
+    read_to_end(&consumer, topic, |record| {
+        if record.key() == Some(id.as_bytes()) {
+            table.apply(record);
+        }
+    })
+    .await?;
+    Ok(table.get(id.as_bytes()))
+}
+
+/// The forward of a due message is checked just before it is produced: a
+/// cancellation read meanwhile drops it.
+impl Gate for CancelTable {
+    fn stop(&self, _record: &OutRecord, event: Option<&Event>) -> Option<Event> {
+        let Some(Event::Delivered(delivered)) = event else {
+            return None;
+        };
+        let inbox = delivered.inbox?;
+        match self.covering(&delivered.id, inbox) {
+            Some(kind) => Some(
+                events::ScheduleCancelled {
+                    id: delivered.id.clone(),
+                    target: delivered.target.clone(),
+                    deliver_at: delivered.deliver_at,
+                    kind,
+                    inbox,
+                }
+                .into(),
+            ),
+            None => {
+                self.recent
+                    .lock()
+                    .unwrap()
+                    .remember(delivered.id.as_bytes(), inbox);
+                None
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::Timestamp;
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+
+    fn entry(id: &str, at: &str, kind: &str, by: &str, time: i64) -> OwnedMessage {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: headers::CANCEL_KIND,
+                value: Some(kind),
+            })
+            .insert(Header {
+                key: headers::CANCEL_BY,
+                value: Some(by),
+            });
+        OwnedMessage::new(
+            Some(at.as_bytes().to_vec()),
+            Some(id.as_bytes().to_vec()),
+            "hopper.delay.cancels".into(),
+            Timestamp::CreateTime(time),
+            0,
+            0,
+            Some(headers),
+        )
+    }
+
+    fn at(partition: i32, offset: i64) -> InboxPosition {
+        InboxPosition { partition, offset }
+    }
+
+    #[tokio::test]
+    async fn a_cancel_covers_what_was_read_before_it_in_its_partition() {
+        let table = CancelTable::new("c", Duration::from_secs(60), Telemetry::new());
+        let now = now_ms();
+        table.apply(&entry("o-1", "1:10", "cancel", "other", now));
+        assert_eq!(table.covering("o-1", at(1, 9)), Some(CancelKind::Cancel));
+        assert_eq!(table.covering("o-1", at(1, 10)), None, "not itself");
+        assert_eq!(
+            table.covering("o-1", at(1, 11)),
+            None,
+            "not what came after"
+        );
+        assert_eq!(
+            table.covering("o-1", at(0, 5)),
+            None,
+            "not another partition"
+        );
+        assert_eq!(table.covering("o-2", at(1, 9)), None);
+        // A later cancel extends it; an older one read late does not shrink it.
+        table.apply(&entry("o-1", "1:20", "replace", "other", now));
+        table.apply(&entry("o-1", "1:15", "cancel", "other", now));
+        assert_eq!(table.covering("o-1", at(1, 19)), Some(CancelKind::Replace));
+        assert_eq!(table.get(b"o-1").unwrap().dropped, 2);
+        assert_eq!(table.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn an_entry_expires_and_counts_an_unknown_id_where_it_was_read() {
+        let telemetry = Telemetry::new();
+        let table = CancelTable::new("c", Duration::from_secs(10), telemetry.clone());
+        let mut events = telemetry.subscribe();
+        let now = now_ms();
+        let me = table.me().to_string();
+        table.apply(&entry("unknown", "0:1", "cancel", &me, now));
+        table.apply(&entry("elsewhere", "0:2", "cancel", "other", now));
+        table.apply(&entry("used", "0:3", "cancel", &me, now));
+        table.apply(&entry("old", "0:4", "cancel", &me, now - 11_000));
+        assert_eq!(table.len(), 3, "an entry already expired is not kept");
+        assert!(table.covering("used", at(0, 0)).is_some());
+        table.sweep(now + 9_999);
+        assert_eq!(table.len(), 3);
+        table.sweep(now + 10_000);
+        assert!(table.is_empty());
+        let mut unknown = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            if let Event::CancellationExpired(e) = event
+                && e.unknown_id
+            {
+                unknown.push(e.id);
+            }
+        }
+        assert_eq!(unknown, ["unknown"]);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_for_a_message_already_forwarded_here_is_too_late() {
+        let telemetry = Telemetry::new();
+        let table = CancelTable::new("c", Duration::from_secs(60), telemetry.clone());
+        let delivered = |id: &str, inbox| {
+            Event::from(events::Delivered {
+                id: id.into(),
+                target: "t".into(),
+                deliver_at: 0,
+                inbox: Some(inbox),
+            })
+        };
+        let record = OutRecord {
+            topic: "t".into(),
+            key: None,
+            payload: None,
+            headers: OwnedHeaders::new(),
+            timestamp: 0,
+        };
+        assert!(
+            table
+                .stop(&record, Some(&delivered("gone", at(0, 5))))
+                .is_none()
+        );
+        let mut events = telemetry.subscribe();
+        table.apply(&entry("gone", "0:6", "cancel", "other", now_ms()));
+        assert!(matches!(
+            events.try_recv(),
+            Ok(Event::CancelTooLate(e)) if e.id == "gone"
+        ));
+        // And the gate stops a forward that a known cancel covers.
+        table.apply(&entry("next", "0:9", "cancel", "other", now_ms()));
+        let stopped = table.stop(&record, Some(&delivered("next", at(0, 8))));
+        assert!(matches!(
+            stopped,
+            Some(Event::ScheduleCancelled(e)) if e.id == "next" && e.kind == CancelKind::Cancel
+        ));
+    }
+}

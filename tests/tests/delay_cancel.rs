@@ -1,0 +1,572 @@
+//! Cancelling and replacing delayed messages by id, against a real broker,
+//! counting at the target: a cancel well before the due time, a replace to
+//! an earlier and to a later time, the bad combinations, a kill -9 of the
+//! relay between the cancel and the due time, three relay processes in one
+//! group, cancels for unknown ids and after delivery, and a storm of them.
+
+use hopper::events::{self, Event};
+use hopper::types::CancelKind;
+use hopper_tests::*;
+use rdkafka::Message;
+use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+/// A relay config with its own inbox, tiers of 1s, 2s and 4s, and `extra`.
+fn relay(partitions: i32, extra: &str) -> (TestConfig, String) {
+    let name = rand_name("cancel");
+    let config = TestConfig::with_partitions(
+        partitions,
+        &format!(
+            "[delay]\ninbox = \"{name}\"\ngroup = \"{name}\"\ntiers = [\"1s\", \"2s\", \"4s\"]\n{extra}"
+        ),
+    );
+    (config, name)
+}
+
+/// Schedules `id` (key = id) for `at` with `payload`, and `extra` headers.
+async fn schedule(
+    producer: &FutureProducer,
+    inbox: &str,
+    target: &str,
+    id: &str,
+    at: i64,
+    payload: &str,
+    extra: &[(&str, &str)],
+) {
+    let at = at.to_string();
+    let mut headers = vec![
+        ("hopper-target", target),
+        ("hopper-deliver-at", at.as_str()),
+        ("hopper-id", id),
+    ];
+    headers.extend_from_slice(extra);
+    produce(producer, inbox, Some(id), payload, &headers).await;
+}
+
+/// Cancels `id` the way any client can: key = id, two headers.
+async fn cancel(producer: &FutureProducer, inbox: &str, id: &str) {
+    produce(
+        producer,
+        inbox,
+        Some(id),
+        "",
+        &[("hopper-cancel", "true"), ("hopper-id", id)],
+    )
+    .await;
+}
+
+/// A record with any bytes as key and header values.
+async fn produce_raw(
+    producer: &FutureProducer,
+    topic: &str,
+    key: &[u8],
+    payload: &str,
+    headers: &[(&str, &[u8])],
+) {
+    let mut owned = OwnedHeaders::new();
+    for (k, v) in headers {
+        owned = owned.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
+    }
+    let record = FutureRecord::<[u8], str>::to(topic)
+        .key(key)
+        .payload(payload)
+        .headers(owned);
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+}
+
+/// Everything that reaches `topic` until `until_ms` (epoch ms) and until
+/// `enough` accepts what was read.
+async fn watch(
+    topic: &str,
+    until_ms: i64,
+    mut enough: impl FnMut(&[OwnedMessage]) -> bool,
+) -> Vec<OwnedMessage> {
+    let consumer = reader(topic);
+    let deadline = tokio::time::Instant::now() + PATIENCE * 2;
+    let mut seen = Vec::new();
+    loop {
+        let left = until_ms - now_ms();
+        if left <= 0 && enough(&seen) {
+            return seen;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "watching {topic}: still waiting after {:?}, {} read",
+            PATIENCE * 2,
+            seen.len()
+        );
+        let wait = Duration::from_millis(left.clamp(50, 500) as u64);
+        if let Ok(record) = tokio::time::timeout(wait, consumer.recv()).await {
+            seen.push(record.expect("reading the target").detach());
+        }
+    }
+}
+
+/// A bad record: what it is (its payload), its key, its headers, and what
+/// its dead-letter error must say.
+type Bad<'a> = (&'a str, &'a [u8], Vec<(&'a str, &'a [u8])>, &'a str);
+
+fn id_of(m: &OwnedMessage) -> String {
+    header_map(m).0["hopper-id"].clone()
+}
+
+fn timestamp(m: &OwnedMessage) -> i64 {
+    m.timestamp().to_millis().expect("record has a timestamp")
+}
+
+fn by_id(records: &[OwnedMessage]) -> HashMap<String, Vec<&OwnedMessage>> {
+    let mut out: HashMap<String, Vec<&OwnedMessage>> = HashMap::new();
+    for m in records {
+        out.entry(id_of(m)).or_default().push(m);
+    }
+    out
+}
+
+/// A cancel well before the due time holds, a replace moves a message to
+/// an earlier or a later time (exactly one copy, at the new time), and every
+/// bad combination is dead-lettered naming its problem, while a twin that
+/// nobody cancelled arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
+    init_tracing();
+    let (config, inbox) = relay(2, "");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let producer = producer();
+    let base = now_ms() + 4_000;
+    let later = base + 3_000;
+    schedule(&producer, &inbox, &target, "twin", base, "twin", &[]).await;
+    schedule(&producer, &inbox, &target, "gone", base, "gone", &[]).await;
+    schedule(&producer, &inbox, &target, "sooner", later, "old", &[]).await;
+    schedule(&producer, &inbox, &target, "delayed", base, "old", &[]).await;
+    cancel(&producer, &inbox, "gone").await;
+    let replace = [("hopper-replace", "true")];
+    schedule(&producer, &inbox, &target, "sooner", base, "new", &replace).await;
+    schedule(
+        &producer, &inbox, &target, "delayed", later, "new", &replace,
+    )
+    .await;
+
+    // The bad ones, each naming its problem.
+    let long = "x".repeat(300);
+    let bad: [Bad; 6] = [
+        (
+            "no id",
+            b"k",
+            vec![("hopper-cancel", b"true")],
+            "a cancel needs hopper-id",
+        ),
+        (
+            "with a target",
+            b"t-1",
+            vec![
+                ("hopper-cancel", b"true"),
+                ("hopper-id", b"t-1"),
+                ("hopper-target", target.as_bytes()),
+            ],
+            "cannot carry hopper-target",
+        ),
+        (
+            "replace without a time",
+            b"r-1",
+            vec![
+                ("hopper-replace", b"true"),
+                ("hopper-id", b"r-1"),
+                ("hopper-target", target.as_bytes()),
+            ],
+            "header hopper-deliver-at or hopper-delay is missing",
+        ),
+        (
+            "key not the id",
+            b"another",
+            vec![("hopper-cancel", b"true"), ("hopper-id", b"k-1")],
+            "key must be its hopper-id (`k-1`)",
+        ),
+        (
+            "a 300-byte id",
+            long.as_bytes(),
+            vec![("hopper-cancel", b"true"), ("hopper-id", long.as_bytes())],
+            "must be 1 to 256 bytes, not 300",
+        ),
+        (
+            "a non-UTF-8 id",
+            b"\xff\xfe",
+            vec![("hopper-cancel", b"true"), ("hopper-id", b"\xff\xfe")],
+            "hopper-id",
+        ),
+    ];
+    for (what, key, headers, _) in &bad {
+        produce_raw(&producer, &inbox, key, what, headers).await;
+    }
+
+    let dead = consume(&format!("{inbox}.dlq"), bad.len(), PATIENCE).await;
+    for (what, _, _, expected) in &bad {
+        let record = dead
+            .iter()
+            .find(|m| m.payload() == Some(what.as_bytes()))
+            .unwrap_or_else(|| panic!("{what}: not dead-lettered"));
+        let (h, _) = header_map(record);
+        assert_eq!(h["hopper-reason"], "INVALID_ENVELOPE", "{what}");
+        assert!(
+            h["hopper-last-error"].contains(expected),
+            "{what}: {}",
+            h["hopper-last-error"]
+        );
+    }
+
+    let seen = watch(&target, later + 5_000, |_| true).await;
+    let seen = by_id(&seen);
+    let twin = &seen["twin"];
+    assert_eq!(twin.len(), 1, "the twin arrives once");
+    assert!(timestamp(twin[0]) >= base, "the twin is not early");
+    assert!(
+        !seen.contains_key("gone"),
+        "a cancelled message arrived: {:?}",
+        seen["gone"].iter().map(|m| m.offset()).collect::<Vec<_>>()
+    );
+    for (id, at) in [("sooner", base), ("delayed", later)] {
+        let copies = &seen[id];
+        assert_eq!(copies.len(), 1, "{id}: one copy, not {}", copies.len());
+        assert_eq!(copies[0].payload(), Some(&b"new"[..]), "{id}");
+        let ts = timestamp(copies[0]);
+        assert!(ts >= at, "{id} delivered {} ms early", at - ts);
+        assert!(ts < at + 1_000, "{id} delivered {} ms late", ts - at);
+    }
+    let counters = hopper.telemetry().counters();
+    assert_eq!(counters["hopper_delay_cancelled_total{}"], 1);
+    assert_eq!(counters["hopper_delay_replaced_total{}"], 2);
+    assert_eq!(counters["hopper_delay_cancels_total{kind=cancel}"], 1);
+    assert_eq!(counters["hopper_delay_cancels_total{kind=replace}"], 2);
+    hopper.stop().await;
+}
+
+/// A cancel for an id never scheduled and one after the delivery are
+/// harmless, counted, and their entries expire; a storm of 100,000 cancels
+/// is taken in and forgotten the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
+    init_tracing();
+    let (config, inbox) = relay(2, "max_delay = \"3s\"\ncancel_grace = \"1s\"\n");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let table = hopper.cancellations().expect("the relay runs");
+    let mut events = hopper.events();
+    let producer = producer();
+    schedule(&producer, &inbox, &target, "early", now_ms(), "", &[]).await;
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::Delivered(d) if d.id == "early" => Some(()),
+            _ => None,
+        },
+    )
+    .await;
+    cancel(&producer, &inbox, "early").await;
+    cancel(&producer, &inbox, "never").await;
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            Event::CancelTooLate(e) if e.id == "early" => Some(()),
+            _ => None,
+        },
+    )
+    .await;
+    let mut expired = HashMap::new();
+    while expired.len() < 2 {
+        let e = next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::CancellationExpired(e) => Some(e.clone()),
+                _ => None,
+            },
+        )
+        .await;
+        expired.insert(e.id.clone(), e);
+    }
+    assert!(expired["never"].unknown_id, "{:?}", expired["never"]);
+    assert!(!expired["early"].unknown_id, "too late, not unknown");
+    assert!(table.is_empty());
+    let counters = hopper.telemetry().counters();
+    assert_eq!(counters["hopper_delay_cancels_too_late_total{}"], 1);
+    assert_eq!(counters["hopper_delay_cancels_unknown_id_total{}"], 1);
+    drop(events);
+
+    // The storm: 100,000 ids, all unknown.
+    const STORM: u64 = 100_000;
+    let started = std::time::Instant::now();
+    let storm: Vec<String> = (0..STORM).map(|i| format!("storm-{i}")).collect();
+    let mut sending = futures::stream::FuturesUnordered::new();
+    for id in &storm {
+        let record = FutureRecord::<str, str>::to(&inbox)
+            .key(id)
+            .payload("")
+            .headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: "hopper-cancel",
+                        value: Some("true"),
+                    })
+                    .insert(Header {
+                        key: "hopper-id",
+                        value: Some(id),
+                    }),
+            );
+        sending.push(producer.send(record, Duration::from_secs(30)));
+        if sending.len() >= 10_000 {
+            use futures::StreamExt;
+            while let Some(sent) = sending.next().await {
+                sent.map_err(|(e, _)| e).expect("produce");
+            }
+        }
+    }
+    use futures::StreamExt;
+    while let Some(sent) = sending.next().await {
+        sent.map_err(|(e, _)| e).expect("produce");
+    }
+    let recorded = "hopper_delay_cancels_total{kind=cancel}";
+    let unknown = "hopper_delay_cancels_unknown_id_total{}";
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let mut peak = 0;
+    loop {
+        let counters = hopper.telemetry().counters();
+        peak = peak.max(table.len());
+        if counters[recorded] == STORM + 2 && counters[unknown] == STORM + 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "storm: {} recorded, {} expired unknown, {} in the table",
+            counters[recorded],
+            counters[unknown],
+            table.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "storm of {STORM} cancels taken in and expired in {:?}, at most {peak} in the table at once",
+        started.elapsed()
+    );
+    assert!(peak > 0, "the storm went through the table");
+    assert!(table.is_empty(), "every storm entry expired");
+    hopper.stop().await;
+}
+
+/// A kill -9 of the relay between the cancel and the due time: after the
+/// restart, the message is still cancelled, and its twin arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_holds_across_a_kill_of_the_relay() {
+    init_tracing();
+    let (config, inbox) = relay(2, "");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let spawn = || {
+        std::process::Command::new(hopper_bin())
+            .args(["run", "--config"])
+            .arg(&config.path)
+            .env("HOPPER_LOG", "warn")
+            .stdin(std::process::Stdio::null())
+            .spawn()
+            .expect("hopper runs")
+    };
+    let mut first = spawn();
+    let producer = producer();
+    let at = now_ms() + 5_000;
+    schedule(&producer, &inbox, &target, "twin", at, "", &[]).await;
+    schedule(&producer, &inbox, &target, "gone", at, "", &[]).await;
+    cancel(&producer, &inbox, "gone").await;
+    // Killed once the cancel is in the cancellation topic.
+    let entry = consume(&format!("{inbox}.cancels"), 1, PATIENCE).await;
+    assert_eq!(entry[0].key(), Some(&b"gone"[..]));
+    assert!(now_ms() < at, "the kill lands before the due time");
+    first.kill().expect("kill -9");
+    first.wait().unwrap();
+    let mut second = spawn();
+    let seen = watch(&target, at + 5_000, |seen| {
+        seen.iter().any(|m| id_of(m) == "twin")
+    })
+    .await;
+    second.kill().unwrap();
+    second.wait().unwrap();
+    let seen = by_id(&seen);
+    assert!(
+        seen.contains_key("twin"),
+        "the twin arrives after the restart"
+    );
+    assert!(!seen.contains_key("gone"), "the cancelled message arrived");
+}
+
+/// Three relay processes in one group: cancels read by one process hold
+/// for messages whose tier partitions another one owns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_relays_share_every_cancel() {
+    init_tracing();
+    let (config, inbox) = relay(3, "");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    // Tiers of two partitions, the inbox of three: where the inbox reads
+    // an id and which process owns its tier partition differ.
+    let tiers: Vec<String> = ["1s", "2s", "4s"]
+        .iter()
+        .map(|t| format!("{inbox}.{t}"))
+        .collect();
+    create_topics_with(&tiers.iter().map(String::as_str).collect::<Vec<_>>(), 2).await;
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        relays.push(config.start().await);
+    }
+    let mut watchers: Vec<_> = relays.iter().map(|h| h.events()).collect();
+    let producer = producer();
+    let at = now_ms() + 7_000;
+    let ids: Vec<String> = (0..20).map(|i| format!("order-{i}")).collect();
+    for id in &ids {
+        schedule(&producer, &inbox, &target, id, at, "", &[]).await;
+        schedule(
+            &producer,
+            &inbox,
+            &target,
+            &format!("{id}-twin"),
+            at,
+            "",
+            &[],
+        )
+        .await;
+    }
+    for id in &ids {
+        cancel(&producer, &inbox, id).await;
+    }
+    let seen = watch(&target, at + 5_000, |_| true).await;
+    let seen = by_id(&seen);
+    for id in &ids {
+        assert!(!seen.contains_key(id), "{id} was cancelled but arrived");
+        assert_eq!(
+            seen.get(&format!("{id}-twin")).map(Vec::len),
+            Some(1),
+            "{id}-twin"
+        );
+    }
+    // Who read each cancel, and who dropped each message.
+    let mut recorded_by = HashMap::new();
+    let mut dropped_by: HashMap<String, Vec<usize>> = HashMap::new();
+    for (i, watcher) in watchers.iter_mut().enumerate() {
+        while let Ok(event) = watcher.try_recv() {
+            match event {
+                Event::CancelRecorded(events::CancelRecorded { id, kind, .. }) => {
+                    assert_eq!(kind, CancelKind::Cancel);
+                    recorded_by.insert(id, i);
+                }
+                Event::ScheduleCancelled(events::ScheduleCancelled { id, .. }) => {
+                    dropped_by.entry(id).or_default().push(i);
+                }
+                _ => {}
+            }
+        }
+    }
+    let ids: HashSet<&String> = ids.iter().collect();
+    assert_eq!(dropped_by.keys().collect::<HashSet<_>>(), ids);
+    assert!(
+        dropped_by.values().all(|by| by.len() == 1),
+        "each dropped once: {dropped_by:?}"
+    );
+    let crossed = ids
+        .iter()
+        .filter(|id| recorded_by[**id] != dropped_by[**id][0])
+        .count();
+    eprintln!(
+        "{crossed} of {} cancels held by another process than the one that read them",
+        ids.len()
+    );
+    assert!(
+        crossed > 0,
+        "no cancel was read by one process and held by another: {recorded_by:?} {dropped_by:?}"
+    );
+    for relay in relays {
+        relay.stop().await;
+    }
+}
+
+/// Operators cancel by id from the command line and through the admin API
+/// (with the token), and see the pending cancellation both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_cancel_and_show_by_id() {
+    init_tracing();
+    const TOKEN: &str = "cancel-token";
+    let (config, inbox) = relay(
+        2,
+        &format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"),
+    );
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let addr = hopper.admin_addr().expect("the admin server runs");
+    let mut events = hopper.events();
+    let producer = producer();
+    let at = now_ms() + 5_000;
+    for id in ["by-api", "by-cli", "kept"] {
+        schedule(&producer, &inbox, &target, id, at, "", &[]).await;
+    }
+    let known = |wanted: &'static str| {
+        move |e: &Event| match e {
+            Event::CancellationKnown(k) if k.id == wanted => Some(()),
+            _ => None,
+        }
+    };
+
+    let body = r#"{"id": "by-api"}"#;
+    let (status, answer) = http(addr, "POST", "/api/delay/cancel", None, Some(body)).await;
+    assert_eq!(status, 401, "no token: {answer}");
+    let (status, answer) = http(addr, "POST", "/api/delay/cancel", Some(TOKEN), Some(body)).await;
+    assert_eq!(status, 200, "{answer}");
+    next_matching(&mut events, |_| {}, known("by-api")).await;
+    let shown = get_json_as(addr, "/api/delay/cancels/by-api", Some(TOKEN)).await;
+    assert_eq!(shown["cancellation"]["kind"], "cancel", "{shown}");
+    let shown = get_json_as(addr, "/api/delay/cancels/kept", Some(TOKEN)).await;
+    assert!(shown["cancellation"].is_null(), "{shown}");
+
+    let cli = |args: &[&str]| {
+        let out = std::process::Command::new(hopper_bin())
+            .args(["delay"])
+            .args(args)
+            .arg("--config")
+            .arg(&config.path)
+            .env_remove("HOPPER_BROKERS")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "hopper delay {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        stdout
+    };
+    let sent = cli(&["cancel", "--id", "by-cli"]);
+    assert!(sent.contains("Cancel of `by-cli` sent to"), "{sent}");
+    next_matching(&mut events, |_| {}, known("by-cli")).await;
+    let shown: serde_json::Value =
+        serde_json::from_str(&cli(&["show", "--id", "by-cli", "--json"])).unwrap();
+    assert_eq!(shown["cancellation"]["kind"], "cancel", "{shown}");
+    let shown = cli(&["show", "--id", "kept"]);
+    assert!(shown.contains("no pending cancellation"), "{shown}");
+
+    let seen = watch(&target, at + 5_000, |_| true).await;
+    let seen = by_id(&seen);
+    assert_eq!(seen.get("kept").map(Vec::len), Some(1), "the twin arrives");
+    for id in ["by-api", "by-cli"] {
+        assert!(!seen.contains_key(id), "{id} was cancelled but arrived");
+    }
+    hopper.stop().await;
+}
