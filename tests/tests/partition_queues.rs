@@ -4,7 +4,8 @@
 //! must reach its queue, not the main one; every assignment must split
 //! again (an assignment undoes the splits before it); and a partition given
 //! up and assigned again must be read again although its old queue was
-//! dropped.
+//! dropped; and a task that waited idle past its wake-up fallback still
+//! reads its next message.
 
 use hopper::Stopped;
 use hopper::events::{self, Event};
@@ -69,12 +70,18 @@ async fn partitions_split_before_assignment_and_again_after_every_rebalance_lose
     let first = config.start().await;
     until_committed_on(&group, &input, records_on(std::slice::from_ref(&input))).await;
 
+    // Idle for a few of the tasks' wake-up fallbacks (100 ms), with no call
+    // running: the next messages are still read.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    produce_batch(&input, 200, 20).await;
+    until_committed_on(&group, &input, records_on(std::slice::from_ref(&input))).await;
+
     // A second member joins: every partition is revoked and assigned again
     // (the first member keeps some, and splits them again), and the second
     // member reads the others.
     let second = config.start().await;
     let mut second_events = second.events();
-    let mut produced = 200;
+    let mut produced = 220;
     let joined = async {
         loop {
             produce_batch(&input, produced, 20).await;

@@ -173,7 +173,13 @@ pub(super) async fn run<P: Processor>(
                     gate.done(key);
                 }
             }
-            Some(next) = next_or_fallback(&mut messages, &mut fallback), if reading => match next {
+            // `None`: the fallback ticked; the loop comes round and reads
+            // again. (A `Some(..)` pattern here would turn the branch off
+            // for the rest of this select, and a task with no call running
+            // would wait for ever.)
+            next = next_or_fallback(&mut messages, &mut fallback), if reading => match next {
+                None => {}
+                Some(next) => match next {
                 Ok(message) => {
                     let offset = message.offset();
                     if let Some(due_ms) = partition.shared.processor.due_at(&message)
@@ -197,7 +203,7 @@ pub(super) async fn run<P: Processor>(
                     error = %e,
                     "Consumer error."
                 ),
-            },
+            }},
         }
     }
 }
