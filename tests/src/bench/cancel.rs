@@ -325,18 +325,19 @@ pub async fn reach(rate: u64, seconds: u64) {
     }
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut reach = loop {
-        let known = known.lock().unwrap();
-        let complete: Vec<i64> = acked
-            .iter()
-            .filter_map(|(id, at)| {
-                let seen = known.get(id)?;
-                (seen.len() >= 3).then(|| seen.iter().max().unwrap() - at)
-            })
-            .collect();
+        let complete: Vec<i64> = {
+            let known = known.lock().unwrap();
+            acked
+                .iter()
+                .filter_map(|(id, at)| {
+                    let seen = known.get(id)?;
+                    (seen.len() >= 3).then(|| seen.iter().max().unwrap() - at)
+                })
+                .collect()
+        };
         if complete.len() == acked.len() || Instant::now() > deadline {
             break complete;
         }
-        drop(known);
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     println!(
