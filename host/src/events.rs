@@ -676,7 +676,7 @@ impl InternalEvent for PartitionsSuspended {
 }
 
 /// Partitions a pipeline had suspended are no longer: each resumes unless
-/// a hold, a rewind or a full queue keeps it paused.
+/// a hold or a rewind keeps it paused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionsReleased {
     pub pipeline: String,

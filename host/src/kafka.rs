@@ -95,13 +95,19 @@ impl Cluster {
             // request; a long-polling fetch would hold it up to this long.
             .set("fetch.wait.max.ms", "20")
             .set("session.timeout.ms", "10000")
-            .set("heartbeat.interval.ms", "1000")
-            // Each partition's queue is split off the main queue, so these
-            // bound every assigned partition's prefetch on its own: memory
-            // for prefetched messages is at most partitions ×
-            // QUEUED_KBYTES (docs/scaling.md).
-            .set("queued.max.messages.kbytes", QUEUED_KBYTES.to_string())
-            .set("queued.min.messages", QUEUED_MIN_MESSAGES.to_string());
+            .set("heartbeat.interval.ms", "1000");
+        // Each partition's queue is split off the main queue, so these bound
+        // every assigned partition's prefetch on its own: memory for
+        // prefetched messages is at most partitions × QUEUED_KBYTES
+        // (docs/scaling.md). `kafka.properties` may set them otherwise.
+        for (key, default) in [
+            ("queued.max.messages.kbytes", QUEUED_KBYTES),
+            ("queued.min.messages", QUEUED_MIN_MESSAGES),
+        ] {
+            if !self.kafka.properties.contains_key(key) {
+                config.set(key, default.to_string());
+            }
+        }
         config
     }
 
@@ -191,5 +197,31 @@ impl Cluster {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(properties: &[(&str, &str)]) -> Cluster {
+        let mut kafka = KafkaConfig::default();
+        for (key, value) in properties {
+            kafka.properties.insert(key.to_string(), value.to_string());
+        }
+        Cluster {
+            brokers: "127.0.0.1:9092".into(),
+            kafka,
+        }
+    }
+
+    #[test]
+    fn each_partitions_prefetch_is_bounded_unless_the_config_says_otherwise() {
+        let defaults = cluster(&[]).consumer_config("g");
+        assert_eq!(defaults.get("queued.max.messages.kbytes"), Some("8192"));
+        assert_eq!(defaults.get("queued.min.messages"), Some("20000"));
+        let chosen = cluster(&[("queued.max.messages.kbytes", "1024")]).consumer_config("g");
+        assert_eq!(chosen.get("queued.max.messages.kbytes"), Some("1024"));
+        assert_eq!(chosen.get("queued.min.messages"), Some("20000"));
     }
 }

@@ -19,7 +19,7 @@
 //!   read from the end, where the crate and modules in between may be left
 //!   out (a module re-exports what it names in `pub use`, and the docs say
 //!   `egress::Transport` for `egress::transport::Transport`), but never a
-//!   type: `pipeline::run` is not `pipeline::runner::Runner::run`.
+//!   type: `pipeline::run` is not `pipeline::partition::Runner::run`.
 //!
 //! A Rust path whose first segment is in [`EXTERNAL`] names something
 //! outside the workspace (the standard library, librdkafka's client, the
@@ -144,7 +144,7 @@ fn walk(root: &Path, dir: &Path, files: &mut Vec<String>, dirs: &mut Vec<String>
 }
 
 /// The crate and module path of a source file, from where it lies:
-/// `host/src/pipeline/runner.rs` is `hopper::pipeline::runner`,
+/// `host/src/pipeline/partition.rs` is `hopper::pipeline::partition`,
 /// `tests/src/bin/crash-loop.rs` and `tests/tests/crash_loop.rs` are
 /// `crash_loop`.
 fn module_path(relative: &str) -> Option<Vec<String>> {
@@ -551,7 +551,7 @@ Real: `Hopper::start`, `pipeline::run`, `hopper::egress::Transport`, `host/src/d
 ```\n\
 `Fenced::ignored`\n\
 ```\n\
-Not a type: `pipeline::run_lane` is real, `pipeline::runner::Lane::run` is not.\n";
+Not a type: `partition::lookahead` is real, `pipeline::partition::Lane::run` is not.\n";
     let stale = check("made-up.md", doc, &index, &files, &dirs);
     assert_eq!(
         stale,
@@ -560,7 +560,7 @@ Not a type: `pipeline::run_lane` is real, `pipeline::runner::Lane::run` is not.\
             "made-up.md:1: `host/src/dlq.rs`: no such path",
             "made-up.md:1: `host/src/nothing/`: no such path",
             "made-up.md:3: `tests/tests/trust.rs::no_such_test`: tests/tests/trust.rs has no fn `no_such_test`",
-            "made-up.md:7: `pipeline::runner::Lane::run`: no such item in the workspace's Rust sources",
+            "made-up.md:7: `pipeline::partition::Lane::run`: no such item in the workspace's Rust sources",
         ]
     );
 }

@@ -1,8 +1,8 @@
 //! A Prometheus histogram that hot paths update without a lock.
 //!
 //! prometheus-client's own `Histogram` keeps its buckets behind a mutex, so
-//! every runner of a route (up to `max_in_flight` per partition, each
-//! timing its calls) would take the same lock once per message. Here each bucket is an atomic counter: an observation is one
+//! every call of a route (up to `max_in_flight` per partition, in every
+//! partition's task) would take the same lock once per message. Here each bucket is an atomic counter: an observation is one
 //! `fetch_add` on its bucket and one on the sum. A scrape reads the buckets
 //! one by one, so it may see an observation in a bucket but not yet in the
 //! sum; the count is the sum of the buckets, so buckets and count always

@@ -13,8 +13,8 @@ use std::collections::HashSet;
 impl<P: Processor> Loop<P> {
     /// Pauses the assigned partitions of the topics the processor suspends
     /// now, and resumes those it paused once their topic is no longer
-    /// suspended, unless the hold, a rewind or a full queue keeps them
-    /// paused. A pause makes librdkafka fetch from the last message the loop
+    /// suspended, unless the hold or a rewind keeps them paused. A pause
+    /// makes librdkafka fetch from the last message the partition's task
     /// received once resumed, so nothing is skipped; a message received
     /// before the pause is processed as usual (a route's breaker sends a
     /// tier message back to its tier).
