@@ -5,6 +5,9 @@
 //! ```text
 //! bench-delay lateness [RATE] [SECONDS]   # delays uniform in 1-60 s
 //! bench-delay memory [PENDING]
+//! bench-delay cancel [RATE] [SECONDS]        # 20% cancelled, 10% replaced
+//! bench-delay cancel-memory [PENDING]        # cancellations pending
+//! bench-delay cancel-reach [RATE] [SECONDS]  # cancel ack -> every relay
 //! ```
 //!
 //! Lateness is measured on the forwarded record's timestamp, which hopper
@@ -19,6 +22,9 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "../bench/cancel.rs"]
+mod cancel;
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
 #[global_allocator]
@@ -41,7 +47,26 @@ async fn main() {
                 .unwrap_or(1_000_000);
             memory(pending).await;
         }
-        _ => eprintln!("usage: bench-delay lateness [RATE] [SECONDS] | memory [PENDING]"),
+        Some("cancel") => {
+            let rate: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(5_000);
+            let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(20);
+            cancel::lateness(rate, seconds).await;
+        }
+        Some("cancel-memory") => {
+            let pending: u64 = args
+                .get(1)
+                .and_then(|a| a.parse().ok())
+                .unwrap_or(1_000_000);
+            cancel::memory(pending).await;
+        }
+        Some("cancel-reach") => {
+            let rate: u64 = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(200);
+            let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
+            cancel::reach(rate, seconds).await;
+        }
+        _ => eprintln!(
+            "usage: bench-delay lateness [RATE] [SECONDS] | memory [PENDING] | cancel [RATE] [SECONDS] | cancel-memory [PENDING] | cancel-reach [RATE] [SECONDS]"
+        ),
     }
 }
 
@@ -54,10 +79,41 @@ struct Relay {
 
 impl Relay {
     async fn start() -> Relay {
+        Self::start_with("").await
+    }
+
+    /// A relay whose admin server (with `/metrics`) listens on a free
+    /// loopback port.
+    async fn start_with_admin() -> (std::net::SocketAddr, Relay) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
+        let extra = format!("\n[admin]\nlisten = \"{addr}\"\nmetrics = true\n");
+        (addr, Self::start_with(&extra).await)
+    }
+
+    /// Kills the relay and starts it again on the same config.
+    fn restart(mut self) -> Relay {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = Command::new(hopper_bin())
+            .args(["run", "--config"])
+            .arg(&self._config.path)
+            .env("HOPPER_LOG", "error")
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("hopper runs");
+        self
+    }
+
+    async fn start_with(extra: &str) -> Relay {
         let inbox = rand_name("bench-delay");
         let target = rand_name("bench-target");
         let config = TestConfig::new(&format!(
-            "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\n"
+            "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\n{extra}"
         ));
         // Four partitions everywhere: the relay runs a worker per partition.
         let text = std::fs::read_to_string(&config.path)
