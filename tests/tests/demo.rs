@@ -13,9 +13,11 @@ const LIMIT: Duration = Duration::from_secs(240);
 
 #[test]
 fn the_demo_settles_every_order_against_the_order_service() {
-    // The demo's handlers, v1 and the v2 it hot-reloads.
+    // The demo's handlers: order-timeout v1 and the v2 it hot-reloads, and
+    // order-events.
     plugin("order_timeout");
     plugin("order_timeout_v2");
+    plugin("order_events");
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let mut child = Command::new(hopper_bin())
         .current_dir(&root)
@@ -64,6 +66,7 @@ fn the_demo_settles_every_order_against_the_order_service() {
         ("o-1007", "ok"),
         ("o-1008", "ok"),
         ("o-1009", "dead-lettered (FATAL)"),
+        ("o-1010", "timeout cancelled, never fired"),
     ] {
         assert_eq!(settled(id), outcome, "{id}\n{stdout}");
     }
@@ -81,6 +84,32 @@ fn the_demo_settles_every_order_against_the_order_service() {
         );
     }
     assert_eq!(view("emitted to orders.closed"), 3, "{stdout}");
+    // o-1010: its timeout scheduled and cancelled by the order-events
+    // handler, through emit; the relay drops it, so the order-timeout
+    // handler never sees it, while o-1007's timeout, sent through the same
+    // relay and not cancelled, is released and handled.
+    assert_eq!(
+        view("timeout-o-1010 scheduled by the handler for orders.timeout"),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        view("timeout-o-1010: cancel sent by the handler"),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(
+        view("timeout-o-1010 dropped by the delay relay"),
+        1,
+        "{stdout}"
+    );
+    assert_eq!(view("timeout-o-1010 released"), 0, "{stdout}");
+    assert_eq!(view("timeout-o-1010 attempt"), 0, "{stdout}");
+    assert_eq!(
+        view("o-1007 released by the delay relay to orders.timeout"),
+        1,
+        "{stdout}"
+    );
     assert!(
         stdout.contains("o-1001 closed, o-1002 paid, o-1003 closed"),
         "the service's own view of the orders:\n{stdout}"

@@ -310,3 +310,70 @@ async fn a_handlers_schedule_and_cancel_reach_the_inbox_with_the_contracts_heade
     assert!(arrived >= at, "delivered {} ms early", at - arrived);
     hopper.stop().await;
 }
+
+/// Issue 20: a handler schedules a delayed record, and a later call — the
+/// payment that makes an order's timeout pointless — cancels it through
+/// emit. The target never receives it, watched until its deliver-at plus
+/// 5 s; a schedule made the same way and not cancelled, due after it,
+/// arrives, so the watch would have seen the cancelled one had it come.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_cancelled_by_a_later_call_never_reaches_its_target() {
+    init_tracing();
+    let name = rand_name("route");
+    let target = rand_name("timeouts");
+    let inbox = rand_name("delay");
+    let config = TestConfig::new(&format!(
+        "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n",
+        route_table(
+            &name,
+            &format!("{name}.in"),
+            &plugin("acting"),
+            &format!("emit_topics = [\"{target}\"]\ncancel_ids = [\"timeout-*\"]"),
+        )
+    ));
+    let hopper = config.start().await;
+    let (gone, kept) = (rand_name("timeout-gone"), rand_name("timeout-kept"));
+    let producer = producer();
+    // One key, so the three calls run in this order; each is a call of its
+    // own, as the order-created and the payment handlers' are.
+    for (message, step) in [
+        ("created-1", schedule(&gone, &target, 2000, false)),
+        ("paid-1", json!({"cancel": gone})),
+        ("created-2", schedule(&kept, &target, 2000, false)),
+    ] {
+        produce(
+            &producer,
+            &format!("{name}.in"),
+            Some("orders"),
+            &script(json!([step]), "ok"),
+            &[("hopper-id", message)],
+        )
+        .await;
+    }
+    let scheduled = consume_until(&inbox, PATIENCE, |r| {
+        let (h, _) = header_map(r);
+        h.get("hopper-id") == Some(&gone) && h.contains_key("hopper-deliver-at")
+    })
+    .await;
+    let due: i64 = header_map(&scheduled).0["hopper-deliver-at"]
+        .parse()
+        .unwrap();
+
+    let delivered = consume(&target, 1, PATIENCE).await;
+    assert_eq!(
+        delivered[0].key(),
+        Some(kept.as_bytes()),
+        "the uncancelled one"
+    );
+    let watch_until = due + 5_000;
+    let wait = std::time::Duration::from_millis((watch_until - now_ms()).max(0) as u64);
+    let consumer = reader(&target);
+    let deadline = tokio::time::Instant::now() + wait;
+    let mut seen = Vec::new();
+    while let Ok(Ok(m)) = tokio::time::timeout_at(deadline, consumer.recv()).await {
+        seen.push(header_map(&m.detach()).0["hopper-id"].clone());
+    }
+    assert!(now_ms() >= watch_until);
+    assert_eq!(seen, vec![kept], "only the uncancelled schedule arrives");
+    hopper.stop().await;
+}

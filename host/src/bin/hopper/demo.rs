@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use hopper::events::{self, Event};
 use hopper::headers;
 use hopper::kafka::Cluster;
+use hopper::types::EmitKind;
 use hopper::{Hopper, Options};
 use order_service::{Order, OrderService, Status};
 use rdkafka::Message;
@@ -71,6 +72,21 @@ const REFUNDED: (&str, &str, &str) = (
     "refunded, after the reload: v2 handles what v1 dead-lettered (o-1004)",
 );
 
+/// An order paid within its payment window. Its events go to the
+/// order-events route: `created` makes its handler schedule the order's
+/// timeout, `timeout-o-1010`, through emit; once that is scheduled the demo
+/// sends `paid`, and the handler cancels the timeout through emit. The
+/// delay relay drops it at its deliver-at, and the order-timeout route
+/// never hears of the order.
+const PAID: (&str, &str) = (
+    "o-1010",
+    "paid within its 4s payment window: its timeout is cancelled and never fires",
+);
+/// The payment window of [`PAID`].
+const PAID_WINDOW_MS: u64 = 4000;
+/// How the summary reads when [`PAID`]'s timeout was cancelled.
+const NEVER_FIRED: &str = "timeout cancelled, never fired";
+
 /// What the order service knows: every sample order but o-1006 (not an
 /// order) and o-1009 (unknown).
 fn service_orders() -> Vec<Order> {
@@ -82,6 +98,7 @@ fn service_orders() -> Vec<Order> {
         Order::new("o-1005", Status::Pending).down(),
         Order::new("o-1007", Status::Pending),
         Order::new("o-1008", Status::Refunded),
+        Order::new("o-1010", Status::Paid),
     ]
 }
 
@@ -136,6 +153,14 @@ pub async fn run(
         .context("starting the order service")?;
     first.config.insert("order-service".into(), service.url());
     let route = first.clone();
+    // The order-events route, when the config has one and a delay relay to
+    // schedule through (examples/demo.toml).
+    let order_events = settings
+        .routes
+        .iter()
+        .find(|r| r.name == "order-events" && !r.grants.cancel_ids.is_empty())
+        .filter(|_| settings.delay.is_some())
+        .map(|r| r.topics[0].clone());
     let cluster = Cluster::of(&settings.kafka)?;
     let delay = settings.delay.clone();
     let hopper = Hopper::start(
@@ -213,6 +238,19 @@ pub async fn run(
         );
     }
 
+    // An order paid before its timeout: `created` schedules the timeout
+    // through the order-events handler; `paid` follows once it is
+    // scheduled (below).
+    let paid_timeout = format!("timeout-{}", PAID.0);
+    if let Some(topic) = &order_events {
+        let created = format!(
+            r#"{{"event":"created","order_id":"{}","timeout_ms":{PAID_WINDOW_MS}}}"#,
+            PAID.0
+        );
+        send_event(&producer, topic, PAID.0, "created", &created).await?;
+        println!("{} sent {} created to {topic}: {}", stamp(), PAID.0, PAID.1);
+    }
+
     // Watch the dead-letter topic the way any consumer would.
     let dlq: StreamConsumer = cluster
         .consumer_config(&format!("hopper-demo-dlq-{}", std::process::id()))
@@ -224,7 +262,9 @@ pub async fn run(
     tokio::pin!(deadline);
     // After the last order settles, keep printing DLQ records a moment longer.
     let mut tail: Option<std::pin::Pin<Box<tokio::time::Sleep>>> = None;
-    let mut expected = ORDERS.len() + usize::from(delay.is_some());
+    let mut expected =
+        ORDERS.len() + usize::from(delay.is_some()) + usize::from(order_events.is_some());
+    let mut paid_sent = false;
     let mut reload = if v2.is_file() && !custom_handler {
         Reload::Pending
     } else {
@@ -259,9 +299,13 @@ pub async fn run(
             _ = async { match tail.as_mut() { Some(t) => t.await, None => std::future::pending().await } } => break,
             _ = ctrl_c() => break,
             event = events.recv() => match event {
-                Ok(Event::Handled(events::Handled { id, attempt, verdict, .. })) => {
+                Ok(Event::Handled(events::Handled { route: by, id, attempt, verdict, .. })) => {
                     println!("{} {id} attempt {attempt}: handler said {verdict}", stamp());
-                    if verdict == "ok" {
+                    if by != route.name {
+                        // The order-events route: what it did shows in its emits.
+                    } else if id == paid_timeout {
+                        settled.insert(PAID.0.into(), format!("timeout fired: handler said {verdict}"));
+                    } else if verdict == "ok" {
                         settled.insert(id, "ok".into());
                     }
                 }
@@ -274,6 +318,16 @@ pub async fn run(
                 Ok(Event::Delivered(events::Delivered { id, target, deliver_at, .. })) => {
                     let late = hopper::clock::now_ms() - deliver_at;
                     println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
+                }
+                Ok(Event::ScheduleCancelled(events::ScheduleCancelled { id, target, deliver_at, kind, .. })) => {
+                    let late = hopper::clock::now_ms() - deliver_at;
+                    println!("{} {id} dropped by the delay relay {late} ms after its deliver-at: a {kind} covers it, so it never reaches {target}", stamp());
+                    if id == paid_timeout {
+                        settled.insert(PAID.0.into(), NEVER_FIRED.into());
+                    }
+                }
+                Ok(Event::CancelTooLate(events::CancelTooLate { id, .. })) => {
+                    println!("{} {id}: the cancel came too late, it was delivered already", stamp());
                 }
                 Ok(Event::HandlerReloaded(events::HandlerReloaded { handler, old_version, new_version, took, .. })) => {
                     println!("{} handler {handler} reloaded in {took:.0?}: {} → {}", stamp(), &old_version[..12], &new_version[..12]);
@@ -302,9 +356,20 @@ pub async fn run(
                 Ok(Event::HttpDenied(events::HttpDenied { id, method, url, reason, .. })) => {
                     println!("{} {id} handler → {method} {url}: denied ({reason})", stamp());
                 }
-                Ok(Event::Emitted(events::Emitted { id, topic, .. })) => {
-                    println!("{} {id} emitted to {topic}", stamp());
-                }
+                Ok(Event::Emitted(events::Emitted { id, topic, deliver_at, kind, .. })) => match kind {
+                    EmitKind::Publish => println!("{} {id} emitted to {topic}", stamp()),
+                    EmitKind::Schedule { .. } => {
+                        let due = deliver_at.map_or(0, |at| at - hopper::clock::now_ms());
+                        println!("{} {id} scheduled by the handler for {topic}, due in {due} ms", stamp());
+                        if let (Some(topic), false) = (&order_events, paid_sent) && id == paid_timeout {
+                            let paid = format!(r#"{{"event":"paid","order_id":"{}"}}"#, PAID.0);
+                            send_event(&producer, topic, PAID.0, "paid", &paid).await?;
+                            paid_sent = true;
+                            println!("{} sent {} paid to {topic}: the handler cancels {id}", stamp(), PAID.0);
+                        }
+                    }
+                    EmitKind::Cancel => println!("{} {id}: cancel sent by the handler to the delay relay ({topic})", stamp()),
+                },
                 Ok(Event::EmitsDiscarded(events::EmitsDiscarded { id, count, verdict, .. })) => {
                     println!("{} {id}: {count} emitted record(s) discarded, the verdict is {verdict}", stamp());
                 }
@@ -333,7 +398,13 @@ pub async fn run(
     println!("\nSummary:");
     let delayed = delay.as_ref().map(|_| DELAYED);
     let refunded = (reload == Reload::Done).then_some(REFUNDED);
-    for (id, _, expect) in ORDERS.into_iter().chain(delayed).chain(refunded) {
+    let paid = order_events.as_ref().map(|_| (PAID.0, "", PAID.1));
+    for (id, _, expect) in ORDERS
+        .into_iter()
+        .chain(delayed)
+        .chain(refunded)
+        .chain(paid)
+    {
         let got = settled.get(id).map(String::as_str).unwrap_or("not settled");
         println!("  {id}: {got:<32} expected: {expect}");
     }
@@ -351,5 +422,29 @@ pub async fn run(
         ctrl_c().await;
     }
     hopper.stop().await;
+    Ok(())
+}
+
+/// Sends one order event, keyed by the order so its events keep their
+/// order, with the id `<order>-<event>`.
+async fn send_event(
+    producer: &rdkafka::producer::FutureProducer,
+    topic: &str,
+    order: &str,
+    event: &str,
+    payload: &str,
+) -> anyhow::Result<()> {
+    let id = format!("{order}-{event}");
+    let record = FutureRecord::to(topic).key(order).payload(payload).headers(
+        rdkafka::message::OwnedHeaders::new().insert(rdkafka::message::Header {
+            key: headers::ID,
+            value: Some(&id),
+        }),
+    );
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .with_context(|| format!("producing order event {id}"))?;
     Ok(())
 }
