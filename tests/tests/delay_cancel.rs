@@ -428,6 +428,18 @@ async fn three_relays_share_every_cancel() {
     for _ in 0..3 {
         relays.push(config.start().await);
     }
+    // The group settles first: a record read while a join moves its
+    // partition is delivered at least once, which may be twice, and the
+    // twins below are counted exactly. Each member holds partitions only
+    // once the last join's assignment is done.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !relays.iter().all(|r| r.telemetry().health().ready()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the three relays never all held partitions"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let mut watchers: Vec<_> = relays.iter().map(|h| h.events()).collect();
     let producer = producer();
     let at = now_ms() + 7_000;
