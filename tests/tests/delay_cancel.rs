@@ -8,6 +8,7 @@ use hopper::events::{self, Event};
 use hopper::types::CancelKind;
 use hopper_tests::*;
 use rdkafka::Message;
+use rdkafka::consumer::Consumer as _;
 use rdkafka::message::{Header, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::{HashMap, HashSet};
@@ -388,8 +389,26 @@ async fn a_cancel_holds_across_a_kill_of_the_relay() {
     schedule(&producer, &inbox, &target, "twin", at, "", &[]).await;
     schedule(&producer, &inbox, &target, "gone", at, "", &[]).await;
     cancel(&producer, &inbox, "gone").await;
-    // Killed once the cancel is in the cancellation topic.
-    let entry = consume(&format!("{inbox}.cancels"), 1, PATIENCE).await;
+    // Killed once the cancel is in the cancellation topic, which the relay
+    // creates as it starts: read it once it exists.
+    let cancels = format!("{inbox}.cancels");
+    let metadata: rdkafka::consumer::BaseConsumer = client_config().create().unwrap();
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !metadata
+        .fetch_metadata(Some(&cancels), Duration::from_secs(10))
+        .is_ok_and(|m| {
+            m.topics()
+                .iter()
+                .all(|t| t.error().is_none() && !t.partitions().is_empty())
+        })
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the relay never created {cancels}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let entry = consume(&cancels, 1, PATIENCE).await;
     assert_eq!(entry[0].key(), Some(&b"gone"[..]));
     assert!(now_ms() < at, "the kill lands before the due time");
     first.kill().expect("kill -9");
