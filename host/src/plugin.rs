@@ -2,9 +2,9 @@
 //!
 //! It owns the wasmtime `Engine`, the `Linker` and the generated bindings,
 //! and gives the rest of hopper one plain type: a [`Handler`] that turns a
-//! [`Message`] (or its owned form, a [`Delivery`]) into a [`Verdict`]. Everything a guest can do to the host —
-//! trap, spin, hoard memory, flood stdout — comes back as a `Verdict`, never as
-//! a host error.
+//! [`Message`] (or its owned form, a [`Delivery`]) into a [`Verdict`].
+//! Everything a guest can do to the host — trap, spin, hoard memory, flood
+//! stdout — comes back as a `Verdict`, never as a host error.
 
 mod cache;
 mod call;

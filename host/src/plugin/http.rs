@@ -9,8 +9,9 @@
 //! nothing ([`HttpHooks::refuse`], called by `GuestState::outgoing_handle`,
 //! which stands in front of wasmtime-wasi-http's `handle`). A name that
 //! resolves to a guarded address is refused when it is resolved, through
-//! `future-incoming-response.get`. A refused request is logged with the route and handler
-//! version within the handler's log budget, and counted. Every request
+//! `future-incoming-response.get`. A refused request is logged with the
+//! route and handler version within the handler's log budget, and counted.
+//! Every request
 //! counts against `http.max_requests`, denied ones too, so a handler looping
 //! on a denied URL stops being served after that many. Logged URLs and
 //! reasons have secrets redacted, then are cut to [`MAX_LOGGED`] bytes.
