@@ -35,6 +35,7 @@ pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
+pub mod trace;
 pub mod types;
 
 /// The memory allocator of hopper's binaries and benchmarks. A hop makes
