@@ -308,7 +308,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             return Action::Done;
         }
         let hops = handled.emitted.into_iter();
-        return Action::Hops(hops.map(|e| emitted_hop(route, e)).collect());
+        let trace = &envelope.trace;
+        return Action::Hops(hops.map(|e| emitted_hop(route, e, trace)).collect());
     }
     Action::Hop(plan(
         shared,
@@ -320,11 +321,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     ))
 }
 
-/// The record of one emitted record: its own headers, then `hopper-id` and
-/// `hopper-route`; a delayed one goes to the delay relay's inbox with
+/// The record of one emitted record: its own headers (less any
+/// `traceparent`: it continues the call's trace, `trace`), then
+/// `traceparent`, `hopper-id` and `hopper-route`; a delayed one goes to the delay relay's inbox with
 /// `hopper-target` and `hopper-deliver-at` (and `hopper-replace` for a
 /// replacing schedule), a cancel with `hopper-cancel` (docs/headers.md).
-fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
+fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -> PlannedHop {
     let Emitted {
         id,
         topic,
@@ -334,8 +336,15 @@ fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
         deliver_at,
         kind,
     } = emitted;
-    let mut out = Vec::with_capacity(own.len() + 5);
-    out.extend(own);
+    let mut out = Vec::with_capacity(own.len() + 6);
+    out.extend(
+        own.into_iter()
+            .filter(|(key, _)| !key.eq_ignore_ascii_case(crate::trace::TRACEPARENT)),
+    );
+    out.push((
+        crate::trace::TRACEPARENT.to_string(),
+        trace.traceparent().to_vec(),
+    ));
     out.push((headers::ID.to_string(), id.clone().into_bytes()));
     out.push((headers::ROUTE.to_string(), route.name.clone().into_bytes()));
     let destination = match (kind, deliver_at, &route.grants.delay) {

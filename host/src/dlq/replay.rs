@@ -306,6 +306,10 @@ async fn produce(
             let headers = headers::replay_headers(message.headers(), envelope, *replay, &at, keep);
             send(producer, to, message.key(), message.payload(), headers).await?;
             let journal = OwnedHeaders::new()
+                .insert(Header {
+                    key: crate::trace::TRACEPARENT,
+                    value: Some(&envelope.trace.traceparent()),
+                })
                 .insert(text_header(headers::ID, &envelope.id))
                 .insert(text_header(headers::REPLAY_COUNT, &replay.to_string()))
                 .insert(text_header("hopper-replayed-to", to));
