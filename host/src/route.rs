@@ -12,6 +12,7 @@ use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
 use crate::plugin::{Delivery, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
+use crate::trace::spans::RouteSpans;
 use crate::types::EmitKind;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::collections::HashMap;
@@ -141,7 +142,10 @@ impl Processor for RouteProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
-        handle(self, message).await
+        let mut spans = RouteSpans::default();
+        let action = handle(self, message, &mut spans).await;
+        spans.finish(self.telemetry.tracer(), &action);
+        action
     }
 
     fn dlq_topic(&self) -> &str {
@@ -170,7 +174,8 @@ impl Processor for RouteProcessor {
 /// what to produce next: a retry or dead-letter record, or on `ok` the
 /// records the handler emitted (the offset is done once all of them are
 /// acknowledged), or nothing.
-async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
+/// `spans` gets the call's span (when the trace is exported).
+async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut RouteSpans) -> Action {
     let route = &shared.route;
     if let Some(consumed) = &shared.metrics.consumed {
         consumed.inc();
@@ -192,6 +197,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         Ok(envelope) => envelope,
         Err(problem) => {
             let envelope = Envelope::fallback(&incoming);
+            spans.read(
+                shared.telemetry.tracer(),
+                &envelope.trace,
+                message,
+                &route.group,
+            );
             let decision = Decision::DeadLetter {
                 reason: Reason::InvalidEnvelope,
                 error: problem.to_string(),
@@ -199,6 +210,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             return Action::Hop(plan(shared, message, &envelope, 0, None, decision));
         }
     };
+    spans.read(
+        shared.telemetry.tracer(),
+        &envelope.trace,
+        message,
+        &route.group,
+    );
     let admit = match &shared.breaker {
         None => Admit::Call,
         Some(breaker) => {
@@ -245,6 +262,13 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     };
     let verdict = handled.verdict;
     let kind = verdict.kind();
+    spans.handled(
+        &route.name,
+        &envelope.id,
+        attempt,
+        &verdict,
+        handler.version(),
+    );
     if let Some(counter) = shared.metrics.outcomes.get(&kind) {
         counter.inc();
     }

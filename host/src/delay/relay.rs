@@ -292,6 +292,16 @@ impl Processor for DelayProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
+        let trace = trace::Context::continue_from(message.headers());
+        let action = self.relay(message, &trace).await;
+        trace::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
+        action
+    }
+}
+
+impl DelayProcessor {
+    /// Plans the next hop of `message`, in `trace`.
+    async fn relay(&self, message: &OwnedMessage, trace: &trace::Context) -> Action {
         let now = now_ms();
         let from_inbox = !self.tier_of.contains_key(message.topic());
         // Where the inbox read the schedule: this record, or the stamp its
@@ -307,9 +317,6 @@ impl Processor for DelayProcessor {
                 .flatten()
                 .and_then(InboxPosition::parse)
         };
-        // This hop's span in the record's trace: the parent of every record
-        // it writes (docs/tracing.md).
-        let trace = trace::Context::continue_from(message.headers());
         let intent = match from_inbox {
             true => match parse_intent(message.headers()) {
                 Ok(intent) => intent,
@@ -320,7 +327,7 @@ impl Processor for DelayProcessor {
         let replace = match (intent, inbox) {
             (Intent::Cancel, Some(at)) => {
                 return match cancelled_id(message.headers(), message.key(), CancelKind::Cancel) {
-                    Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at, &trace)),
+                    Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at, trace)),
                     Err(rejected) => self.reject(message, rejected),
                 };
             }
@@ -389,13 +396,13 @@ impl Processor for DelayProcessor {
             next = step(schedule.deliver_at.saturating_sub(now), &self.waits);
         }
         let planned = match next {
-            Step::Forward => forward(message, &schedule, inbox, &trace),
+            Step::Forward => forward(message, &schedule, inbox, trace),
             Step::Schedule => {
                 // A replace's entry must be written before its offset can be
                 // committed; a message waiting in memory has no hop to wait
                 // for it, so it is written here first.
                 if let Some(at) = replace
-                    && let Err(why) = self.write_entry(&schedule.id, at, &trace).await
+                    && let Err(why) = self.write_entry(&schedule.id, at, trace).await
                 {
                     return self.reject(
                         message,
@@ -407,7 +414,7 @@ impl Processor for DelayProcessor {
                 }
                 return Action::HopAt {
                     at_ms: schedule.deliver_at,
-                    hop: forward(message, &schedule, inbox, &trace),
+                    hop: forward(message, &schedule, inbox, trace),
                 };
             }
             Step::Tier(wait) => {
@@ -427,7 +434,7 @@ impl Processor for DelayProcessor {
                 let record = OutRecord::like(
                     message,
                     topic,
-                    headers::rewrite(message.headers(), &SCHEDULING, &add, &trace),
+                    headers::rewrite(message.headers(), &SCHEDULING, &add, trace),
                 );
                 let event = events::TierHop {
                     id: schedule.id.clone(),
@@ -441,7 +448,7 @@ impl Processor for DelayProcessor {
         };
         match replace {
             Some(at) => Action::Hops(vec![
-                self.entry(&schedule.id, CancelKind::Replace, at, &trace),
+                self.entry(&schedule.id, CancelKind::Replace, at, trace),
                 planned,
             ]),
             None => Action::Hop(planned),
@@ -474,6 +481,7 @@ fn forward(
             target: schedule.target.clone(),
             deliver_at: schedule.deliver_at,
             inbox,
+            trace: Some(*trace),
         })),
     }
 }

@@ -8,8 +8,12 @@
 //! [`Context::parent`].
 
 pub mod context;
+pub mod export;
+pub mod spans;
 
 pub use context::{
     Context, SpanId, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceId, Traceparent,
     is_trace_header, parse_traceparent,
 };
+pub use export::{Span, Tracer};
+pub use opentelemetry::trace::SpanKind;

@@ -291,6 +291,8 @@ async fn replay(
             config.replay.max_replays,
             dry_run,
             &pacer,
+            // The command exits once done: its spans would not be sent.
+            &hopper::trace::Tracer::default(),
             |o| {
                 n += 1;
                 if !json {
