@@ -2,7 +2,7 @@
 //!
 //! It owns the wasmtime `Engine`, the `Linker` and the generated bindings,
 //! and gives the rest of hopper one plain type: a [`Handler`] that turns a
-//! [`Delivery`] into a [`Verdict`]. Everything a guest can do to the host —
+//! [`Message`] (or its owned form, a [`Delivery`]) into a [`Verdict`]. Everything a guest can do to the host —
 //! trap, spin, hoard memory, flood stdout — comes back as a `Verdict`, never as
 //! a host error.
 
@@ -55,7 +55,35 @@ const EPOCH_TICK: Duration = Duration::from_millis(1);
 /// spinning guest never starves the other partitions.
 const YIELD_EVERY_TICKS: u64 = 10;
 
-/// One delivery of a message, as the handler sees it.
+/// One delivery of a message, borrowed from wherever it lives: the WIT
+/// `message` record, field for field, which a call lowers straight into the
+/// guest's memory without copying it first. A route builds one from the
+/// Kafka message it read; [`Delivery`] lends one.
+#[derive(Debug, Clone, Copy, wasmtime::component::ComponentType, wasmtime::component::Lower)]
+#[component(record)]
+pub struct Message<'a> {
+    pub id: &'a str,
+    pub topic: &'a str,
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<&'a [u8]>,
+    pub payload: Option<&'a [u8]>,
+    pub headers: &'a [Header<'a>],
+    pub timestamp: Option<i64>,
+    pub attempt: u32,
+    pub route: &'a str,
+}
+
+/// One record header of a [`Message`]: the WIT `header` record.
+#[derive(Debug, Clone, Copy, wasmtime::component::ComponentType, wasmtime::component::Lower)]
+#[component(record)]
+pub struct Header<'a> {
+    pub key: &'a str,
+    pub value: &'a [u8],
+}
+
+/// One delivery of a message, as the handler sees it, owned: for tools and
+/// tests that make up their own.
 #[derive(Debug, Clone)]
 pub struct Delivery {
     pub id: String,

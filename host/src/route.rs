@@ -10,7 +10,7 @@ use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
 use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
-use crate::plugin::{Delivery, Emitted, Handler, HandlerSlot, Verdict};
+use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
 use crate::trace::spans::RouteSpans;
 use crate::types::EmitKind;
@@ -232,34 +232,41 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
     // Never closed, so acquiring only waits.
     let _instance = shared.instances.acquire().await.expect("never closed");
     let handler = shared.handler.current();
-    let delivery = Delivery {
-        id: envelope.id.clone(),
-        topic: message.topic().to_string(),
+    let headers: Vec<plugin::Header<'_>> = message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| plugin::Header {
+                    key: h.key,
+                    value: h.value.unwrap_or_default(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let delivery = plugin::Message {
+        id: &envelope.id,
+        topic: message.topic(),
         partition: message.partition(),
         offset: message.offset(),
-        key: message.key().map(<[u8]>::to_vec),
-        payload: message.payload().map(<[u8]>::to_vec),
-        headers: message
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_string(), h.value.unwrap_or_default().to_vec()))
-                    .collect()
-            })
-            .unwrap_or_default(),
+        key: message.key(),
+        payload: message.payload(),
+        headers: &headers,
         timestamp: incoming.timestamp,
         attempt,
-        route: route.name.clone(),
+        route: &route.name,
     };
-    let handled = match &shared.metrics.call_duration {
-        Some(histogram) => {
-            let started = std::time::Instant::now();
-            let handled = handler.run(delivery).await;
-            histogram.observe(started.elapsed());
-            handled
-        }
-        None => handler.run(delivery).await,
-    };
+    // One await of the call, not one per arm: each await point keeps its
+    // own copy of the call's state in this future, which every message
+    // allocates and moves.
+    let started = shared
+        .metrics
+        .call_duration
+        .as_ref()
+        .map(|histogram| (histogram, std::time::Instant::now()));
+    let handled = handler.run_message(&delivery).await;
+    if let Some((histogram, started)) = started {
+        histogram.observe(started.elapsed());
+    }
     let verdict = handled.verdict;
     let kind = verdict.kind();
     spans.handled(

@@ -248,22 +248,26 @@ async fn call<P: Processor>(
     done: Completion,
 ) -> Called {
     let offset = message.offset();
+    // Each await point keeps its own state in this future, which every
+    // message allocates and moves: so the sends share one.
     let work = async {
-        match shared.processor.process(&message).await {
-            Action::Done => done.complete(),
-            Action::Hop(hop) => shared.producer.send(hop.record, done, hop.event).await,
-            Action::Hops(hops) if hops.is_empty() => done.complete(),
-            Action::Hops(hops) => {
-                let dones = done.split(hops.len());
-                for (hop, done) in hops.into_iter().zip(dones) {
-                    shared.producer.send(hop.record, done, hop.event).await;
-                }
-            }
+        let sends = match shared.processor.process(&message).await {
+            Action::Done => return done.complete(),
+            Action::Hops(hops) if hops.is_empty() => return done.complete(),
             Action::HopAt { at_ms, hop } => {
                 // The scheduler lives until shutdown; if it is gone, the
                 // offset simply stays uncommitted.
                 let _ = scheduler.send(Scheduled { at_ms, hop, done });
+                return;
             }
+            Action::Hop(hop) => vec![(hop, done)],
+            Action::Hops(hops) => {
+                let dones = done.split(hops.len());
+                hops.into_iter().zip(dones).collect()
+            }
+        };
+        for (hop, done) in sends {
+            shared.producer.send(hop.record, done, hop.event).await;
         }
     };
     let panicked = AssertUnwindSafe(work).catch_unwind().await.is_err();

@@ -7,7 +7,7 @@ use super::grants::RouteGrants;
 use super::instance::{Guest, Pool};
 use super::output::LineBudget;
 use super::state::GuestState;
-use super::{Delivery, EPOCH_TICK, EpochTicker, Verdict};
+use super::{Delivery, EPOCH_TICK, EpochTicker, Header, Message, Verdict};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
 use futures::FutureExt;
@@ -133,9 +133,31 @@ impl Handler {
         self.run(delivery).await.verdict
     }
 
+    /// Calls the guest once with `delivery`, as [`Handler::run_message`].
+    pub async fn run(&self, delivery: Delivery) -> Handled {
+        let headers: Vec<Header<'_>> = delivery
+            .headers
+            .iter()
+            .map(|(key, value)| Header { key, value })
+            .collect();
+        self.run_message(&Message {
+            id: &delivery.id,
+            topic: &delivery.topic,
+            partition: delivery.partition,
+            offset: delivery.offset,
+            key: delivery.key.as_deref(),
+            payload: delivery.payload.as_deref(),
+            headers: &headers,
+            timestamp: delivery.timestamp,
+            attempt: delivery.attempt,
+            route: &delivery.route,
+        })
+        .await
+    }
+
     /// Calls the guest once: in a fresh instance, or in a warm one when the
     /// route's policy allows and one is idle.
-    pub async fn run(&self, delivery: Delivery) -> Handled {
+    pub async fn run_message(&self, message: &Message<'_>) -> Handled {
         let inner = &*self.inner;
         let mut guest = match inner.policy {
             InstancePolicy::Warm { .. } => inner.pool.take(),
@@ -143,14 +165,13 @@ impl Handler {
         }
         .unwrap_or_else(|| Guest::new(&inner.engine, &inner.guest, inner.memory_bytes));
         let started = Instant::now();
-        guest.begin(started + inner.timeout, &delivery.id);
+        guest.begin(started + inner.timeout, message.id);
 
-        let message = to_wit(delivery);
         // A host function that panics on what the guest passed it unwinds
         // out of the call. It costs this message a HANDLER_TRAP and the
         // instance, never the process: `catch_unwind` stops it here, and a
         // failed call's instance is never entered again.
-        let call = AssertUnwindSafe(guest.call(&inner.pre, &message)).catch_unwind();
+        let call = AssertUnwindSafe(guest.call(&inner.pre, message)).catch_unwind();
         let result = {
             let mut call = std::pin::pin!(call);
             // The epoch deadline stops guest code; the wall-clock timeout
@@ -262,25 +283,6 @@ fn classify(
     Verdict::Failed {
         class: Reason::HandlerTrap,
         error: text,
-    }
-}
-
-fn to_wit(d: Delivery) -> types::Message {
-    types::Message {
-        id: d.id,
-        topic: d.topic,
-        partition: d.partition,
-        offset: d.offset,
-        key: d.key,
-        payload: d.payload,
-        headers: d
-            .headers
-            .into_iter()
-            .map(|(key, value)| types::Header { key, value })
-            .collect(),
-        timestamp: d.timestamp,
-        attempt: d.attempt,
-        route: d.route,
     }
 }
 

@@ -13,16 +13,21 @@
 
 use super::bindings::{HandlerPre, hopper::handler::types};
 use super::state::GuestState;
-use super::{GuestInfo, YIELD_EVERY_TICKS};
+use super::{GuestInfo, Message, YIELD_EVERY_TICKS};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+use wasmtime::component::{Func, TypedFunc};
 use wasmtime::{Engine, Store, UpdateDeadline};
+
+/// The `handle` export, called with a borrowed [`Message`].
+type Handle<'a> = TypedFunc<(&'a Message<'a>,), (types::Outcome,)>;
 
 /// A store and the handler instance in it.
 pub(super) struct Guest {
     pub(super) store: Store<GuestState>,
-    /// `None` until the first call instantiates the component.
-    instance: Option<super::bindings::Handler>,
+    /// The instance's `handle` export, its type checked against
+    /// [`Message`]; `None` until the first call instantiates the component.
+    handle: Option<Func>,
     /// Calls this guest has served, the current one included.
     pub(super) calls: u32,
 }
@@ -40,7 +45,7 @@ impl Guest {
         });
         Guest {
             store,
-            instance: None,
+            handle: None,
             calls: 0,
         }
     }
@@ -58,13 +63,25 @@ impl Guest {
     pub(super) async fn call(
         &mut self,
         pre: &HandlerPre<GuestState>,
-        message: &types::Message,
+        message: &Message<'_>,
     ) -> wasmtime::Result<types::Outcome> {
-        if self.instance.is_none() {
-            self.instance = Some(pre.instantiate_async(&mut self.store).await?);
-        }
-        let instance = self.instance.as_ref().expect("instantiated above");
-        instance.call_handle(&mut self.store, message).await
+        let handle = match self.handle {
+            Some(handle) => handle,
+            None => {
+                // Boxed: once per guest, and inline its state would grow
+                // every call's future.
+                let instantiate = Box::pin(pre.instance_pre().instantiate_async(&mut self.store));
+                let instance = instantiate.await?;
+                let typed: Handle<'_> = instance.get_typed_func(&mut self.store, "handle")?;
+                *self.handle.insert(*typed.func())
+            }
+        };
+        // SAFETY: `handle` was type-checked above as a `Handle`, the same
+        // type but for its lifetime, which the component model's types do
+        // not see.
+        let handle: Handle<'_> = unsafe { TypedFunc::new_unchecked(handle) };
+        let (outcome,) = handle.call_async(&mut self.store, (message,)).await?;
+        Ok(outcome)
     }
 }
 
