@@ -263,7 +263,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
         .call_duration
         .as_ref()
         .map(|histogram| (histogram, std::time::Instant::now()));
-    let handled = handler.run_message(&delivery).await;
+    let call = spans.call_context(&envelope.trace);
+    let handled = crate::trace::in_call(call, handler.run_message(&delivery)).await;
     if let Some((histogram, started)) = started {
         histogram.observe(started.elapsed());
     }

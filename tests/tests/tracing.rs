@@ -697,3 +697,53 @@ async fn with_the_endpoint_down_messages_flow_and_spans_are_dropped_and_counted(
     assert!(hopper.telemetry().counters()[key] <= 2 * MESSAGES as u64);
     hopper.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_service_a_handler_calls_receives_the_calls_traceparent() {
+    init_tracing();
+    let receiver = otlp::Receiver::start();
+    let service = hopper_tests::http_server::TestServer::start();
+    let route = TestRoute::new(
+        &plugin("acting"),
+        &format!(
+            "allowed_hosts = [\"{}\"]\n{}",
+            service.origin(),
+            tracing_table(&receiver)
+        ),
+    );
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let steps = json!([{"get": service.url("/hello")}, {"get": service.url("/hello")}]);
+    produce(
+        &producer(),
+        &route.input,
+        None,
+        &json!({"steps": steps, "verdict": "ok"}).to_string(),
+        &[("hopper-id", "h1"), ("traceparent", PRODUCER)],
+    )
+    .await;
+    next_matching(
+        &mut events,
+        |_| {},
+        |e| match e {
+            hopper::events::Event::Handled(h) if h.id == "h1" => Some(()),
+            _ => None,
+        },
+    )
+    .await;
+    let call_name = format!("process {}", route.input);
+    let spans = receiver
+        .until(PATIENCE, |spans| spans.iter().any(|s| s.name == call_name))
+        .await;
+    hopper.stop().await;
+    let call = spans.iter().find(|s| s.name == call_name).unwrap();
+    // Both requests carry one traceparent: the message's trace, the call's
+    // span as the parent, so the service's own spans join the trace.
+    let seen = service.traceparents();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    for value in &seen {
+        let tp = trace::parse_traceparent(value.as_bytes()).expect("a valid traceparent");
+        assert_eq!(tp.trace_id.to_string(), TRACE);
+        assert_eq!(tp.span_id.to_string(), hex(&call.span_id));
+    }
+}

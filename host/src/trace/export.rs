@@ -112,7 +112,7 @@ impl Tracer {
         }
         let now = SystemTime::now();
         Some(Span {
-            data: SpanData {
+            data: Box::new(SpanData {
                 span_context: SpanContext::new(
                     otel::TraceId::from_bytes(trace_id.0),
                     otel::SpanId::from_bytes(span_id.0),
@@ -133,7 +133,7 @@ impl Tracer {
                 links: SpanLinks::default(),
                 status: Status::Unset,
                 instrumentation_scope: on.scope.clone(),
-            },
+            }),
             to: on.clone(),
         })
     }
@@ -160,7 +160,9 @@ impl Tracer {
 
 /// A span being built; exported when ended.
 pub struct Span {
-    data: SpanData,
+    // Boxed: a span is held across a handler call, in a future every
+    // message allocates.
+    data: Box<SpanData>,
     to: Arc<Exporting>,
 }
 
@@ -219,7 +221,7 @@ impl Span {
 
     pub fn end_at(mut self, at: SystemTime) {
         self.data.end_time = at.max(self.data.start_time);
-        if self.to.spans.try_send(self.data).is_err() {
+        if self.to.spans.try_send(*self.data).is_err() {
             self.to.dropped.inc();
         }
     }

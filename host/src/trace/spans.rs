@@ -46,6 +46,18 @@ impl RouteSpans {
         self.call = Some(span);
     }
 
+    /// The context of the handler call: the call span's, or, when it is
+    /// not exported, the hop's own (`trace`).
+    pub fn call_context(&self, trace: &Context) -> Context {
+        match &self.call {
+            Some(span) => Context {
+                span_id: span.id(),
+                ..*trace
+            },
+            None => *trace,
+        }
+    }
+
     /// What the handler call was: its route, attempt, verdict, failure
     /// class and the handler version.
     pub fn handled(
