@@ -289,6 +289,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
         offset = message.offset(),
         attempt,
         verdict = kind.as_str(),
+        trace_id = %envelope.trace.trace_id,
         "Message handled."
     );
     if shared.telemetry.has_observers() {
@@ -323,6 +324,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
             version = crate::events::short(handler.version()),
             class = class.as_str(),
             error,
+            trace_id = %envelope.trace.trace_id,
             "Handler call failed."
         );
     }

@@ -433,7 +433,7 @@ fn hex(bytes: &[u8]) -> String {
 /// A `[tracing]` table exporting every trace to `receiver`.
 fn tracing_table(receiver: &otlp::Receiver) -> String {
     format!(
-        "\n[tracing]\nendpoint = \"http://{}/v1/traces\"\nservice_name = \"orders-hopper\"\nsampling = 1.0\nresource = {{ \"deployment.environment\" = \"test\" }}\n",
+        "\n[tracing]\nendpoint = \"http://{}/v1/traces\"\nservice_name = \"orders-hopper\"\nsampling = 1.0\nresource = {{ \"deployment.environment\" = \"test\" }}\nui = \"https://jaeger.example/trace/{{trace_id}}\"\n",
         receiver.addr
     )
 }
@@ -491,6 +491,45 @@ async fn the_spans_of_a_retried_dead_lettered_and_replayed_message_chain_in_hop_
     let report = replay(hopper.admin_addr().unwrap(), json!({ "filter": {} })).await;
     assert_eq!(report["replayed"], 1, "{report}");
     let dead = consume(&route.dlq, 2, PATIENCE).await;
+    // Operators see the trace: the API (and so the console) links it, and
+    // `hopper dlq show` prints it.
+    let at = format!(
+        "{}:{}:{}",
+        dead[0].topic(),
+        dead[0].partition(),
+        dead[0].offset()
+    );
+    let path = format!(
+        "/api/dlq/{}/{}/{}",
+        dead[0].topic(),
+        dead[0].partition(),
+        dead[0].offset()
+    );
+    let shown = get_json_as(hopper.admin_addr().unwrap(), &path, Some(TOKEN)).await;
+    assert_eq!(shown["trace_id"], TRACE, "{shown}");
+    let link = format!("https://jaeger.example/trace/{TRACE}");
+    assert_eq!(shown["trace_url"], link.as_str(), "{shown}");
+    let cli = std::process::Command::new(hopper_bin())
+        .args(["dlq", "show", &at, "--config"])
+        .arg(&route.config_path)
+        .env_remove("HOPPER_LOG_FORMAT")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&cli.stdout);
+    assert!(
+        cli.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cli.stderr)
+    );
+    let trace_row = printed
+        .lines()
+        .find(|l| l.starts_with("trace "))
+        .unwrap_or_default();
+    assert!(trace_row.contains(TRACE), "{printed}");
+    assert!(
+        printed.lines().any(|l| l == format!("trace link: {link}")),
+        "{printed}"
+    );
     // Two passes of three calls and three sends, and the replay between.
     let spans = receiver
         .until(PATIENCE, |spans| {

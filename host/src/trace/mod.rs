@@ -9,6 +9,7 @@
 
 pub mod context;
 pub mod export;
+pub mod logs;
 pub mod spans;
 
 pub use context::{
