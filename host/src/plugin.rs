@@ -35,6 +35,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
+use wasmtime::StoreContextMut;
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, PoolingAllocationConfig};
 
@@ -45,6 +46,12 @@ mod bindings {
         exports: { default: async },
     });
 }
+
+/// The `wasi:http/outgoing-handler` wasmtime-wasi-http links, whose
+/// `handle` hopper puts its own in front of. A test checks that a refused
+/// request fails `handle` itself, so a wasmtime upgrade that moves this
+/// version does not go unnoticed.
+const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";
 
 /// The world every handler must target.
 pub const WORLD: &str = "hopper:handler/handler@0.1.2";
@@ -235,11 +242,26 @@ impl Runtime {
             .max_wasm_stack(1 << 20);
         let engine = Engine::new(&config).map_err(wasm_error)?;
 
-        let mut linker = Linker::new(&engine);
+        let mut linker: Linker<GuestState> = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker).map_err(wasm_error)?;
         // Every handler may import wasi:http; only the route's grants decide
         // whether a request goes anywhere (plugin/http.rs).
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(wasm_error)?;
+        // Its `outgoing-handler.handle` in front of wasmtime-wasi-http's, so
+        // that a refused request fails at once (`GuestState::outgoing_handle`).
+        linker.allow_shadowing(true);
+        linker
+            .instance(OUTGOING_HANDLER)
+            .and_then(|mut handler| {
+                handler.func_wrap(
+                    "handle",
+                    |mut store: StoreContextMut<GuestState>, (request, options)| {
+                        Ok((store.data_mut().outgoing_handle(request, options)?,))
+                    },
+                )
+            })
+            .map_err(wasm_error)?;
+        linker.allow_shadowing(false);
         bindings::Handler::add_to_linker::<_, HasSelf<_>>(&mut linker, |s: &mut GuestState| s)
             .map_err(wasm_error)?;
 

@@ -53,7 +53,7 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
     assert_eq!(
         report,
         format!(
-            "GET {} -> error ErrorCode::HttpRequestDenied | GET {} -> 200 hello",
+            "GET {} -> error ErrorCode::HttpRequestDenied at handle | GET {} -> 200 hello",
             other.url("/hello"),
             granted.url("/hello")
         )
@@ -87,7 +87,7 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
     let none = Acting::new("");
     let report = none.report(json!([{"get": granted.url("/hello")}])).await;
     assert!(
-        report.ends_with("error ErrorCode::HttpRequestDenied"),
+        report.ends_with("error ErrorCode::HttpRequestDenied at handle"),
         "{report}"
     );
 }
@@ -106,7 +106,7 @@ async fn a_redirect_to_a_host_that_is_not_granted_is_refused() {
     assert_eq!(
         report,
         format!(
-            "GET {inside} -> 302 | GET {} -> 200 hello | GET {outside} -> 302 | GET {} -> error ErrorCode::HttpRequestDenied",
+            "GET {inside} -> 302 | GET {} -> 200 hello | GET {outside} -> 302 | GET {} -> error ErrorCode::HttpRequestDenied at handle",
             granted.url("/hello"),
             other.url("/hello"),
         )
@@ -125,7 +125,9 @@ async fn a_metadata_address_is_refused_even_under_a_wildcard() {
         ]))
         .await;
     assert_eq!(
-        report.matches("error ErrorCode::HttpRequestDenied").count(),
+        report
+            .matches("error ErrorCode::HttpRequestDenied at handle")
+            .count(),
         3,
         "{report}"
     );
@@ -196,7 +198,7 @@ async fn limits_per_call_have_their_documented_errors() {
     assert_eq!(
         report,
         format!(
-            "GET {} -> error ErrorCode::HttpResponseTimeout | GET {} -> 200 hello | GET {} -> error ErrorCode::ConnectionLimitReached",
+            "GET {} -> error ErrorCode::HttpResponseTimeout | GET {} -> 200 hello | GET {} -> error ErrorCode::ConnectionLimitReached at handle",
             server.url("/slow/3000"),
             server.url("/hello"),
             server.url("/hello")

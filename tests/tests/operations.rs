@@ -349,7 +349,7 @@ async fn the_admin_api_needs_the_token_and_a_known_host_and_handlers_never_reach
     assert_eq!(
         headers["hopper-last-error"],
         format!(
-            "GET http://{addr}/health -> error ErrorCode::HttpRequestDenied | GET http://localhost:{port}/health -> error ErrorCode::HttpRequestDenied"
+            "GET http://{addr}/health -> error ErrorCode::HttpRequestDenied at handle | GET http://localhost:{port}/health -> error ErrorCode::HttpRequestDenied"
         )
     );
     hopper.stop().await;

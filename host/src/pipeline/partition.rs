@@ -5,8 +5,10 @@
 //! `max_in_flight` calls running and fewer than [`lookahead`] messages
 //! waiting for their key. Otherwise it leaves the partition's queue alone,
 //! so librdkafka's queue is the buffer and nothing fetched is thrown away
-//! (`queued.max.messages.kbytes` bounds it per partition). Its calls run in
-//! one `FuturesUnordered`, in the order the [`KeyGate`] allows; the gate,
+//! (`queued.max.messages.kbytes` bounds it per partition). It starts calls
+//! in the order the [`KeyGate`] allows and polls each once where it starts
+//! it: one that ends there (a handler that waits on no host call) costs no
+//! allocation, and the rest run in one `FuturesUnordered`. The gate,
 //! like everything else here, is the task's own, so a message costs no
 //! lock but its offset tracker's, shared with the producer's delivery
 //! callback and the commit tick.
@@ -29,7 +31,9 @@ use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt as _};
 use rdkafka::message::{Message, OwnedMessage};
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -127,6 +131,8 @@ pub(super) async fn run<P: Processor>(
     let mut gate: KeyGate<OwnedMessage> = KeyGate::default();
     let mut waiting_bytes = 0usize;
     let mut calls = FuturesUnordered::new();
+    // The box of a call that ended in its first poll, for the next call.
+    let mut spare = None;
     let (mut held, mut closed) = (false, false);
     let mut fallback = fallback_timer();
     loop {
@@ -136,13 +142,31 @@ pub(super) async fn run<P: Processor>(
             };
             waiting_bytes -= size_of(&message);
             let done = Completion::new(message.offset(), partition.tracker.clone());
-            calls.push(call(
+            let next = call(
                 partition.shared.clone(),
                 partition.scheduler.clone(),
                 key,
                 message,
                 done,
-            ));
+            );
+            let mut next = match spare.take() {
+                Some(mut boxed) => {
+                    Pin::set(&mut boxed, next);
+                    boxed
+                }
+                None => Box::pin(next),
+            };
+            // A call that waits on no host call (a handler doing only its
+            // own work) ends in its first poll. Polled here, it costs no
+            // allocation and no trip through `calls`, and its box serves
+            // the next call; one that waits goes into `calls`.
+            match futures::poll!(next.as_mut()) {
+                Poll::Ready(called) => {
+                    ended(&partition, &mut gate, called);
+                    spare = Some(next);
+                }
+                Poll::Pending => calls.push(next),
+            }
         }
         if closed && calls.is_empty() {
             break;
@@ -163,15 +187,7 @@ pub(super) async fn run<P: Processor>(
                 }
             },
             Some(called) = calls.next(), if !calls.is_empty() => {
-                if called.panicked {
-                    let tp = &partition.tp;
-                    partition.shared.halt.fail(format!(
-                        "processing {}[{}]@{} panicked; nothing from that offset on is committed",
-                        tp.topic, tp.partition, called.offset
-                    ));
-                } else if let Some(key) = called.key {
-                    gate.done(key);
-                }
+                ended(&partition, &mut gate, called);
             }
             // `None`: the fallback ticked; the loop comes round and reads
             // again. (A `Some(..)` pattern here would turn the branch off
@@ -205,6 +221,20 @@ pub(super) async fn run<P: Processor>(
                 ),
             }},
         }
+    }
+}
+
+/// What follows a call's end: its key is free for the next message of
+/// that key, or, if it panicked, the route halts.
+fn ended<P: Processor>(partition: &Partition<P>, gate: &mut KeyGate<OwnedMessage>, called: Called) {
+    if called.panicked {
+        let tp = &partition.tp;
+        partition.shared.halt.fail(format!(
+            "processing {}[{}]@{} panicked; nothing from that offset on is committed",
+            tp.topic, tp.partition, called.offset
+        ));
+    } else if let Some(key) = called.key {
+        gate.done(key);
     }
 }
 

@@ -3,8 +3,13 @@
 //! checked against its route's grants here, then sent on the route's pooled
 //! [`Transport`](crate::egress::Transport).
 //!
-//! A refused request gets `HTTP-request-denied` (or, past the per-call
-//! limit, `connection-limit-reached`), is logged with the route and handler
+//! A refused request fails `outgoing-handler.handle` itself with
+//! `HTTP-request-denied` (or, past the per-call limit,
+//! `connection-limit-reached`): nothing is spawned and the guest waits on
+//! nothing ([`HttpHooks::refuse`], called by `GuestState::outgoing_handle`,
+//! which stands in front of wasmtime-wasi-http's `handle`). A name that
+//! resolves to a guarded address is refused when it is resolved, through
+//! `future-incoming-response.get`. A refused request is logged with the route and handler
 //! version within the handler's log budget, and counted. Every request
 //! counts against `http.max_requests`, denied ones too, so a handler looping
 //! on a denied URL stops being served after that many. Logged URLs and
@@ -20,6 +25,8 @@ use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
+use wasmtime_wasi_http::p2::types::HostOutgoingRequest;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 
 /// Bytes of a URL or a reason kept in a log line or an event; a guest may
@@ -63,7 +70,7 @@ impl HttpHooks {
 
     /// Why a request to `target` may not be sent, if it may not. Every
     /// request counts against the call's limit, refused or not.
-    fn refusal(&mut self, target: &Target) -> Option<(String, Error)> {
+    fn refusal(&mut self, target: &Target) -> Option<(String, ErrorCode)> {
         let grants = &self.guest.grants.config;
         self.requests = self.requests.saturating_add(1);
         if self.requests > grants.http.max_requests {
@@ -72,18 +79,24 @@ impl HttpHooks {
                     "the call has made the {} requests a call may make, denied ones included (http.max_requests)",
                     grants.http.max_requests
                 ),
-                Error::ConnectionLimitReached,
+                ErrorCode::ConnectionLimitReached,
             ));
         }
-        let denied = |reason: String| Some((reason, Error::HttpRequestDenied));
+        self.outside_grants(target)
+            .map(|reason| (reason, ErrorCode::HttpRequestDenied))
+    }
+
+    /// Why the route's grants refuse a request to `target`, if they do.
+    fn outside_grants(&self, target: &Target) -> Option<String> {
+        let grants = &self.guest.grants.config;
         if grants.allowed_hosts.is_empty() {
-            return denied("the route grants no hosts (allowed_hosts is empty)".into());
+            return Some("the route grants no hosts (allowed_hosts is empty)".into());
         }
         let Some((scheme, host, port)) = target.endpoint() else {
-            return denied("the URL has no http or https scheme and host".into());
+            return Some("the URL has no http or https scheme and host".into());
         };
         if !grants.allowed_hosts.allows(scheme, host, port) {
-            return denied(format!(
+            return Some(format!(
                 "{}://{host}:{port} is not in allowed_hosts",
                 scheme.as_str()
             ));
@@ -91,11 +104,29 @@ impl HttpHooks {
         if let Ok(ip) = host.parse::<IpAddr>()
             && let Some(guard) = grants.allowed_hosts.refuses(SocketAddr::new(ip, port))
         {
-            return denied(format!(
+            return Some(format!(
                 "{ip}:{port} is {guard}, and no allowed_hosts entry names it"
             ));
         }
         None
+    }
+}
+
+impl HttpHooks {
+    /// Checks a request the guest passes to `outgoing-handler.handle`
+    /// against its grants: the error code to fail `handle` with, reported,
+    /// when they refuse it. A request whose URL does not parse passes, for
+    /// wasmtime-wasi-http's `handle` to give its own error.
+    pub(super) fn refuse(&mut self, request: &HostOutgoingRequest) -> Option<ErrorCode> {
+        let target = Target::of(request)?;
+        let (reason, error) = self.refusal(&target)?;
+        let report = Report {
+            guest: self.guest.clone(),
+            message_id: self.message_id.clone(),
+            target,
+        };
+        report.denied(reason);
+        Some(error)
     }
 }
 
@@ -117,9 +148,12 @@ impl WasiHttpHooks for HttpHooks {
             message_id: self.message_id.clone(),
             target,
         };
-        if let Some((reason, error)) = self.refusal(&report.target) {
+        // `outgoing-handler.handle` refused and counted the request already
+        // if the grants refuse it ([`HttpHooks::refuse`]); checked again
+        // here, uncounted, so that nothing outside the grants is ever sent.
+        if let Some(reason) = self.outside_grants(&report.target) {
             report.denied(reason);
-            return Box::new(std::future::ready(Err(error)));
+            return Box::new(std::future::ready(Err(Error::HttpRequestDenied)));
         }
         let limits = &self.guest.grants.config.http;
         let remaining = self.deadline.saturating_duration_since(Instant::now());
@@ -190,6 +224,42 @@ struct Target {
 }
 
 impl Target {
+    /// The target of a request a guest made, as wasmtime-wasi-http will
+    /// send it (a request without a scheme is https); `None` when its URL
+    /// does not parse or has a scheme of another spelling.
+    fn of(request: &HostOutgoingRequest) -> Option<Target> {
+        use wasmtime_wasi_http::p2::bindings::http::types::{Method, Scheme};
+        let method = match &request.method {
+            Method::Get => http::Method::GET,
+            Method::Head => http::Method::HEAD,
+            Method::Post => http::Method::POST,
+            Method::Put => http::Method::PUT,
+            Method::Delete => http::Method::DELETE,
+            Method::Connect => http::Method::CONNECT,
+            Method::Options => http::Method::OPTIONS,
+            Method::Trace => http::Method::TRACE,
+            Method::Patch => http::Method::PATCH,
+            Method::Other(m) => http::Method::from_bytes(m.as_bytes()).ok()?,
+        };
+        let scheme = match &request.scheme {
+            None | Some(Scheme::Https) => http::uri::Scheme::HTTPS,
+            Some(Scheme::Http) => http::uri::Scheme::HTTP,
+            // wasmtime-wasi-http's error for it, or its http(s) spelled
+            // another way, which `send_request` checks.
+            Some(Scheme::Other(_)) => return None,
+        };
+        let mut uri = http::Uri::builder()
+            .scheme(scheme)
+            .authority(request.authority.as_deref().unwrap_or_default());
+        if let Some(path) = &request.path_with_query {
+            uri = uri.path_and_query(path.as_str());
+        }
+        Some(Target {
+            method,
+            uri: uri.build().ok()?,
+        })
+    }
+
     /// Scheme, host (without IPv6 brackets) and port, when the URI is an
     /// http or https one with a host.
     fn endpoint(&self) -> Option<(Scheme, &str, u16)> {

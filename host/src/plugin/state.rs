@@ -12,8 +12,14 @@ use super::http::HttpHooks;
 use super::output::{GuestOutput, Written};
 use std::sync::Arc;
 use std::time::Instant;
+use wasmtime::component::Resource;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
+use wasmtime_wasi_http::p2::bindings::http::outgoing_handler;
+use wasmtime_wasi_http::p2::bindings::http::types::{
+    self as types_host, ErrorCode, RequestOptions,
+};
+use wasmtime_wasi_http::p2::types::{HostFutureIncomingResponse, HostOutgoingRequest};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 /// Per-store state: the WASI context (stdio, clocks and randomness only),
@@ -102,6 +108,29 @@ impl WasiView for GuestState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl GuestState {
+    /// `wasi:http/outgoing-handler.handle`: a request the route's grants
+    /// refuse fails `handle` itself, with nothing spawned and nothing for
+    /// the guest to wait on; one they allow goes on to wasmtime-wasi-http's
+    /// `handle`, which sends it through [`HttpHooks`]' `send_request`.
+    pub(super) fn outgoing_handle(
+        &mut self,
+        request: Resource<HostOutgoingRequest>,
+        options: Option<Resource<RequestOptions>>,
+    ) -> wasmtime::Result<Result<Resource<HostFutureIncomingResponse>, ErrorCode>> {
+        if let Some(error) = self.hooks.refuse(self.table.get(&request)?) {
+            // Dropped with its body, as a sent request is.
+            self.table.delete(request)?;
+            return Ok(Err(error));
+        }
+        let mut http = self.http();
+        match outgoing_handler::Host::handle(&mut http, request, options) {
+            Ok(response) => Ok(Ok(response)),
+            Err(e) => Ok(Err(types_host::Host::convert_error_code(&mut http, e)?)),
         }
     }
 }
