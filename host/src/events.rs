@@ -33,6 +33,9 @@ pub use crate::metrics::Counter;
 /// One kind of event: writes its log line and bumps its counter.
 pub trait InternalEvent: Into<Event> {
     fn record(&self, metrics: &Metrics);
+
+    /// Its span, for an event that ends one; called only with export on.
+    fn trace(&self, _tracer: &crate::trace::Tracer) {}
 }
 
 /// Declares [`Event`], one variant per event type, and its dispatch.
@@ -67,6 +70,12 @@ macro_rules! events {
 impl InternalEvent for Event {
     fn record(&self, metrics: &Metrics) {
         Event::record(self, metrics)
+    }
+
+    fn trace(&self, tracer: &crate::trace::Tracer) {
+        if let Event::Delivered(delivered) = self {
+            delivered.trace(tracer);
+        }
     }
 }
 
@@ -198,9 +207,18 @@ pub struct Delivered {
     /// checks the forward against just before it is produced. `None` for a
     /// tier record written before hopper stamped positions.
     pub inbox: Option<InboxPosition>,
+    /// The forward's trace context: its span is reported on the
+    /// acknowledgement, with the lateness.
+    pub trace: Option<crate::trace::Context>,
 }
 
 impl InternalEvent for Delivered {
+    fn trace(&self, tracer: &crate::trace::Tracer) {
+        if let Some(trace) = &self.trace {
+            crate::trace::spans::forwarded(tracer, trace, &self.target, self.deliver_at);
+        }
+    }
+
     fn record(&self, metrics: &Metrics) {
         let late_ms = crate::clock::now_ms() - self.deliver_at;
         let (id, target, deliver_at) = (&self.id, &self.target, self.deliver_at);
@@ -585,6 +603,8 @@ pub struct Telemetry {
     events: broadcast::Sender<Event>,
     metrics: Arc<Metrics>,
     health: Arc<Health>,
+    /// Builds and exports spans; off unless `[tracing]` has an endpoint.
+    tracer: crate::trace::Tracer,
 }
 
 impl Default for Telemetry {
@@ -614,6 +634,7 @@ impl Telemetry {
             events,
             metrics: Arc::new(metrics),
             health,
+            tracer: crate::trace::Tracer::default(),
         }
     }
 
@@ -627,6 +648,22 @@ impl Telemetry {
 
     pub fn health(&self) -> &Arc<Health> {
         &self.health
+    }
+
+    /// Starts span export for `[tracing]` when it has an endpoint (on the
+    /// current tokio runtime); called before the telemetry is shared.
+    pub fn with_tracing(
+        mut self,
+        tracing: Option<&crate::config::TracingConfig>,
+    ) -> Result<Self, String> {
+        if let Some(config) = tracing.filter(|t| t.endpoint.is_some()) {
+            self.tracer = crate::trace::Tracer::start(config, self.metrics.spans_dropped())?;
+        }
+        Ok(self)
+    }
+
+    pub fn tracer(&self) -> &crate::trace::Tracer {
+        &self.tracer
     }
 
     /// Counter values, keyed `name_total{label=value,...}`.
@@ -650,6 +687,9 @@ impl Telemetry {
     /// observers.
     pub fn emit(&self, event: impl InternalEvent) {
         event.record(&self.metrics);
+        if self.tracer.is_on() {
+            event.trace(&self.tracer);
+        }
         // Fails, cheaply, when nobody observes.
         let _ = self.events.send(event.into());
     }

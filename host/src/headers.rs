@@ -5,6 +5,7 @@
 //! that went through ten retries carries one set, not ten. The full list is in
 //! docs/headers.md.
 
+use crate::trace;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use std::fmt;
 
@@ -194,6 +195,9 @@ pub struct Envelope {
     pub trail: Vec<String>,
     /// Times the message was replayed from a dead-letter topic.
     pub replays: u32,
+    /// The trace the record belongs to and this hop's span: every record
+    /// written from this envelope carries it as its one `traceparent`.
+    pub trace: trace::Context,
 }
 
 /// The record being read, as far as the envelope cares.
@@ -220,6 +224,7 @@ impl Envelope {
                 first_failure_at: None,
                 trail: trail(h)?,
                 replays,
+                trace: trace::Context::continue_from(h),
             });
         }
         let id = match text(rec.headers, ID)? {
@@ -243,6 +248,7 @@ impl Envelope {
             first_failure_at: None,
             trail: Vec::new(),
             replays,
+            trace: trace::Context::continue_from(rec.headers),
         }
     }
 
@@ -281,6 +287,7 @@ impl Envelope {
             first_failure_at: optional_number(h, FIRST_FAILURE_AT)?,
             trail: trail(h)?,
             replays: replay_count(h),
+            trace: trace::Context::continue_from(h),
         })
     }
 }
@@ -483,14 +490,8 @@ pub fn next_hop_headers<H: Headers>(
     hop: &Hop<'_>,
 ) -> OwnedHeaders {
     let kept = original.map_or(0, |h| h.count());
-    let mut out = HeaderWriter::new(kept + 16);
-    if let Some(original) = original {
-        for header in original.iter() {
-            if !header.key.starts_with(PREFIX) || hop.keep.contains(&header.key) {
-                out.raw(header.key, header.value);
-            }
-        }
-    }
+    let mut out = HeaderWriter::new(kept + 17);
+    out.own_headers(original, &envelope.trace, hop.keep);
     out.text(ID, &envelope.id);
     out.number(ATTEMPT, hop.attempts_made);
     out.text(ROUTE, hop.route);
@@ -543,14 +544,8 @@ pub fn replay_headers<H: Headers>(
     keep: &[&str],
 ) -> OwnedHeaders {
     let kept = original.map_or(0, |h| h.count());
-    let mut out = HeaderWriter::new(kept + 8);
-    if let Some(original) = original {
-        for header in original.iter() {
-            if !header.key.starts_with(PREFIX) || keep.contains(&header.key) {
-                out.raw(header.key, header.value);
-            }
-        }
-    }
+    let mut out = HeaderWriter::new(kept + 9);
+    out.own_headers(original, &envelope.trace, keep);
     out.text(ID, &envelope.id);
     out.text(ORIGIN_TOPIC, &envelope.origin.topic);
     out.number(ORIGIN_PARTITION, envelope.origin.partition);
@@ -589,6 +584,30 @@ impl HeaderWriter {
         self.headers = Some(headers.insert(Header { key, value }));
     }
 
+    /// The record's own headers, in order: every non-hopper header and
+    /// the hopper headers `keep` names, then one `traceparent` for `trace`
+    /// in place of any it had (its `tracestate` is kept only when the
+    /// trace continues).
+    fn own_headers<H: Headers>(
+        &mut self,
+        original: Option<&H>,
+        trace: &trace::Context,
+        keep: &[&str],
+    ) {
+        if let Some(original) = original {
+            for header in original.iter() {
+                if trace::is_trace_header(header.key) {
+                    if trace.continued() && header.key.eq_ignore_ascii_case(trace::TRACESTATE) {
+                        self.raw(header.key, header.value);
+                    }
+                } else if !header.key.starts_with(PREFIX) || keep.contains(&header.key) {
+                    self.raw(header.key, header.value);
+                }
+            }
+        }
+        self.raw(trace::TRACEPARENT, Some(&trace.traceparent()));
+    }
+
     fn text(&mut self, key: &str, value: &str) {
         self.raw(key, Some(value.as_bytes()));
     }
@@ -608,32 +627,35 @@ impl HeaderWriter {
     }
 }
 
-/// `original`'s headers without those named in `drop`, in order, followed by
-/// `add`. How the delay relay replaces its own headers on each hop.
+/// `original`'s headers without those named in `drop`, in order, then one
+/// `traceparent` for `trace` in place of any it had (its `tracestate` kept
+/// only when the trace continues), followed by `add`. How the delay relay
+/// replaces its own headers on each hop.
 pub fn rewrite<H: Headers>(
     original: Option<&H>,
     drop: &[&str],
     add: &[(&str, String)],
+    trace: &trace::Context,
 ) -> OwnedHeaders {
-    let mut out = OwnedHeaders::new();
+    let kept = original.map_or(0, |h| h.count());
+    let mut out = HeaderWriter::new(kept + add.len() + 1);
     if let Some(original) = original {
         for header in original.iter() {
             let replaced = add.iter().any(|(k, _)| *k == header.key);
-            if !replaced && !drop.contains(&header.key) {
-                out = out.insert(Header {
-                    key: header.key,
-                    value: header.value,
-                });
+            if trace::is_trace_header(header.key) {
+                if trace.continued() && header.key.eq_ignore_ascii_case(trace::TRACESTATE) {
+                    out.raw(header.key, header.value);
+                }
+            } else if !replaced && !drop.contains(&header.key) {
+                out.raw(header.key, header.value);
             }
         }
     }
+    out.raw(trace::TRACEPARENT, Some(&trace.traceparent()));
     for (key, value) in add {
-        out = out.insert(Header {
-            key,
-            value: Some(value.as_bytes()),
-        });
+        out.text(key, value);
     }
-    out
+    out.finish()
 }
 
 #[cfg(test)]

@@ -35,6 +35,7 @@ pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
+pub mod trace;
 pub mod types;
 
 /// The memory allocator of hopper's binaries and benchmarks. A hop makes
@@ -273,7 +274,10 @@ impl Hopper {
     pub async fn start(config: Config, options: Options) -> anyhow::Result<Hopper> {
         let cluster = Cluster::of(&config.kafka)?;
         let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
-        let telemetry = Telemetry::for_config(&config, metrics_on);
+        let telemetry = Telemetry::for_config(&config, metrics_on)
+            .with_tracing(config.tracing.as_ref())
+            .map_err(anyhow::Error::msg)
+            .context("starting span export")?;
         let mut runtime = plugin::Runtime::for_routes(&config.routes)
             .context("starting the WebAssembly runtime")?
             .with_telemetry(telemetry.clone());

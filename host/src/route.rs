@@ -12,6 +12,7 @@ use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
 use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
+use crate::trace::spans::RouteSpans;
 use crate::types::EmitKind;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::collections::HashMap;
@@ -141,7 +142,10 @@ impl Processor for RouteProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
-        handle(self, message).await
+        let mut spans = RouteSpans::default();
+        let action = handle(self, message, &mut spans).await;
+        spans.finish(self.telemetry.tracer(), &action);
+        action
     }
 
     fn dlq_topic(&self) -> &str {
@@ -170,7 +174,8 @@ impl Processor for RouteProcessor {
 /// what to produce next: a retry or dead-letter record, or on `ok` the
 /// records the handler emitted (the offset is done once all of them are
 /// acknowledged), or nothing.
-async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
+/// `spans` gets the call's span (when the trace is exported).
+async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut RouteSpans) -> Action {
     let route = &shared.route;
     if let Some(consumed) = &shared.metrics.consumed {
         consumed.inc();
@@ -192,6 +197,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         Ok(envelope) => envelope,
         Err(problem) => {
             let envelope = Envelope::fallback(&incoming);
+            spans.read(
+                shared.telemetry.tracer(),
+                &envelope.trace,
+                message,
+                &route.group,
+            );
             let decision = Decision::DeadLetter {
                 reason: Reason::InvalidEnvelope,
                 error: problem.to_string(),
@@ -199,6 +210,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             return Action::Hop(plan(shared, message, &envelope, 0, None, decision));
         }
     };
+    spans.read(
+        shared.telemetry.tracer(),
+        &envelope.trace,
+        message,
+        &route.group,
+    );
     let admit = match &shared.breaker {
         None => Admit::Call,
         Some(breaker) => {
@@ -246,12 +263,20 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         .call_duration
         .as_ref()
         .map(|histogram| (histogram, std::time::Instant::now()));
-    let handled = handler.run_message(&delivery).await;
+    let call = spans.call_context(&envelope.trace);
+    let handled = crate::trace::in_call(call, handler.run_message(&delivery)).await;
     if let Some((histogram, started)) = started {
         histogram.observe(started.elapsed());
     }
     let verdict = handled.verdict;
     let kind = verdict.kind();
+    spans.handled(
+        &route.name,
+        &envelope.id,
+        attempt,
+        &verdict,
+        handler.version(),
+    );
     if let Some(counter) = shared.metrics.outcomes.get(&kind) {
         counter.inc();
     }
@@ -264,6 +289,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
         offset = message.offset(),
         attempt,
         verdict = kind.as_str(),
+        trace_id = %envelope.trace.trace_id,
         "Message handled."
     );
     if shared.telemetry.has_observers() {
@@ -298,6 +324,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             version = crate::events::short(handler.version()),
             class = class.as_str(),
             error,
+            trace_id = %envelope.trace.trace_id,
             "Handler call failed."
         );
     }
@@ -315,7 +342,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
             return Action::Done;
         }
         let hops = handled.emitted.into_iter();
-        return Action::Hops(hops.map(|e| emitted_hop(route, e)).collect());
+        let trace = &envelope.trace;
+        return Action::Hops(hops.map(|e| emitted_hop(route, e, trace)).collect());
     }
     Action::Hop(plan(
         shared,
@@ -327,11 +355,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage) -> Action {
     ))
 }
 
-/// The record of one emitted record: its own headers, then `hopper-id` and
-/// `hopper-route`; a delayed one goes to the delay relay's inbox with
+/// The record of one emitted record: its own headers (less any
+/// `traceparent`: it continues the call's trace, `trace`), then
+/// `traceparent`, `hopper-id` and `hopper-route`; a delayed one goes to the delay relay's inbox with
 /// `hopper-target` and `hopper-deliver-at` (and `hopper-replace` for a
 /// replacing schedule), a cancel with `hopper-cancel` (docs/headers.md).
-fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
+fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -> PlannedHop {
     let Emitted {
         id,
         topic,
@@ -341,8 +370,15 @@ fn emitted_hop(route: &Route, emitted: Emitted) -> PlannedHop {
         deliver_at,
         kind,
     } = emitted;
-    let mut out = Vec::with_capacity(own.len() + 5);
-    out.extend(own);
+    let mut out = Vec::with_capacity(own.len() + 6);
+    out.extend(
+        own.into_iter()
+            .filter(|(key, _)| !key.eq_ignore_ascii_case(crate::trace::TRACEPARENT)),
+    );
+    out.push((
+        crate::trace::TRACEPARENT.to_string(),
+        trace.traceparent().to_vec(),
+    ));
     out.push((headers::ID.to_string(), id.clone().into_bytes()));
     out.push((headers::ROUTE.to_string(), route.name.clone().into_bytes()));
     let destination = match (kind, deliver_at, &route.grants.delay) {

@@ -12,6 +12,7 @@ use hopper::headers::{self, Envelope, Hop, Incoming, Reason};
 use hopper::hold::{MAX_CLOCK_SKEW, due_from};
 use hopper::plugin::Verdict;
 use hopper::retry::{Decision, decide};
+use hopper::trace;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rdkafka::Timestamp;
@@ -30,7 +31,10 @@ fn config() -> Config {
 }
 
 /// Every header hopper reads, and one it does not.
-const NAMES: [&str; 21] = [
+const NAMES: [&str; 24] = [
+    trace::TRACEPARENT,
+    trace::TRACESTATE,
+    "TraceParent",
     headers::ID,
     headers::ATTEMPT,
     headers::ROUTE,
@@ -95,6 +99,7 @@ fn value() -> impl Strategy<Value = Option<Vec<u8>>> {
         2 => any::<u32>().prop_map(|n| Some(n.to_string().into_bytes())),
         2 => prop::collection::vec(any::<u8>(), 0..24).prop_map(Some),
         2 => text(24).prop_map(|t| Some(t.into_bytes())),
+        2 => traceparent_like().prop_map(Some),
         2 => prop::collection::vec(
             prop_oneof![
                 any::<u64>().prop_map(|n| format!("+{n}")),
@@ -105,6 +110,37 @@ fn value() -> impl Strategy<Value = Option<Vec<u8>>> {
         )
         .prop_map(|hops| Some(hops.join(",").into_bytes())),
     ]
+}
+
+/// A valid `traceparent`, then bytes replaced, the value cut or extended:
+/// every edge of the strict reading (length, version, separators, case,
+/// all-zero ids).
+fn traceparent_like() -> impl Strategy<Value = Vec<u8>> {
+    const VALID: &[u8] = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const ZERO: &[u8] = b"00-00000000000000000000000000000000-0000000000000000-00";
+    let bytes = prop_oneof![
+        3 => prop::sample::select(b"0123456789abcdefABCDEF-fg \xff".to_vec()),
+        1 => any::<u8>(),
+    ];
+    (
+        prop::sample::select(vec![VALID, ZERO]),
+        prop::collection::vec((0usize..60, bytes), 0..4),
+        prop::option::of(0usize..70),
+        prop::collection::vec(any::<u8>(), 0..3),
+    )
+        .prop_map(|(base, edits, cut, tail)| {
+            let mut value = base.to_vec();
+            for (at, byte) in edits {
+                if let Some(b) = value.get_mut(at) {
+                    *b = byte;
+                }
+            }
+            if let Some(cut) = cut {
+                value.truncate(cut);
+            }
+            value.extend(tail);
+            value
+        })
 }
 
 fn headers() -> impl Strategy<Value = Vec<(String, Option<Vec<u8>>)>> {
@@ -210,9 +246,10 @@ fn plan_hops(message: &OwnedMessage, envelope: &Envelope, route: &Route, verdict
                 trail.split(',').count() <= headers::MAX_TRAIL_HOPS,
                 "{trail}"
             );
+            one_traceparent(&out, envelope);
         }
         Decision::DeadLetter { reason, error } => {
-            dlq::plan(
+            let hop = dlq::plan(
                 message,
                 DeadLetter {
                     topic: &route.dlq,
@@ -225,8 +262,23 @@ fn plan_hops(message: &OwnedMessage, envelope: &Envelope, route: &Route, verdict
                     keep: &[headers::TARGET],
                 },
             );
+            one_traceparent(&hop.record.headers, envelope);
         }
     }
+}
+
+/// A hop record carries exactly one `traceparent` in any spelling: this
+/// hop's, in the envelope's trace.
+fn one_traceparent(out: &OwnedHeaders, envelope: &Envelope) {
+    use rdkafka::message::Headers;
+    let values: Vec<_> = out
+        .iter()
+        .filter(|h| h.key.eq_ignore_ascii_case(trace::TRACEPARENT))
+        .collect();
+    assert_eq!(values.len(), 1, "{:?}", values.len());
+    let written = trace::parse_traceparent(values[0].value.unwrap()).expect("a valid traceparent");
+    assert_eq!(written.trace_id, envelope.trace.trace_id);
+    assert_eq!(written.span_id, envelope.trace.span_id);
 }
 
 fn header_text(h: &OwnedHeaders, name: &str) -> String {
@@ -279,6 +331,28 @@ proptest! {
             prop_assert!(envelope.attempts_made < u32::MAX);
             plan_hops(&message, &envelope, &routes()[r], &verdict);
         }
+    }
+
+    /// Malformed trace context starts a new trace; nothing panics, and what
+    /// hopper writes is always a valid `traceparent`.
+    #[test]
+    fn traceparents(value in prop_oneof![traceparent_like(), prop::collection::vec(any::<u8>(), 0..80)]) {
+        let parsed = trace::parse_traceparent(&value);
+        if let Some(parent) = parsed {
+            prop_assert_eq!(value.len() >= trace::TRACEPARENT_LEN, true);
+            prop_assert!(value[..55].iter().all(|b| !b.is_ascii_uppercase()));
+            prop_assert_ne!(&value[..2], b"ff");
+            prop_assert_ne!(parent.trace_id.0, [0; 16]);
+            prop_assert_ne!(parent.span_id.0, [0; 8]);
+        }
+        let h = OwnedHeaders::new().insert(Header { key: trace::TRACEPARENT, value: Some(&value) });
+        let hop = trace::Context::continue_from(Some(&h));
+        prop_assert_eq!(hop.continued(), parsed.is_some());
+        if let Some(parent) = parsed {
+            prop_assert_eq!(hop.trace_id, parent.trace_id);
+        }
+        let written = trace::parse_traceparent(&hop.traceparent());
+        prop_assert_eq!(written.map(|w| (w.trace_id, w.span_id)), Some((hop.trace_id, hop.span_id)));
     }
 
     #[test]
@@ -348,6 +422,7 @@ proptest! {
             first_failure_at: first,
             trail: vec!["+18446744073709551615".into(), "+1".into()],
             replays,
+            trace: trace::Context::continue_from(rdkafka::message::Message::headers(&message)),
         };
         let hop = dlq::plan(&message, DeadLetter {
             topic: "orders.dlq", route: "orders", envelope: &envelope, attempts_made: attempts,

@@ -12,6 +12,8 @@
 //! | `/chunked/N`        | 200 with N zero bytes, chunked (no length up front)      |
 //! | `/auth`             | 200 `seen`; the `authorization` header is kept           |
 //! | `/flaky`            | 503 while [`TestServer::set_down`] is on, else 200 `up`  |
+//!
+//! Every `traceparent` header it receives is kept ([`TestServer::traceparents`]).
 //! | anything else       | 404                                                      |
 //!
 //! It runs on a thread and runtime of its own, so a busy test runtime never
@@ -39,6 +41,8 @@ pub struct Seen {
     connections: AtomicU64,
     requests: AtomicU64,
     authorizations: Mutex<Vec<String>>,
+    /// The `traceparent` header of every request that had one.
+    traceparents: Mutex<Vec<String>>,
     /// `/flaky` answers 503 while set.
     down: AtomicBool,
 }
@@ -169,6 +173,11 @@ impl TestServer {
         self.seen.down.store(down, Ordering::SeqCst);
     }
 
+    /// Every `traceparent` header received, on any path, in order.
+    pub fn traceparents(&self) -> Vec<String> {
+        self.seen.traceparents.lock().unwrap().clone()
+    }
+
     /// Every `authorization` header `/auth` received, in order.
     pub fn authorizations(&self) -> Vec<String> {
         self.seen.authorizations.lock().unwrap().clone()
@@ -182,6 +191,10 @@ async fn answer(
     seen: Arc<Seen>,
 ) -> Result<Response<AnyBody>, Infallible> {
     seen.requests.fetch_add(1, Ordering::SeqCst);
+    for value in request.headers().get_all("traceparent") {
+        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+        seen.traceparents.lock().unwrap().push(value);
+    }
     let path = request.uri().path().to_string();
     let query = request.uri().query().unwrap_or("").to_string();
     let text = |status: u16, body: String| {

@@ -288,6 +288,7 @@ fn expected() -> Run {
                         "content-type".into(),
                         "hopper-id".into(),
                         "hopper-route".into(),
+                        "traceparent".into(),
                     ],
                 },
             )

@@ -294,7 +294,14 @@ async fn replay_holds_its_rate_limit() {
     let pacer = hopper::dlq::Pacer::new(config.replay.rate);
     let started = Instant::now();
     let report = dlq
-        .replay(selected, 3, false, &pacer, |_| {})
+        .replay(
+            selected,
+            3,
+            false,
+            &pacer,
+            &hopper::trace::Tracer::default(),
+            |_| {},
+        )
         .await
         .unwrap();
     let took = started.elapsed();

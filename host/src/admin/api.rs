@@ -338,6 +338,7 @@ pub(super) async fn replay(
             config.replay.max_replays,
             dry_run,
             &shared.pacer,
+            shared.context.telemetry.tracer(),
             |outcome| {
                 if let (Some(route), None, false) = (&outcome.route, &outcome.failed, dry_run) {
                     match outcome.action {

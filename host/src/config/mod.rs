@@ -15,6 +15,7 @@ mod kafka;
 mod limits;
 mod route;
 mod secrets;
+mod tracing;
 
 pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
 pub use breaker::{BreakerConfig, BreakerSettings};
@@ -28,6 +29,7 @@ pub use route::{
     InstancePolicy, MAX_INSTANCES, MAX_WARM_MAX_CALLS, Ordering, Route, RouteConfig, TrapPolicy,
 };
 pub use secrets::{Secret, Secrets};
+pub use tracing::{TRACE_ID_PLACEHOLDER, TracingConfig};
 
 use serde::Deserialize;
 use std::collections::{BTreeSet, HashMap};
@@ -51,6 +53,8 @@ pub struct ConfigFile {
     pub replay: ReplayConfig,
     #[serde(default)]
     pub limits: Limits,
+    /// Span export and trace links; off without it.
+    pub tracing: Option<TracingConfig>,
 }
 
 /// A config with every default filled in, every path resolved and every
@@ -65,6 +69,8 @@ pub struct Config {
     pub admin: Option<Admin>,
     pub replay: ReplayConfig,
     pub limits: Limits,
+    /// `[tracing]`, when the file has one.
+    pub tracing: Option<TracingConfig>,
 }
 
 impl Config {
@@ -180,6 +186,7 @@ impl ConfigFile {
             }
         }
         self.replay.check(&mut problems);
+        let tracing = self.tracing.as_ref().and_then(|t| t.resolve(&mut problems));
         if delay.is_some() && routes.iter().any(|r| r.name == RELAY_ROUTE) {
             problems.push(format!(
                 "route `{}`: the name is the delay relay's in dead-letter records and metrics; choose another",
@@ -228,6 +235,7 @@ impl ConfigFile {
             admin,
             replay: self.replay.clone(),
             limits: self.limits,
+            tracing,
         })
     }
 }

@@ -95,10 +95,14 @@ pub fn cancelled_id<H: Headers>(
     Ok(id.to_string())
 }
 
-/// The headers of a cancellation-topic entry: its kind, and the relay
-/// process that read it.
-pub fn entry_headers(kind: CancelKind, by: &str) -> OwnedHeaders {
-    OwnedHeaders::new()
+/// The headers of a cancellation-topic entry: its kind, the relay
+/// process that read it, and the `traceparent` of the hop that wrote it.
+pub fn entry_headers(kind: CancelKind, by: &str, trace: &crate::trace::Context) -> OwnedHeaders {
+    OwnedHeaders::new_with_capacity(3)
+        .insert(Header {
+            key: crate::trace::TRACEPARENT,
+            value: Some(&trace.traceparent()),
+        })
         .insert(Header {
             key: headers::CANCEL_KIND,
             value: Some(kind.as_str()),

@@ -11,6 +11,7 @@ use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::trace;
 use crate::types::{CancelKind, InboxPosition};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
@@ -217,14 +218,21 @@ impl DelayProcessor {
     }
 
     /// The entry a cancel or replace read at `at` writes to the
-    /// cancellation topic: key the id, value the position.
-    fn entry(&self, id: &str, kind: CancelKind, at: InboxPosition) -> PlannedHop {
+    /// cancellation topic: key the id, value the position, in the trace of
+    /// the record that asked for it.
+    fn entry(
+        &self,
+        id: &str,
+        kind: CancelKind,
+        at: InboxPosition,
+        trace: &trace::Context,
+    ) -> PlannedHop {
         PlannedHop {
             record: OutRecord {
                 topic: self.relay.cancels.clone(),
                 key: Some(id.as_bytes().to_vec()),
                 payload: Some(entry_value(at)),
-                headers: entry_headers(kind, self.table.me()),
+                headers: entry_headers(kind, self.table.me(), trace),
                 timestamp: now_ms(),
             },
             event: Some(
@@ -240,8 +248,13 @@ impl DelayProcessor {
 
     /// Writes a replace's entry and waits for the acknowledgement: for a
     /// replace that waits in memory next, which no hop can follow.
-    async fn write_entry(&self, id: &str, at: InboxPosition) -> Result<(), String> {
-        let hop = self.entry(id, CancelKind::Replace, at);
+    async fn write_entry(
+        &self,
+        id: &str,
+        at: InboxPosition,
+        trace: &trace::Context,
+    ) -> Result<(), String> {
+        let hop = self.entry(id, CancelKind::Replace, at, trace);
         let record = FutureRecord::<[u8], [u8]>::to(&hop.record.topic)
             .key(id.as_bytes())
             .payload(hop.record.payload.as_deref().unwrap_or_default())
@@ -279,6 +292,16 @@ impl Processor for DelayProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
+        let trace = trace::Context::continue_from(message.headers());
+        let action = self.relay(message, &trace).await;
+        trace::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
+        action
+    }
+}
+
+impl DelayProcessor {
+    /// Plans the next hop of `message`, in `trace`.
+    async fn relay(&self, message: &OwnedMessage, trace: &trace::Context) -> Action {
         let now = now_ms();
         let from_inbox = !self.tier_of.contains_key(message.topic());
         // Where the inbox read the schedule: this record, or the stamp its
@@ -304,7 +327,7 @@ impl Processor for DelayProcessor {
         let replace = match (intent, inbox) {
             (Intent::Cancel, Some(at)) => {
                 return match cancelled_id(message.headers(), message.key(), CancelKind::Cancel) {
-                    Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at)),
+                    Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at, trace)),
                     Err(rejected) => self.reject(message, rejected),
                 };
             }
@@ -373,13 +396,13 @@ impl Processor for DelayProcessor {
             next = step(schedule.deliver_at.saturating_sub(now), &self.waits);
         }
         let planned = match next {
-            Step::Forward => forward(message, &schedule, inbox),
+            Step::Forward => forward(message, &schedule, inbox, trace),
             Step::Schedule => {
                 // A replace's entry must be written before its offset can be
                 // committed; a message waiting in memory has no hop to wait
                 // for it, so it is written here first.
                 if let Some(at) = replace
-                    && let Err(why) = self.write_entry(&schedule.id, at).await
+                    && let Err(why) = self.write_entry(&schedule.id, at, trace).await
                 {
                     return self.reject(
                         message,
@@ -391,7 +414,7 @@ impl Processor for DelayProcessor {
                 }
                 return Action::HopAt {
                     at_ms: schedule.deliver_at,
-                    hop: forward(message, &schedule, inbox),
+                    hop: forward(message, &schedule, inbox, trace),
                 };
             }
             Step::Tier(wait) => {
@@ -411,7 +434,7 @@ impl Processor for DelayProcessor {
                 let record = OutRecord::like(
                     message,
                     topic,
-                    headers::rewrite(message.headers(), &SCHEDULING, &add),
+                    headers::rewrite(message.headers(), &SCHEDULING, &add, trace),
                 );
                 let event = events::TierHop {
                     id: schedule.id.clone(),
@@ -425,7 +448,7 @@ impl Processor for DelayProcessor {
         };
         match replace {
             Some(at) => Action::Hops(vec![
-                self.entry(&schedule.id, CancelKind::Replace, at),
+                self.entry(&schedule.id, CancelKind::Replace, at, trace),
                 planned,
             ]),
             None => Action::Hop(planned),
@@ -439,6 +462,7 @@ fn forward(
     message: &OwnedMessage,
     schedule: &Schedule,
     inbox: Option<InboxPosition>,
+    trace: &trace::Context,
 ) -> PlannedHop {
     let record = OutRecord::like(
         message,
@@ -447,6 +471,7 @@ fn forward(
             message.headers(),
             &SCHEDULING,
             &[(headers::ID, schedule.id.clone())],
+            trace,
         ),
     );
     PlannedHop {
@@ -456,6 +481,7 @@ fn forward(
             target: schedule.target.clone(),
             deliver_at: schedule.deliver_at,
             inbox,
+            trace: Some(*trace),
         })),
     }
 }

@@ -590,6 +590,7 @@ mod tests {
                 target: "t".into(),
                 deliver_at: 0,
                 inbox: Some(inbox),
+                trace: None,
             })
         };
         let record = OutRecord {

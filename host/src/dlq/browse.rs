@@ -240,10 +240,12 @@ impl Dlq<'_> {
     pub fn show(&self, at: &RecordRef) -> Result<DlqRecord, DlqError> {
         let message = self.fetch(at)?;
         let replayed = replay_counts(self.cluster, &at.topic)?;
-        Ok(DlqRecord::of(
-            &message,
-            replayed.get(at).copied().unwrap_or(0),
-        ))
+        let mut record = DlqRecord::of(&message, replayed.get(at).copied().unwrap_or(0));
+        record.trace_url = match (&self.config.tracing, &record.trace_id) {
+            (Some(tracing), Some(trace_id)) => tracing.link(trace_id),
+            _ => None,
+        };
+        Ok(record)
     }
 
     /// The record at `at`, which must be in a DLQ topic of the config.

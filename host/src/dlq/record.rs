@@ -112,6 +112,10 @@ pub struct DlqRecord {
     pub payload: Option<Bytes>,
     /// Every header, in order, hopper's and the producer's.
     pub headers: Vec<HeaderValue>,
+    /// The trace of the message, from its `traceparent` (docs/tracing.md).
+    pub trace_id: Option<String>,
+    /// The trace in the viewer of `tracing.ui`, when it is set.
+    pub trace_url: Option<String>,
 }
 
 impl DlqSummary {
@@ -170,6 +174,15 @@ impl DlqRecord {
                         .collect()
                 })
                 .unwrap_or_default(),
+            trace_id: h.and_then(|h| {
+                let value = h
+                    .iter()
+                    .filter(|h| h.key.eq_ignore_ascii_case(crate::trace::TRACEPARENT))
+                    .last()?
+                    .value?;
+                Some(crate::trace::parse_traceparent(value)?.trace_id.to_string())
+            }),
+            trace_url: None,
         }
     }
 }

@@ -245,13 +245,15 @@ impl Dlq<'_> {
 
     /// Replays `messages` (dead-letter records of this config): plans each,
     /// and unless `dry_run`, produces them one at a time at `pacer`'s rate,
-    /// calling `done` after each.
+    /// calling `done` after each. Each replay is a span of `tracer`'s.
+    #[allow(clippy::too_many_arguments)]
     pub async fn replay(
         &self,
         messages: Vec<OwnedMessage>,
         max_replays: u32,
         dry_run: bool,
         pacer: &Pacer,
+        tracer: &crate::trace::Tracer,
         mut done: impl FnMut(&Outcome),
     ) -> Result<Report, DlqError> {
         let planned = self.plan(messages, max_replays)?;
@@ -270,8 +272,20 @@ impl Dlq<'_> {
                 && !matches!(p.outcome.action, Action::Skip { .. })
             {
                 pacer.wait().await;
-                if let Err(e) = produce(producer, &p.message, envelope, p.keep, &p.outcome).await {
-                    p.outcome.failed = Some(e);
+                match produce(producer, &p.message, envelope, p.keep, &p.outcome).await {
+                    Err(e) => p.outcome.failed = Some(e),
+                    Ok(()) => {
+                        if let Action::Replay { to, replay } = &p.outcome.action {
+                            let from = p.outcome.at.to_string();
+                            crate::trace::spans::replayed(
+                                tracer,
+                                &envelope.trace,
+                                to,
+                                &from,
+                                *replay,
+                            );
+                        }
+                    }
                 }
             }
             match (&p.outcome.action, &p.outcome.failed) {
@@ -306,6 +320,10 @@ async fn produce(
             let headers = headers::replay_headers(message.headers(), envelope, *replay, &at, keep);
             send(producer, to, message.key(), message.payload(), headers).await?;
             let journal = OwnedHeaders::new()
+                .insert(Header {
+                    key: crate::trace::TRACEPARENT,
+                    value: Some(&envelope.trace.traceparent()),
+                })
                 .insert(text_header(headers::ID, &envelope.id))
                 .insert(text_header(headers::REPLAY_COUNT, &replay.to_string()))
                 .insert(text_header("hopper-replayed-to", to));

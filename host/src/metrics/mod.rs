@@ -129,6 +129,8 @@ pub struct Metrics {
     replays: Counters,
     http_requests: Counters,
     emits: Counters,
+    /// `hopper_trace_spans_dropped`: spans never exported (docs/tracing.md).
+    spans_dropped: Counter,
     /// Written only while [`Metrics::new`] runs.
     routes: HashMap<String, RouteCounters>,
     relay: Option<RelayCounters>,
@@ -241,6 +243,10 @@ impl Metrics {
             "hopper_delay_cancels_unknown_id",
             "Cancellations read by this process that expired without having dropped a schedule here: an id that was never scheduled, or already delivered.",
         );
+        let spans_dropped = counters(
+            "hopper_trace_spans_dropped",
+            "Spans dropped without being exported: the export queue was full, or the OTLP endpoint did not take their batch.",
+        );
         let cancellations = Gauge::default();
         registry.register(
             "hopper_delay_cancellations",
@@ -271,10 +277,12 @@ impl Metrics {
             replays,
             http_requests,
             emits,
+            spans_dropped: Counter::default(),
             routes: HashMap::new(),
             relay: None,
             registered: Mutex::default(),
         };
+        metrics.spans_dropped = metrics.register(&spans_dropped, Vec::new());
         let Some(config) = config else {
             return metrics;
         };
@@ -392,6 +400,11 @@ impl Metrics {
         let key = format!("{name}_total{{{}}}", labels.join(","));
         self.registered.lock().unwrap().push((key, counter.clone()));
         counter
+    }
+
+    /// Spans dropped without being exported.
+    pub fn spans_dropped(&self) -> Counter {
+        self.spans_dropped.clone()
     }
 
     /// Whether calls are timed and `/metrics` is served.

@@ -134,10 +134,12 @@ impl HttpHooks {
 impl WasiHttpHooks for HttpHooks {
     fn send_request(
         &mut self,
-        request: http::Request<WasiBody>,
+        mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
         _request_done: Box<dyn Future<Output = Result<(), Error>> + Send>,
     ) -> Box<dyn Future<Output = SendResult> + Send> {
+        // The call's trace continues in the service it calls.
+        crate::trace::propagate(request.headers_mut());
         let target = Target {
             method: request.method().clone(),
             uri: request.uri().clone(),

@@ -7,7 +7,10 @@
 //! On the broker in `HOPPER_TEST_BROKERS` (see `cargo xtask bench`), or with
 //! `--mock` on librdkafka's in-process mock cluster, so that a broker in
 //! another process is out of the picture. `--only` runs some contenders:
-//! `bare`, `noop`, `metrics`, `fresh`, `json`, `sized`, `hop`, `storm`.
+//! `bare`, `noop`, `metrics`, `fresh`, `json`, `sized`, `hop`, `storm`,
+//! `traced`. `traced` is the `noop` route with `[tracing]` exporting 10% and
+//! 100% of traces to a loopback OTLP sink (it answers 200 and keeps
+//! nothing), beside `noop` (tracing off) in the same run.
 //! `noop` runs without an admin server, so with metrics off; `metrics` is the
 //! same route with `[admin]` (metrics on: call timing, the consumed counter,
 //! the lag sampler) and `/metrics` scraped every second while it runs.
@@ -51,8 +54,8 @@ const PARTITIONS: i32 = 2;
 /// No contender may take longer than this.
 const TIME_LIMIT: Duration = Duration::from_secs(600);
 
-const CONTENDERS: [&str; 8] = [
-    "bare", "noop", "metrics", "fresh", "json", "sized", "hop", "storm",
+const CONTENDERS: [&str; 9] = [
+    "bare", "noop", "metrics", "fresh", "json", "sized", "hop", "storm", "traced",
 ];
 /// The admin server of the `metrics` contender, appended after its route.
 const METRICS_ON: &str = "\n[admin]\nlisten = \"127.0.0.1:0\"\n";
@@ -464,12 +467,31 @@ impl Bench {
         const JSON: &str = "hopper, order-timeout handler (parses JSON, one HTTP call to a loopback service, ok), warm";
         const SIZED: &str = "bare relay producing hopper's dead-letter headers (15 headers)";
         const HOP: &str = "hopper, handler says fatal (consume -> handler -> produce to the DLQ)";
+        const TRACED_10: &str = "hopper, no-op handler, warm, tracing on, 10% of traces exported";
+        const TRACED_100: &str = "hopper, no-op handler, warm, tracing on, every trace exported";
+        let sink = self.runs("traced").then(otlp_sink);
+        let tracing = |sampling: f64| {
+            let sink = sink.as_ref().expect("the sink runs");
+            format!(
+                "\n[tracing]\nendpoint = \"http://{}/v1/traces\"\nsampling = {sampling}\n",
+                sink.addr
+            )
+        };
         let mut dlq_headers = None;
         for round in 1..=rounds {
             println!("-- round {round}");
             record(BARE, self.bare_relay(&ok, n, None).await);
             if self.runs("noop") {
                 record(NOOP, self.hopper_route(&ok, "noop", "", n).await);
+            }
+            if self.runs("traced") {
+                if !self.runs("noop") {
+                    record(NOOP, self.hopper_route(&ok, "noop", "", n).await);
+                }
+                let tenth = self.hopper_route(&ok, "noop", &tracing(0.1), n).await;
+                record(TRACED_10, tenth);
+                let all = self.hopper_route(&ok, "noop", &tracing(1.0), n).await;
+                record(TRACED_100, all);
             }
             if self.runs("metrics") {
                 let on = self.hopper_route(&ok, "noop", METRICS_ON, n).await;
@@ -520,7 +542,9 @@ impl Bench {
         println!("-- medians of {rounds} rounds");
         let bare = median(BARE).expect("the bare relay ran");
         println!("{BARE}: {bare:.0} msg/s{}", cpu(BARE));
-        for name in [NOOP, METRICS, FRESH, JSON, SIZED, HOP] {
+        for name in [
+            NOOP, TRACED_10, TRACED_100, METRICS, FRESH, JSON, SIZED, HOP,
+        ] {
             if let Some(rate) = median(name) {
                 println!("{name}: {rate:.0} msg/s = {:.2}x{}", rate / bare, cpu(name));
             }
@@ -530,6 +554,14 @@ impl Bench {
                 "hopper's no-op route with metrics on against metrics off: {:.3}x",
                 on / off
             );
+        }
+        for (name, share) in [(TRACED_10, "10%"), (TRACED_100, "100%")] {
+            if let (Some(on), Some(off)) = (median(name), median(NOOP)) {
+                println!(
+                    "hopper's no-op route exporting {share} of traces against tracing off: {:.3}x",
+                    on / off
+                );
+            }
         }
         if let (Some(hop), Some(sized)) = (median(HOP), median(SIZED)) {
             println!(
@@ -638,4 +670,26 @@ fn done(hopper: &Hopper, route: &str) -> u64 {
             "hopper_retries_scheduled_total{",
         ],
     )
+}
+
+/// A loopback OTLP/HTTP sink for the `traced` contenders: answers every
+/// export 200 with an empty response and keeps nothing.
+fn otlp_sink() -> hopper_tests::http_server::Loopback {
+    use http_body_util::{BodyExt, Full};
+    hopper_tests::http_server::Loopback::start("otlp-sink", 1, |stream| async move {
+        let service = hyper::service::service_fn(
+            |request: hyper::Request<hyper::body::Incoming>| async move {
+                request.into_body().collect().await?;
+                Ok::<_, hyper::Error>(
+                    hyper::Response::builder()
+                        .header("content-type", "application/x-protobuf")
+                        .body(Full::new(bytes::Bytes::new()))
+                        .unwrap(),
+                )
+            },
+        );
+        let _ = hyper::server::conn::http1::Builder::new()
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+            .await;
+    })
 }

@@ -209,6 +209,13 @@ async function showRecord(summary) {
     fields.appendChild(el("dt", name));
     fields.appendChild(el("dd", value ?? "—"));
   }
+  // The message's trace, linked to the viewer of `[tracing] ui` when set.
+  fields.appendChild(el("dt", "trace"));
+  const trace = el("dd", record.trace_url ? null : (record.trace_id ?? "—"));
+  if (record.trace_url) {
+    trace.appendChild(el("a", record.trace_id, { href: record.trace_url, target: "_blank", rel: "noopener noreferrer", id: "detail-trace" }));
+  }
+  fields.appendChild(trace);
   const headers = $("detail-headers");
   headers.replaceChildren();
   for (const h of record.headers) {

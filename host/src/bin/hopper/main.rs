@@ -223,12 +223,17 @@ fn init_logs(format: LogFormat, default_filter: &str) {
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(false)
-            .init(),
+        LogFormat::Json => {
+            let format = tracing_subscriber::fmt::format()
+                .json()
+                .flatten_event(true)
+                .with_current_span(false)
+                .with_span_list(false);
+            // Lines logged during a handler call get its trace id and span.
+            logs.json()
+                .event_format(hopper::trace::logs::WithTrace(format))
+                .init()
+        }
     }
 }
 

@@ -211,6 +211,10 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
                 vec!["record".into(), s.at.to_string()],
                 vec!["timestamp".into(), s.timestamp.map(iso).unwrap_or_default()],
                 vec!["replayed".into(), s.replayed.to_string()],
+                vec![
+                    "trace".into(),
+                    shown.trace_id.clone().unwrap_or_else(|| "(none)".into()),
+                ],
             ];
             for h in &shown.headers {
                 let value = match &h.value {
@@ -228,6 +232,10 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
                 ]);
             }
             print!("{}", table(&["FIELD", "VALUE"], rows));
+            // In full, where the table would cut it: to be opened.
+            if let Some(url) = &shown.trace_url {
+                println!("trace link: {}", clean(url));
+            }
             match &shown.payload {
                 None => println!("payload: (none)"),
                 Some(p) => match &p.text {
@@ -291,6 +299,8 @@ async fn replay(
             config.replay.max_replays,
             dry_run,
             &pacer,
+            // The command exits once done: its spans would not be sent.
+            &hopper::trace::Tracer::default(),
             |o| {
                 n += 1;
                 if !json {
