@@ -215,7 +215,7 @@ pub struct Delivered {
 impl InternalEvent for Delivered {
     fn trace(&self, tracer: &crate::trace::Tracer) {
         if let Some(trace) = &self.trace {
-            crate::trace::spans::forwarded(tracer, trace, &self.target, self.deliver_at);
+            crate::trace::export::forwarded(tracer, trace, &self.target, self.deliver_at);
         }
     }
 

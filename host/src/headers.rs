@@ -5,7 +5,7 @@
 //! that went through ten retries carries one set, not ten. The full list is in
 //! docs/headers.md.
 
-use crate::trace;
+use crate::traceparent as trace;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use std::fmt;
 

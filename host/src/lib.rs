@@ -35,7 +35,9 @@ pub mod reload;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
+pub mod spans;
 pub mod trace;
+pub mod traceparent;
 pub mod types;
 
 /// The memory allocator of hopper's binaries and benchmarks. A hop makes

@@ -12,7 +12,7 @@ use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
 use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
-use crate::trace::spans::RouteSpans;
+use crate::spans::RouteSpans;
 use crate::types::EmitKind;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::collections::HashMap;

@@ -294,7 +294,7 @@ impl Processor for DelayProcessor {
     async fn process(&self, message: &OwnedMessage) -> Action {
         let trace = trace::Context::continue_from(message.headers());
         let action = self.relay(message, &trace).await;
-        trace::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
+        crate::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
         action
     }
 }

@@ -277,7 +277,7 @@ impl Dlq<'_> {
                     Ok(()) => {
                         if let Action::Replay { to, replay } = &p.outcome.action {
                             let from = p.outcome.at.to_string();
-                            crate::trace::spans::replayed(
+                            crate::trace::export::replayed(
                                 tracer,
                                 &envelope.trace,
                                 to,

@@ -308,6 +308,55 @@ impl opentelemetry_http::HttpClient for Client {
     }
 }
 
+/// The relay's forward of a delayed message, reported when the target
+/// acknowledged it: from its deliver-at (or the forward, when early) to
+/// now, with the lateness.
+pub fn forwarded(tracer: &Tracer, trace: &Context, target: &str, deliver_at_ms: i64) {
+    let Some(mut span) = tracer.hop_span(
+        trace,
+        None,
+        format!("send {target}"),
+        opentelemetry::trace::SpanKind::Producer,
+    ) else {
+        return;
+    };
+    let now = std::time::SystemTime::now();
+    let now_ms = crate::clock::now_ms();
+    let due = std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis(u64::try_from(deliver_at_ms).unwrap_or(0));
+    span.set_start(due.min(now));
+    span.set("messaging.system", "kafka");
+    span.set("messaging.operation.type", "send");
+    span.set("messaging.destination.name", target.to_string());
+    span.set("hopper.route", crate::config::RELAY_ROUTE);
+    span.set("hopper.hop", "forward");
+    span.set("hopper.deliver_at", deliver_at_ms);
+    span.set("hopper.lateness_ms", now_ms.saturating_sub(deliver_at_ms));
+    span.link_parent(trace, "message");
+    span.end_at(now);
+}
+
+/// A replay of a dead-letter record to `to`: a child of the span that
+/// wrote the dead-letter record, linked to it.
+pub fn replayed(tracer: &Tracer, trace: &Context, to: &str, from: &str, replays: u32) {
+    let Some(mut span) = tracer.hop_span(
+        trace,
+        None,
+        format!("send {to}"),
+        opentelemetry::trace::SpanKind::Producer,
+    ) else {
+        return;
+    };
+    span.set("messaging.system", "kafka");
+    span.set("messaging.operation.type", "send");
+    span.set("messaging.destination.name", to.to_string());
+    span.set("hopper.hop", "replay");
+    span.set("hopper.replayed_from", from.to_string());
+    span.set("hopper.replay_count", i64::from(replays));
+    span.link_parent(trace, "dead_letter");
+    span.end();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,10 +7,9 @@
 //! producer's own parent span is not written again; it stays reachable as
 //! [`Context::parent`].
 
-pub mod context;
+pub use crate::traceparent as context;
 pub mod export;
 pub mod logs;
-pub mod spans;
 
 pub use context::{
     Context, SpanId, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceId, Traceparent,
