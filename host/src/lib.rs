@@ -28,6 +28,7 @@ pub mod kafka;
 pub mod lag;
 pub mod metrics;
 pub mod offsets;
+pub mod per_thread;
 pub mod pipeline;
 pub mod plugin;
 pub mod produce;

@@ -71,7 +71,17 @@ pub enum VerdictKind {
     Memory,
 }
 
+// `ALL[kind as usize] == kind`, which `RouteMetrics::outcome` indexes by.
+const _: () = {
+    let mut i = 0;
+    while i < VerdictKind::ALL.len() {
+        assert!(VerdictKind::ALL[i] as usize == i);
+        i += 1;
+    }
+};
+
 impl VerdictKind {
+    /// Every kind, in declaration order: `ALL[kind as usize] == kind`.
     pub const ALL: [VerdictKind; 6] = [
         VerdictKind::Ok,
         VerdictKind::Retryable,

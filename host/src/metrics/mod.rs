@@ -113,10 +113,18 @@ pub(crate) struct RelayCounters {
 pub struct RouteMetrics {
     /// `None` with metrics off.
     pub consumed: Option<Counter>,
-    /// By verdict kind.
-    pub outcomes: HashMap<VerdictKind, Counter>,
+    /// By verdict kind, in the order of [`VerdictKind::ALL`]: see
+    /// [`RouteMetrics::outcome`].
+    outcomes: [Counter; VerdictKind::ALL.len()],
     /// `None` with metrics off: the call is then not timed at all.
     pub call_duration: Option<Histogram>,
+}
+
+impl RouteMetrics {
+    /// The counter of calls that came to `kind`: an index, not a lookup.
+    pub fn outcome(&self, kind: VerdictKind) -> &Counter {
+        &self.outcomes[kind as usize]
+    }
 }
 
 /// Every metric family, and the counters registered in them.
@@ -420,14 +428,10 @@ impl Metrics {
             consumed: self
                 .enabled
                 .then(|| self.register(&self.consumed, vec![label()])),
-            outcomes: VerdictKind::ALL
-                .into_iter()
-                .map(|kind| {
-                    let labels = vec![label(), ("outcome", kind.to_string())];
-                    let counter = self.register(&self.outcomes, labels);
-                    (kind, counter)
-                })
-                .collect(),
+            outcomes: VerdictKind::ALL.map(|kind| {
+                let labels = vec![label(), ("outcome", kind.to_string())];
+                self.register(&self.outcomes, labels)
+            }),
             call_duration: self
                 .enabled
                 .then(|| self.call_duration.get_or_create_owned(&vec![label()])),

@@ -10,6 +10,7 @@ use super::state::GuestState;
 use super::{Delivery, EPOCH_TICK, EpochTicker, Header, Message, Verdict};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
+use crate::per_thread::PerThread;
 use futures::FutureExt;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -44,22 +45,32 @@ struct HandlerInner {
 /// The handler currently serving a route. Swapped whole on reload; a call
 /// clones the `Handler` out, so calls in flight finish on the version they
 /// started with.
+///
+/// Every thread reads its own copy ([`PerThread`]), each a separate `Arc`
+/// of the same version: a call's clone and its drop touch only the calling
+/// thread's cache lines. A reload writes every copy.
 pub struct HandlerSlot {
     // std RwLock: held only to clone an Arc, never across an .await.
-    current: RwLock<Handler>,
+    current: PerThread<RwLock<Arc<Handler>>>,
 }
 
 impl HandlerSlot {
     pub fn new(handler: Handler) -> Self {
         Self {
-            current: RwLock::new(handler),
+            current: PerThread::new(|| RwLock::new(Arc::new(handler.clone()))),
         }
     }
-    pub fn current(&self) -> Handler {
-        self.current.read().unwrap().clone()
+    pub fn current(&self) -> Arc<Handler> {
+        self.current.mine().read().unwrap().clone()
     }
+    /// Serves `handler` from now on, and returns the version it replaces.
     pub fn swap(&self, handler: Handler) -> Handler {
-        std::mem::replace(&mut *self.current.write().unwrap(), handler)
+        let mut old = None;
+        for copy in self.current.all() {
+            let was = std::mem::replace(&mut *copy.write().unwrap(), Arc::new(handler.clone()));
+            old.get_or_insert_with(|| (*was).clone());
+        }
+        old.expect("at least one copy")
     }
 }
 

@@ -9,7 +9,6 @@ use super::bindings::hopper::handler::types::Header;
 use crate::clock::now_ms;
 use crate::headers;
 use crate::types::EmitKind;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A record a handler emitted, accepted by the route's grants.
@@ -38,7 +37,8 @@ pub struct Emitted {
 /// The records of the call in progress.
 #[derive(Default)]
 pub(super) struct Emits {
-    message_id: Arc<str>,
+    /// Its capacity kept from call to call: a call allocates no id.
+    message_id: String,
     records: Vec<Emitted>,
     bytes: u64,
     /// Emits tried this call, refused ones included: each counts against
@@ -98,8 +98,9 @@ struct Subject<'a> {
 impl Emits {
     /// Starts a call on message `message_id`; whatever a previous call
     /// left is dropped.
-    pub(super) fn begin(&mut self, message_id: Arc<str>) {
-        self.message_id = message_id;
+    pub(super) fn begin(&mut self, message_id: &str) {
+        self.message_id.clear();
+        self.message_id.push_str(message_id);
         self.records.clear();
         self.bytes = 0;
         self.attempts = 0;

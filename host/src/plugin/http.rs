@@ -40,8 +40,9 @@ pub(super) struct HttpHooks {
     guest: Arc<GuestInfo>,
     deadline: Instant,
     requests: u32,
-    /// The id of the message being handled, for events.
-    message_id: Arc<str>,
+    /// The id of the message being handled, for events; its capacity kept
+    /// from call to call.
+    message_id: String,
 }
 
 type SendResult = Result<
@@ -58,13 +59,14 @@ impl HttpHooks {
             guest,
             deadline: Instant::now(),
             requests: 0,
-            message_id: Arc::from(""),
+            message_id: String::new(),
         }
     }
 
     /// Arms the hooks for a new call.
-    pub(super) fn begin(&mut self, message_id: Arc<str>, deadline: Instant) {
-        self.message_id = message_id;
+    pub(super) fn begin(&mut self, message_id: &str, deadline: Instant) {
+        self.message_id.clear();
+        self.message_id.push_str(message_id);
         self.deadline = deadline;
         self.requests = 0;
     }
@@ -123,7 +125,7 @@ impl HttpHooks {
         let (reason, error) = self.refusal(&target)?;
         let report = Report {
             guest: self.guest.clone(),
-            message_id: self.message_id.clone(),
+            message_id: Arc::from(self.message_id.as_str()),
             target,
         };
         report.denied(reason);
@@ -146,7 +148,7 @@ impl WasiHttpHooks for HttpHooks {
         };
         let report = Report {
             guest: self.guest.clone(),
-            message_id: self.message_id.clone(),
+            message_id: Arc::from(self.message_id.as_str()),
             target,
         };
         // `outgoing-handler.handle` refused and counted the request already

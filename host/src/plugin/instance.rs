@@ -14,6 +14,7 @@
 use super::bindings::{HandlerPre, hopper::handler::types};
 use super::state::GuestState;
 use super::{GuestInfo, Message, YIELD_EVERY_TICKS};
+use crate::per_thread::PerThread;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use wasmtime::component::{Func, TypedFunc};
@@ -87,30 +88,37 @@ impl Guest {
 
 /// Idle warm guests of one handler version. Dropped with the version, so
 /// after a reload the old version's instances go once its last call ends.
+///
+/// Each thread keeps its own idle guests ([`PerThread`]), so a call that
+/// takes and returns a guest on one thread touches no other thread's cache
+/// lines. A call finding none on its thread takes one from another's before
+/// it makes a new one: a guest is made only when no thread has one idle, so
+/// the guests of a version stay as many as its calls ever ran at once.
 pub(super) struct Pool {
     // std Mutex: held only to push or pop, never across an .await.
-    idle: Mutex<Vec<Guest>>,
-    /// Idle guests kept at most: the route's `max_instances`, the most
-    /// calls it runs at once, so a route at full concurrency never drops a
-    /// guest only to instantiate another for its next call.
+    idle: PerThread<Mutex<Vec<Guest>>>,
+    /// Idle guests a thread keeps at most: the route's `max_instances`, the
+    /// most calls it runs at once, so a route at full concurrency never
+    /// drops a guest only to instantiate another for its next call.
     max_idle: usize,
 }
 
 impl Pool {
     pub(super) fn new(max_idle: usize) -> Pool {
         Pool {
-            idle: Mutex::default(),
+            idle: PerThread::new(Mutex::default),
             max_idle,
         }
     }
 
+    /// An idle guest: this thread's, else any thread's.
     pub(super) fn take(&self) -> Option<Guest> {
-        self.idle.lock().unwrap().pop()
+        self.idle.all().find_map(|idle| idle.lock().unwrap().pop())
     }
 
-    /// Keeps `guest` for a later call, unless the pool is full.
+    /// Keeps `guest` for a later call, unless this thread keeps enough.
     pub(super) fn put(&self, guest: Guest) {
-        let mut idle = self.idle.lock().unwrap();
+        let mut idle = self.idle.mine().lock().unwrap();
         if idle.len() < self.max_idle {
             idle.push(guest);
             return;

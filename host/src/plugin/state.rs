@@ -95,10 +95,9 @@ impl GuestState {
     /// Arms the state for a call on message `message_id` that must end by
     /// `deadline`.
     pub(super) fn begin(&mut self, message_id: &str, deadline: Instant) {
-        let message_id: Arc<str> = Arc::from(message_id);
         self.deadline = deadline;
         self.limits.denied = None;
-        self.hooks.begin(message_id.clone(), deadline);
+        self.hooks.begin(message_id, deadline);
         self.emits.begin(message_id);
     }
 }
