@@ -29,7 +29,8 @@ use crate::scheduler::Scheduled;
 use futures::FutureExt as _;
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt as _};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -187,35 +188,66 @@ pub(super) async fn run<P: Processor>(
             // again. (A `Some(..)` pattern here would turn the branch off
             // for the rest of this select, and a task with no call running
             // would wait for ever.)
-            next = next_or_fallback(&mut messages, &mut fallback), if reading => match next {
-                None => {}
-                Some(next) => match next {
-                Ok(message) => {
-                    let offset = message.offset();
-                    if let Some(due_ms) = partition.shared.processor.due_at(&message)
-                        && due_ms > now_ms()
-                    {
-                        held = true;
-                        let tp = (*partition.tp).clone();
-                        let _ = partition.held.send(Held { tp, offset, due_ms });
-                        continue;
-                    }
-                    let key = key_of(partition.concurrency.ordering, message.key(), &partition.keys);
-                    let message = message.detach();
-                    partition.tracker.lock().unwrap().begin(offset);
-                    waiting_bytes += size_of(&message);
-                    gate.push(key, message);
+            next = next_or_fallback(&mut messages, &mut fallback), if reading => {
+                let Some(next) = next else { continue };
+                held = read(&partition, next, &mut gate, &mut waiting_bytes);
+                // What else the queue holds already, within the same
+                // bounds, comes in without a trip through this select
+                // per message.
+                while !held && gate.len() < lookahead && waiting_bytes < LOOKAHEAD_BYTES {
+                    // Polled with this task's waker: a queue found empty
+                    // wakes this task, as a read through the select would.
+                    let Poll::Ready(Some(next)) = futures::poll!(messages.next()) else {
+                        break;
+                    };
+                    held = read(&partition, next, &mut gate, &mut waiting_bytes);
                 }
-                Err(e) => tracing::warn!(
-                    pipeline = partition.shared.processor.name(),
-                    topic = partition.tp.topic,
-                    partition = partition.tp.partition,
-                    error = %e,
-                    "Consumer error."
-                ),
-            }},
+            }
         }
     }
+}
+
+/// Takes a message read from the partition's queue into the gate. A tier
+/// message that is not due yet is reported to the loop instead, which
+/// rewinds to it: then `true`, and the task reads nothing more until the
+/// loop releases it.
+fn read<P: Processor>(
+    partition: &Partition<P>,
+    next: KafkaResult<BorrowedMessage<'_>>,
+    gate: &mut KeyGate<OwnedMessage>,
+    waiting_bytes: &mut usize,
+) -> bool {
+    let message = match next {
+        Ok(message) => message,
+        Err(e) => {
+            tracing::warn!(
+                pipeline = partition.shared.processor.name(),
+                topic = partition.tp.topic,
+                partition = partition.tp.partition,
+                error = %e,
+                "Consumer error."
+            );
+            return false;
+        }
+    };
+    let offset = message.offset();
+    if let Some(due_ms) = partition.shared.processor.due_at(&message)
+        && due_ms > now_ms()
+    {
+        let tp = (*partition.tp).clone();
+        let _ = partition.held.send(Held { tp, offset, due_ms });
+        return true;
+    }
+    let key = key_of(
+        partition.concurrency.ordering,
+        message.key(),
+        &partition.keys,
+    );
+    let message = message.detach();
+    partition.tracker.lock().unwrap().begin(offset);
+    *waiting_bytes += size_of(&message);
+    gate.push(key, message);
+    false
 }
 
 /// What follows a call's end: its key is free for the next message of
