@@ -2,17 +2,23 @@
 //! record too large once hopper's headers are added is dead-lettered cut,
 //! and a call that panics stops its pipeline without committing past it.
 //! Against the test broker.
+//!
+//! hopper has no processor that panics on purpose, so the panic test's
+//! processor is the test's own; everything under it (the consumer, the
+//! partition task, the offset tracker, the producer, the commit) is
+//! hopper's.
 
+use hopper::config::KafkaConfig;
 use hopper::events::{self, Event, Telemetry};
-use hopper::hop::{Action, Halt, Processor};
+use hopper::hop::{Action, Concurrency, Halt, Ordering, Processor};
 use hopper::kafka::Cluster;
-use hopper::pipeline::{self, Ended, Shared};
+use hopper::pipeline::{self, Ended};
 use hopper::produce::HopProducer;
 use hopper_tests::*;
-use rdkafka::TopicPartitionList;
+use rdkafka::Message;
 use rdkafka::consumer::Consumer;
-use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
-use std::sync::Arc;
+use rdkafka::message::{BorrowedMessage, OwnedMessage};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -67,100 +73,160 @@ async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_pa
     hopper.stop().await;
 }
 
-/// A processor that completes every message at once, and panics on one
-/// offset.
+const MESSAGES: i64 = 10;
+/// How long any one expectation may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// Done for every message, but panics on the one at `panic_at`. Keeps the
+/// offsets it finished.
 struct PanicsAt {
-    offset: i64,
+    panic_at: Option<i64>,
+    done: Arc<Mutex<Vec<i64>>>,
+    dlq: String,
 }
 
 impl Processor for PanicsAt {
     fn name(&self) -> &str {
         "panics"
     }
+
     fn hop_topics(&self) -> Vec<String> {
         Vec::new()
     }
+
     fn due_at(&self, _: &BorrowedMessage<'_>) -> Option<i64> {
         None
     }
-    async fn process(&self, message: &OwnedMessage) -> Action {
-        assert_ne!(message.offset(), self.offset, "told to panic here");
-        Action::Done
+
+    fn process(&self, message: &OwnedMessage) -> impl Future<Output = Action> + Send {
+        let offset = message.offset();
+        let (panic_at, done) = (self.panic_at, self.done.clone());
+        async move {
+            assert_ne!(Some(offset), panic_at, "the processor panics at {offset}");
+            done.lock().unwrap().push(offset);
+            Action::Done
+        }
     }
+
     fn dlq_topic(&self) -> &str {
-        "panics.dlq"
+        &self.dlq
+    }
+
+    /// Many at once, in no order: offsets after the panicked one finish.
+    fn concurrency(&self) -> Concurrency {
+        Concurrency {
+            ordering: Ordering::Unordered,
+            max_in_flight: 16,
+        }
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_call_that_panics_stops_its_pipeline_without_committing_past_it() {
-    init_tracing();
-    let topic = rand_name("panics");
-    create_topics_with(&[&topic], 1).await;
-    let producer = producer();
-    for i in 0..10 {
-        produce(&producer, &topic, None, &format!("m{i}"), &[]).await;
-    }
-    let cluster = Cluster {
-        brokers: brokers(),
-        kafka: Default::default(),
-    };
-    let group = rand_name("panics-group");
-    let pipeline::Connected {
-        consumer,
-        rebalances: rx,
-        trackers,
-    } = pipeline::connect(&cluster.consumer_config(&group), "panics").unwrap();
-    consumer.subscribe(&[&topic]).unwrap();
-    let acks = TaskTracker::new();
-    let halt = Arc::new(Halt::default());
-    let telemetry = Telemetry::new();
-    let hops = HopProducer::new(
+/// Runs a pipeline of `processor` on `topic` as group `group`; with
+/// `stop_at` it asks it to stop once the group committed that many offsets.
+async fn run(topic: &str, group: &str, processor: PanicsAt, stop_at: Option<i64>) -> Ended {
+    let cluster = Cluster::of(&KafkaConfig {
+        brokers: Some(brokers()),
+        ..KafkaConfig::default()
+    })
+    .unwrap();
+    let connected = pipeline::connect(&cluster.consumer_config(group), processor.name()).unwrap();
+    connected.consumer.subscribe(&[topic]).unwrap();
+    let (acks, halt) = (TaskTracker::new(), Arc::new(Halt::default()));
+    let producer = HopProducer::new(
         &cluster.producer_config(),
-        "panics",
-        "panics.dlq",
-        telemetry.clone(),
+        processor.name(),
+        processor.dlq_topic(),
+        Telemetry::new(),
         acks.clone(),
         halt.clone(),
     )
     .unwrap();
-    let shared = Arc::new(Shared {
-        processor: PanicsAt { offset: 4 },
-        producer: hops,
-        consumer,
-        telemetry,
+    let shared = Arc::new(pipeline::Shared {
+        processor,
+        producer,
+        consumer: connected.consumer,
+        telemetry: Telemetry::new(),
         acks,
         halt,
-        trackers,
+        trackers: connected.trackers,
     });
-    let ended = tokio::time::timeout(
-        Duration::from_secs(60),
-        pipeline::run(
-            shared.clone(),
-            rx,
-            CancellationToken::new(),
-            Duration::from_secs(5),
-        ),
-    )
-    .await
-    .expect("the panic ends the loop without being asked to stop");
-    match &ended {
-        Ended::Failed(why) => assert!(
-            why.contains("@4 panicked"),
-            "the reason names the offset: {why}"
-        ),
-        other => panic!("expected a failure, got {other:?}"),
+    let shutdown = CancellationToken::new();
+    let loop_ = tokio::spawn(pipeline::run(
+        shared,
+        connected.rebalances,
+        shutdown.clone(),
+        Duration::from_secs(10),
+    ));
+    if let Some(offsets) = stop_at {
+        until_committed_on(group, topic, offsets).await;
+        shutdown.cancel();
     }
-    let mut wanted = TopicPartitionList::new();
-    wanted.add_partition(&topic, 0);
-    let committed = shared
-        .consumer
-        .committed_offsets(wanted, Duration::from_secs(10))
-        .unwrap();
-    let offset = committed.elements()[0].offset();
+    tokio::time::timeout(PATIENCE, loop_)
+        .await
+        .expect("the pipeline ends")
+        .expect("the loop does not panic")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_panics_stops_the_pipeline_and_nothing_from_its_offset_is_committed() {
+    init_tracing();
+    let name = rand_name("panic");
+    let (topic, dlq) = (format!("{name}.in"), format!("{name}.dlq"));
+    create_topics_with(&[&topic, &dlq], 1).await;
+    let producer = producer();
+    for i in 0..MESSAGES {
+        produce(&producer, &topic, None, &format!("m{i}"), &[]).await;
+    }
+
+    // Without a panic, the same pipeline commits every offset: the commit
+    // this test reads does move.
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let processor = PanicsAt {
+        panic_at: None,
+        done: done.clone(),
+        dlq: dlq.clone(),
+    };
+    let ended = run(
+        &topic,
+        &format!("{name}.control"),
+        processor,
+        Some(MESSAGES),
+    )
+    .await;
+    assert_eq!(ended, Ended::Drained);
+    assert_eq!(done.lock().unwrap().len(), MESSAGES as usize);
+
+    // Panicking at offset 5: the pipeline stops on its own.
+    let group = format!("{name}.panics");
+    let done = Arc::new(Mutex::new(Vec::new()));
+    let processor = PanicsAt {
+        panic_at: Some(5),
+        done: done.clone(),
+        dlq,
+    };
+    let ended = run(&topic, &group, processor, None).await;
+    let Ended::Failed(why) = ended else {
+        panic!("the pipeline ended {ended:?}, not failed");
+    };
     assert!(
-        matches!(offset, rdkafka::Offset::Offset(o) if o <= 4)
-            || offset == rdkafka::Offset::Invalid,
-        "nothing past the panicked offset 4 is committed: {offset:?}"
+        why.contains(&format!("processing {topic}[0]@5 panicked")),
+        "the failure names the partition and offset: {why}"
+    );
+    assert!(
+        why.contains("nothing from that offset on is committed"),
+        "{why}"
+    );
+    let done = done.lock().unwrap().clone();
+    assert!(!done.contains(&5), "{done:?}");
+    assert!(
+        (0..5).all(|offset| done.contains(&offset)),
+        "the offsets before the panic were done: {done:?}"
+    );
+    // The loop has ended: nothing commits any more. The commit stops at the
+    // panicked offset whatever came after it.
+    let committed = committed_on(&group, &topic);
+    assert!(
+        committed <= 5,
+        "committed {committed}, past the offset that panicked (done: {done:?})"
     );
 }
