@@ -5,7 +5,9 @@
 //! `max_in_flight` calls running and fewer than [`lookahead`] messages
 //! waiting for their key. Otherwise it leaves the partition's queue alone,
 //! so librdkafka's queue is the buffer and nothing fetched is thrown away
-//! (`queued.max.messages.kbytes` bounds it per partition). It starts calls
+//! (`queued.max.messages.kbytes` bounds it per partition). When it has
+//! room it takes whatever the queue already holds, up to the same bounds,
+//! in one go rather than one message per wake-up. It starts calls
 //! in the order the [`KeyGate`] allows and polls each once where it starts
 //! it: one that ends there (a handler that waits on no host call) costs no
 //! allocation, and the rest run in one `FuturesUnordered`. The gate,
@@ -55,6 +57,12 @@ pub(super) fn lookahead(max_in_flight: usize) -> usize {
 /// What the loop tells a partition's task.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Control {
+    /// The partition of the hold the task reported is paused and sought
+    /// back to the held message. What librdkafka fetched before the seek
+    /// still sits in the partition's queue, outdated, until the queue is
+    /// polled: poll it once now, which drops it, so an hour-long hold does
+    /// not keep up to `queued.max.messages.kbytes` of it in memory.
+    Flush,
     /// The hold the task reported is over and the partition was sought back
     /// to the held message: read on.
     Release,
@@ -174,6 +182,18 @@ pub(super) async fn run<P: Processor>(
         tokio::select! {
             biased;
             order = control.recv(), if !closed => match order {
+                Some(Control::Flush) => {
+                    // librdkafka drops outdated messages as a poll meets
+                    // them; one poll of a paused partition finds nothing
+                    // else. Should it find a message anyway, it is read as
+                    // any other: one not due is reported as held again, and
+                    // the task stays held until the loop releases it.
+                    while let Poll::Ready(Some(next)) = futures::poll!(messages.next()) {
+                        if read(&partition, next, &mut gate, &mut waiting_bytes) {
+                            break;
+                        }
+                    }
+                }
                 Some(Control::Release) => held = false,
                 Some(Control::Close) | None => {
                     closed = true;

@@ -1,6 +1,7 @@
 //! A hold's rewind: pause a tier partition whose head is not due and seek
 //! back to that head, so it is fetched again when due ([`crate::hold`]).
 
+use super::partition::Control;
 use super::{Loop, SEEK_TIMEOUT, context::tpl_of};
 use crate::hold::TopicPartition;
 use crate::hop::Processor;
@@ -85,6 +86,9 @@ impl<P: Processor> Loop<P> {
         let rewind = self.rewinds.remove(&seek.tp).expect("found above");
         if rewind.resume_after {
             self.release(&seek.tp);
+        } else if let Some(partition) = self.partitions.get(&seek.tp) {
+            // Held on: what was fetched before the seek can go now.
+            let _ = partition.control.send(Control::Flush);
         }
     }
 }
