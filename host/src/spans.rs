@@ -25,24 +25,10 @@ pub struct RouteSpans {
 impl RouteSpans {
     /// Starts the call span of `message`, read by `group`, in `trace`.
     pub fn read(&mut self, tracer: &Tracer, trace: &Context, message: &OwnedMessage, group: &str) {
-        let Some(mut span) = tracer.span(
-            trace.trace_id,
-            SpanId::random(),
-            trace.parent,
-            format!("process {}", message.topic()),
-            SpanKind::Consumer,
-        ) else {
+        let Some(mut span) = process_span(tracer, trace, message, Some(group)) else {
             return;
         };
-        span.set("messaging.operation.type", "process");
         span.set("messaging.operation.name", "process");
-        span.read_from(
-            message.topic(),
-            message.partition(),
-            message.offset(),
-            Some(group),
-        );
-        span.link_parent(trace, "message");
         self.call = Some(span);
     }
 
@@ -183,20 +169,38 @@ pub fn relay_hop(tracer: &Tracer, trace: &Context, message: &OwnedMessage, actio
     {
         return;
     }
-    let Some(mut read) = tracer.span(
+    let Some(mut read) = process_span(tracer, trace, message, None) else {
+        return;
+    };
+    read.set("hopper.route", crate::config::RELAY_ROUTE);
+    let parent = read.id();
+    read.end();
+    sent(tracer, Some(parent), action);
+}
+
+/// The `process <topic>` span of `message` (read by `group`, if a group
+/// reads it) in `trace`, linked to the span that wrote the record; `None`
+/// when the trace is not exported.
+fn process_span(
+    tracer: &Tracer,
+    trace: &Context,
+    message: &OwnedMessage,
+    group: Option<&str>,
+) -> Option<Span> {
+    let mut span = tracer.span(
         trace.trace_id,
         SpanId::random(),
         trace.parent,
         format!("process {}", message.topic()),
         SpanKind::Consumer,
-    ) else {
-        return;
-    };
-    read.set("messaging.operation.type", "process");
-    read.read_from(message.topic(), message.partition(), message.offset(), None);
-    read.set("hopper.route", crate::config::RELAY_ROUTE);
-    read.link_parent(trace, "message");
-    let parent = read.id();
-    read.end();
-    sent(tracer, Some(parent), action);
+    )?;
+    span.set("messaging.operation.type", "process");
+    span.read_from(
+        message.topic(),
+        message.partition(),
+        message.offset(),
+        group,
+    );
+    span.link_parent(trace, "message");
+    Some(span)
 }
