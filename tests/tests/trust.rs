@@ -319,6 +319,33 @@ async fn a_handler_looping_on_refusals_stays_within_its_log_budget() {
     );
 }
 
+/// A handler's lines at a level the log leaves out (here trace, under a
+/// debug log) take nothing from its log budget: after 600 of them, its
+/// refused requests still get the whole burst of 500 WARN lines. They took
+/// the burst before, and the refusals were not logged.
+#[tokio::test]
+async fn lines_the_log_leaves_out_take_nothing_from_the_log_budget() {
+    let logs = Logs::capture();
+    let handler = InProcess::new(
+        &plugin("acting"),
+        "timeout = \"20s\"\n[route.http]\nmax_requests = 100000\n",
+    );
+    let mut steps: Vec<_> = (0..600)
+        .map(|i| json!({"trace": format!("left out {i}")}))
+        .collect();
+    steps.extend((0..600).map(|i| json!({"get": format!("http://after-trace.example/{i}")})));
+    report(&handler, json!(steps)).await;
+    assert!(
+        logs.lines_with("left out").is_empty(),
+        "trace lines are left out of a debug log"
+    );
+    let denied = logs.lines_with("after-trace.example").len();
+    assert!(
+        denied >= 500,
+        "the refusals get the burst of 500 lines: {denied}"
+    );
+}
+
 /// Writes `value` to a file of `dir`, for a `file:` secret.
 fn secret_file(dir: &std::path::Path, name: &str, value: &str) -> String {
     let path = dir.join(name);

@@ -120,7 +120,8 @@ impl GuestOutput {
         (text[..end].to_string(), dropped)
     }
 
-    /// Logs what the call wrote, within the handler's line budget.
+    /// Logs what the call wrote, within the handler's line budget, at info
+    /// level.
     pub(super) fn flush_to_log(&self) {
         let capture = std::mem::take(&mut *self.capture.lock().unwrap());
         if capture.kept.is_empty() && capture.dropped == 0 {
@@ -130,9 +131,12 @@ impl GuestOutput {
         let g = &self.guest;
         let (route, handler, version, stream) =
             (&g.route, &g.handler, &g.short_version, self.stream);
-        for line in text.lines() {
-            if g.budget.take() {
-                tracing::info!(route, handler, version, stream, "{line}");
+        // Lines the log leaves out take nothing from the budget.
+        if tracing::enabled!(tracing::Level::INFO) {
+            for line in text.lines() {
+                if g.budget.take() {
+                    tracing::info!(route, handler, version, stream, "{line}");
+                }
             }
         }
         if dropped > 0 && g.budget.take() {

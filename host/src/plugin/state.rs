@@ -193,9 +193,20 @@ impl ResourceLimiter for Limits {
 impl types::Host for GuestState {}
 
 impl wit_log::Host for GuestState {
+    /// A line at a level the log leaves out costs nothing and takes
+    /// nothing from the handler's budget, so a guest's debug lines never
+    /// crowd out its warnings.
     fn log(&mut self, level: wit_log::Level, message: String) {
+        use tracing::Level;
+        let shown = match level {
+            wit_log::Level::Trace => tracing::enabled!(Level::TRACE),
+            wit_log::Level::Debug => tracing::enabled!(Level::DEBUG),
+            wit_log::Level::Info => tracing::enabled!(Level::INFO),
+            wit_log::Level::Warn => tracing::enabled!(Level::WARN),
+            wit_log::Level::Error => tracing::enabled!(Level::ERROR),
+        };
         let g = &self.guest;
-        if !g.budget.take() {
+        if !shown || !g.budget.take() {
             return;
         }
         let message = crate::headers::shorten(&g.grants.config.secrets.redact(&message), 4096);
