@@ -426,44 +426,53 @@ fn parse_trail(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// Appends a hop to a trail, folding the oldest hops into a `+N` count so
-/// the header stays bounded however many hops a message makes. The count
-/// saturates at `u64::MAX` (a trail read from a record is checked against
-/// that already).
-pub fn push_trail(trail: &[String], hop: &str) -> Vec<String> {
+/// A trail with one more hop, as its header value: the oldest hops are
+/// folded into a leading `+N` count so the header stays bounded however many
+/// hops a message makes. The count saturates at `u64::MAX` (a trail read
+/// from a record is checked against that already). Written straight into
+/// one string: every hop of every message builds one.
+pub fn trail_text(trail: &[String], hop: &str) -> String {
+    let fold = |entry: &str| entry.strip_prefix('+').and_then(|n| n.parse::<u64>().ok());
     let mut folded: u64 = 0;
-    let mut hops: Vec<String> = Vec::with_capacity(trail.len().saturating_add(1));
+    let mut hops = 1usize;
     for entry in trail {
-        match entry.strip_prefix('+').and_then(|n| n.parse::<u64>().ok()) {
+        match fold(entry) {
             Some(n) => folded = folded.saturating_add(n),
-            None => hops.push(entry.clone()),
+            None => hops += 1,
         }
     }
-    hops.push(hop.to_string());
-    let keep = MAX_TRAIL_HOPS - 1;
-    if hops.len() > keep {
-        let excess = hops.len() - keep;
-        folded = folded.saturating_add(excess as u64);
-        hops.drain(..excess);
-    }
-    let mut out = Vec::with_capacity(hops.len() + 1);
+    let excess = hops.saturating_sub(MAX_TRAIL_HOPS - 1);
+    folded = folded.saturating_add(excess as u64);
+    let mut out =
+        String::with_capacity(trail.iter().map(|e| e.len() + 1).sum::<usize>() + hop.len() + 22);
     if folded > 0 {
-        out.push(format!("+{folded}"));
+        out.push('+');
+        out.push_str(itoa::Buffer::new().format(folded));
+        out.push(',');
     }
-    out.extend(hops);
+    for entry in trail.iter().filter(|e| fold(e).is_none()).skip(excess) {
+        out.push_str(entry);
+        out.push(',');
+    }
+    out.push_str(hop);
     out
 }
 
 /// Cuts `text` to at most `max` bytes on a character boundary, marking the cut.
 pub fn shorten(text: &str, max: usize) -> String {
+    cut(text, max).into_owned()
+}
+
+/// [`shorten`], borrowing `text` when it fits.
+pub fn cut(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
     if text.len() <= max {
-        return text.to_string();
+        return std::borrow::Cow::Borrowed(text);
     }
     let mut end = max.saturating_sub('…'.len_utf8());
     while !text.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &text[..end])
+    std::borrow::Cow::Owned(format!("{}…", &text[..end]))
 }
 
 /// What the next hop's record says about the handler and the failure.
@@ -509,7 +518,7 @@ pub fn next_hop_headers<H: Headers>(
         out.number(LAST_FAILURE_AT, failed_at);
     }
     if let Some(error) = hop.error {
-        out.text(LAST_ERROR, &shorten(error, MAX_ERROR_BYTES));
+        out.text(LAST_ERROR, &cut(error, MAX_ERROR_BYTES));
     }
     if let Some(reason) = hop.reason {
         out.text(REASON, reason.as_str());
@@ -518,10 +527,7 @@ pub fn next_hop_headers<H: Headers>(
         out.text(HANDLER, name);
         out.text(HANDLER_VERSION, version);
     }
-    out.text(
-        TRAIL,
-        &push_trail(&envelope.trail, hop.trail_entry).join(","),
-    );
+    out.text(TRAIL, &trail_text(&envelope.trail, hop.trail_entry));
     if envelope.replays > 0 {
         out.number(REPLAY_COUNT, envelope.replays);
     }
@@ -553,26 +559,23 @@ pub fn replay_headers<H: Headers>(
     if let Some(ts) = envelope.origin.timestamp {
         out.number(ORIGIN_TIMESTAMP, ts);
     }
-    out.text(TRAIL, &push_trail(&envelope.trail, "replay").join(","));
+    out.text(TRAIL, &trail_text(&envelope.trail, "replay"));
     out.number(REPLAY_COUNT, replays);
     out.text(REPLAYED_FROM, replayed_from);
     out.finish()
 }
 
-/// Builds a record's headers, formatting numbers without an allocation
-/// each.
+/// Builds a record's headers, formatting numbers on the stack.
 struct HeaderWriter {
     // `OwnedHeaders::insert` takes and returns the headers; `None` only
     // while an insert runs.
     headers: Option<OwnedHeaders>,
-    scratch: String,
 }
 
 impl HeaderWriter {
     fn new(capacity: usize) -> Self {
         Self {
             headers: Some(OwnedHeaders::new_with_capacity(capacity)),
-            scratch: String::with_capacity(24),
         }
     }
 
@@ -612,13 +615,9 @@ impl HeaderWriter {
         self.raw(key, Some(value.as_bytes()));
     }
 
-    fn number(&mut self, key: &str, value: impl std::fmt::Display) {
-        use std::fmt::Write as _;
-        let mut scratch = std::mem::take(&mut self.scratch);
-        scratch.clear();
-        let _ = write!(scratch, "{value}");
-        self.text(key, &scratch);
-        self.scratch = scratch;
+    fn number(&mut self, key: &str, value: impl itoa::Integer) {
+        let mut digits = itoa::Buffer::new();
+        self.text(key, digits.format(value));
     }
 
     fn finish(self) -> OwnedHeaders {
@@ -664,13 +663,38 @@ mod tests {
 
     #[test]
     fn trail_stays_bounded() {
-        let mut trail = Vec::new();
+        let mut text = String::new();
         for i in 0..40 {
-            trail = push_trail(&trail, &format!("retry.{i}s"));
+            // Each hop reads the trail its record carries.
+            text = trail_text(&parse_trail(&text), &format!("retry.{i}s"));
+            let trail = parse_trail(&text);
+            assert!(trail.len() <= MAX_TRAIL_HOPS, "{text}");
+            if i < MAX_TRAIL_HOPS - 1 {
+                assert_eq!(trail.len(), i + 1, "nothing folded yet: {text}");
+            }
         }
+        let trail = parse_trail(&text);
         assert_eq!(trail.len(), MAX_TRAIL_HOPS);
         assert_eq!(trail[0], "+29");
+        assert_eq!(trail[1], "retry.29s");
         assert_eq!(trail.last().unwrap(), "retry.39s");
+    }
+
+    #[test]
+    fn a_trail_adds_its_fold_counts_and_keeps_its_order() {
+        let trail: Vec<String> = ["+3", "retry.5s", "+2", "delay"].map(String::from).to_vec();
+        assert_eq!(trail_text(&trail, "dlq"), "+5,retry.5s,delay,dlq");
+        assert_eq!(trail_text(&[], "dlq"), "dlq");
+        let full: Vec<String> = (0..11).map(|i| format!("h{i}")).collect();
+        assert_eq!(
+            trail_text(&full, "dlq"),
+            "+1,h1,h2,h3,h4,h5,h6,h7,h8,h9,h10,dlq"
+        );
+        let saturated = vec![format!("+{}", u64::MAX), "x".to_string()];
+        assert_eq!(
+            trail_text(&saturated, "dlq"),
+            format!("+{},x,dlq", u64::MAX)
+        );
     }
 
     /// Regression: emit sliced a header name at byte 7, which panicked the

@@ -403,9 +403,11 @@ proptest! {
         any::<u64>().prop_map(|n| format!("+{n}")),
         text(6),
     ], 0..40)) {
-        let out = headers::push_trail(&trail, "dlq");
-        prop_assert!(out.len() <= headers::MAX_TRAIL_HOPS);
-        prop_assert_eq!(out.last().map(String::as_str), Some("dlq"));
+        let out = headers::trail_text(&trail, "dlq");
+        let expected = folded_trail(&trail, "dlq");
+        prop_assert!(expected.len() <= headers::MAX_TRAIL_HOPS);
+        prop_assert_eq!(expected.last().map(String::as_str), Some("dlq"));
+        prop_assert_eq!(out, expected.join(","));
     }
 
     #[test]
@@ -435,4 +437,31 @@ proptest! {
         DlqSummary::of(&message, 0);
         let _ = dlq::record::envelope_of(&message);
     }
+}
+
+/// The trail `headers::trail_text` writes, entry by entry, built the plain
+/// way: every `+N` summed, the hop appended, the oldest hops folded into the
+/// count until the trail fits.
+fn folded_trail(trail: &[String], hop: &str) -> Vec<String> {
+    let mut folded: u64 = 0;
+    let mut hops = Vec::new();
+    for entry in trail {
+        match entry.strip_prefix('+').and_then(|n| n.parse::<u64>().ok()) {
+            Some(n) => folded = folded.saturating_add(n),
+            None => hops.push(entry.clone()),
+        }
+    }
+    hops.push(hop.to_string());
+    let keep = headers::MAX_TRAIL_HOPS - 1;
+    if hops.len() > keep {
+        let excess = hops.len() - keep;
+        folded = folded.saturating_add(excess as u64);
+        hops.drain(..excess);
+    }
+    let mut out = Vec::new();
+    if folded > 0 {
+        out.push(format!("+{folded}"));
+    }
+    out.extend(hops);
+    out
 }

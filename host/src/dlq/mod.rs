@@ -157,7 +157,7 @@ pub fn of_failed_hop(record: OutRecord, dlq: &str, reason: Reason, error: &str) 
     ));
     kept.push((
         headers::TRAIL.into(),
-        Some(headers::push_trail(&trail, "dlq").join(",").into_bytes()),
+        Some(headers::trail_text(&trail, "dlq").into_bytes()),
     ));
     let mut out = OwnedHeaders::new_with_capacity(kept.len());
     for (key, value) in &kept {
