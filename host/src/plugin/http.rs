@@ -73,45 +73,76 @@ impl HttpHooks {
 
     /// Why a request to `target` may not be sent, if it may not. Every
     /// request counts against the call's limit, refused or not.
-    fn refusal(&mut self, target: &Target) -> Option<(String, ErrorCode)> {
-        let grants = &self.guest.grants.config;
+    fn refusal(&mut self, target: &Target) -> Option<Refusal> {
+        let limit = self.guest.grants.config.http.max_requests;
         self.requests = self.requests.saturating_add(1);
-        if self.requests > grants.http.max_requests {
-            return Some((
-                format!(
-                    "the call has made the {} requests a call may make, denied ones included (http.max_requests)",
-                    grants.http.max_requests
-                ),
-                ErrorCode::ConnectionLimitReached,
-            ));
+        if self.requests > limit {
+            return Some(Refusal::TooMany(limit));
         }
         self.outside_grants(target)
-            .map(|reason| (reason, ErrorCode::HttpRequestDenied))
     }
 
     /// Why the route's grants refuse a request to `target`, if they do.
-    fn outside_grants(&self, target: &Target) -> Option<String> {
-        let grants = &self.guest.grants.config;
-        if grants.allowed_hosts.is_empty() {
-            return Some("the route grants no hosts (allowed_hosts is empty)".into());
+    fn outside_grants(&self, target: &Target) -> Option<Refusal> {
+        let allowed = &self.guest.grants.config.allowed_hosts;
+        if allowed.is_empty() {
+            return Some(Refusal::NoHosts);
         }
         let Some((scheme, host, port)) = target.endpoint() else {
-            return Some("the URL has no http or https scheme and host".into());
+            return Some(Refusal::NoEndpoint);
         };
-        if !grants.allowed_hosts.allows(scheme, host, port) {
-            return Some(format!(
-                "{}://{host}:{port} is not in allowed_hosts",
-                scheme.as_str()
-            ));
+        if !allowed.allows(scheme, host, port) {
+            return Some(Refusal::NotAllowed);
         }
         if let Ok(ip) = host.parse::<IpAddr>()
-            && let Some(guard) = grants.allowed_hosts.refuses(SocketAddr::new(ip, port))
+            && let Some(guard) = allowed.refuses(SocketAddr::new(ip, port))
         {
-            return Some(format!(
-                "{ip}:{port} is {guard}, and no allowed_hosts entry names it"
-            ));
+            return Some(Refusal::Guarded(ip, guard));
         }
         None
+    }
+}
+
+/// Why the grants refuse a request. Its text, which allocates, is made
+/// only when the refusal is logged or observed.
+enum Refusal {
+    /// The call has made `http.max_requests` requests already.
+    TooMany(u32),
+    NoHosts,
+    NoEndpoint,
+    NotAllowed,
+    /// An IP address the allow-list names only through a wider entry.
+    Guarded(IpAddr, crate::egress::Guard),
+}
+
+impl Refusal {
+    fn error(&self) -> ErrorCode {
+        match self {
+            Refusal::TooMany(_) => ErrorCode::ConnectionLimitReached,
+            _ => ErrorCode::HttpRequestDenied,
+        }
+    }
+
+    fn text(&self, target: &Target) -> String {
+        let endpoint = target.endpoint();
+        match (self, endpoint) {
+            (Refusal::TooMany(limit), _) => format!(
+                "the call has made the {limit} requests a call may make, denied ones included (http.max_requests)"
+            ),
+            (Refusal::NoHosts, _) => "the route grants no hosts (allowed_hosts is empty)".into(),
+            (Refusal::NotAllowed, Some((scheme, host, port))) => {
+                format!(
+                    "{}://{host}:{port} is not in allowed_hosts",
+                    scheme.as_str()
+                )
+            }
+            (Refusal::Guarded(ip, guard), Some((_, _, port))) => {
+                format!("{ip}:{port} is {guard}, and no allowed_hosts entry names it")
+            }
+            (Refusal::NoEndpoint | Refusal::NotAllowed | Refusal::Guarded(..), _) => {
+                "the URL has no http or https scheme and host".into()
+            }
+        }
     }
 }
 
@@ -122,14 +153,11 @@ impl HttpHooks {
     /// wasmtime-wasi-http's `handle` to give its own error.
     pub(super) fn refuse(&mut self, request: &HostOutgoingRequest) -> Option<ErrorCode> {
         let target = Target::of(request)?;
-        let (reason, error) = self.refusal(&target)?;
-        let report = Report {
-            guest: self.guest.clone(),
-            message_id: Arc::from(self.message_id.as_str()),
-            target,
-        };
-        report.denied(reason);
-        Some(error)
+        let refusal = self.refusal(&target)?;
+        denied(&self.guest, &self.message_id, &target, || {
+            refusal.text(&target)
+        });
+        Some(refusal.error())
     }
 }
 
@@ -154,8 +182,8 @@ impl WasiHttpHooks for HttpHooks {
         // `outgoing-handler.handle` refused and counted the request already
         // if the grants refuse it ([`HttpHooks::refuse`]); checked again
         // here, uncounted, so that nothing outside the grants is ever sent.
-        if let Some(reason) = self.outside_grants(&report.target) {
-            report.denied(reason);
+        if let Some(refusal) = self.outside_grants(&report.target) {
+            report.denied(refusal.text(&report.target));
             return Box::new(std::future::ready(Err(Error::HttpRequestDenied)));
         }
         let limits = &self.guest.grants.config.http;
@@ -306,43 +334,8 @@ fn redacted(guest: &GuestInfo, text: &str) -> String {
 }
 
 impl Report {
-    /// Counts a refused request; logs it within the handler's log budget,
-    /// so a guest that loops on a denied URL cannot flood the log.
     fn denied(&self, reason: String) {
-        let g = &*self.guest;
-        let t = &self.target;
-        g.grants.counters.http_denied.inc();
-        let observed = g.grants.telemetry.has_observers();
-        let logged = g.budget.take();
-        if !(logged || observed) {
-            return;
-        }
-        // The reason may carry the host, the guest's own text.
-        let (url, reason) = (t.url(g), redacted(g, &reason));
-        if logged {
-            tracing::warn!(
-                route = g.route,
-                handler = g.handler,
-                version = g.short_version,
-                id = &*self.message_id,
-                method = %t.method,
-                url,
-                reason,
-                "HTTP request denied."
-            );
-        }
-        if g.grants.telemetry.has_observers() {
-            g.grants
-                .telemetry
-                .publish(Event::HttpDenied(events::HttpDenied {
-                    route: g.route.clone(),
-                    id: self.message_id.to_string(),
-                    version: g.version.clone(),
-                    method: t.method.to_string(),
-                    url,
-                    reason,
-                }));
-        }
+        denied(&self.guest, &self.message_id, &self.target, || reason);
     }
 
     /// Counts the request's outcome; the log line and the event (which
@@ -385,6 +378,44 @@ impl Report {
                     took,
                 }));
         }
+    }
+}
+
+/// Counts a refused request; logs it within the handler's log budget, so
+/// a guest that loops on a denied URL cannot flood the log. The reason is
+/// made only when it is logged or observed.
+fn denied(g: &GuestInfo, message_id: &str, t: &Target, reason: impl FnOnce() -> String) {
+    g.grants.counters.http_denied.inc();
+    let observed = g.grants.telemetry.has_observers();
+    let logged = tracing::enabled!(tracing::Level::WARN) && g.budget.take();
+    if !(logged || observed) {
+        return;
+    }
+    // The reason may carry the host, the guest's own text.
+    let (url, reason) = (t.url(g), redacted(g, &reason()));
+    if logged {
+        tracing::warn!(
+            route = g.route,
+            handler = g.handler,
+            version = g.short_version,
+            id = message_id,
+            method = %t.method,
+            url,
+            reason,
+            "HTTP request denied."
+        );
+    }
+    if observed {
+        g.grants
+            .telemetry
+            .publish(Event::HttpDenied(events::HttpDenied {
+                route: g.route.clone(),
+                id: message_id.to_string(),
+                version: g.version.clone(),
+                method: t.method.to_string(),
+                url,
+                reason,
+            }));
     }
 }
 
