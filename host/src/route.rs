@@ -231,8 +231,12 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
     }
     // `from_tier` refuses an attempt count with no next attempt.
     let attempt = envelope.attempts_made.saturating_add(1);
-    // Never closed, so acquiring only waits.
-    let _instance = shared.instances.acquire().await.expect("never closed");
+    // Never closed, so acquiring only waits; a free permit is taken
+    // without the wait's future.
+    let _instance = match shared.instances.try_acquire() {
+        Ok(permit) => permit,
+        Err(_) => shared.instances.acquire().await.expect("never closed"),
+    };
     let handler = shared.handler.current();
     let headers: Vec<plugin::Header<'_>> = message
         .headers()
