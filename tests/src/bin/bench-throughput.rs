@@ -28,6 +28,10 @@
 //! `BENCH_ROUTE_EXTRA`, when set, goes inside every measured route's table
 //! (`BENCH_ROUTE_EXTRA='ordering = "partition"'`, say).
 //!
+//! `BENCH_WINDOWS`, when set, prints each contender's timed window, for
+//! `perf report --time` on a run recorded with `perf record -k
+//! CLOCK_MONOTONIC` (BENCHMARKS.md, "Profiling one contender").
+//!
 //! Besides the rate, each row gives the CPU time per message of this process
 //! (the relay or hopper, with librdkafka's threads) and, when
 //! `HOPPER_BENCH_BROKER_PID` names the broker's process, of the broker.
@@ -360,9 +364,30 @@ impl Bench {
         while !wait_for(1, &begun) {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
+        // With BENCH_WINDOWS set, each window is printed on the boot clock
+        // (/proc/uptime), which `perf record -k CLOCK_MONOTONIC` matches on
+        // a machine that never slept: `perf report --time START,END` then
+        // profiles one contender's window alone.
+        let windows = std::env::var_os("BENCH_WINDOWS").is_some();
+        let uptime = || {
+            let text = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
+            text.split(' ').next().unwrap_or_default().to_string()
+        };
+        let opened = if windows { uptime() } else { String::new() };
         let meter = Meter::start(self);
+        let mut first_done = None;
         while !wait_for(n, &done) {
+            if first_done.is_none() && done() > 0 {
+                first_done = Some(meter.started.elapsed());
+            }
             tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+        if windows {
+            println!(
+                "  window of {who}: {opened},{} s; first done after {:.1} ms",
+                uptime(),
+                first_done.unwrap_or_default().as_secs_f64() * 1e3
+            );
         }
         meter.finish(n)
     }
