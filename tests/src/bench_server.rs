@@ -85,6 +85,16 @@ pub fn cpu_seconds() -> f64 {
     ticks / 100.0
 }
 
+/// With `BENCH_WINDOWS` set, the boot clock now (`/proc/uptime`, seconds),
+/// which `perf record -k CLOCK_MONOTONIC` matches on a machine that never
+/// slept: a benchmark prints each contender's timed window with it, for
+/// `perf report --time START,END`.
+pub fn window_clock() -> Option<String> {
+    std::env::var_os("BENCH_WINDOWS")?;
+    let text = std::fs::read_to_string("/proc/uptime").ok()?;
+    Some(text.split(' ').next()?.to_string())
+}
+
 /// A fresh topic named `prefix-...` of `partitions` partitions holding `n`
 /// records of `payload`, the i-th keyed `key(i)`, every one acknowledged.
 pub async fn preload(

@@ -33,10 +33,14 @@
 //! connections the server accepted per 10,000 messages. Rounds run the
 //! contenders in the same order; the summary gives medians, and the median
 //! of each round's ratio to the bare client in that round.
+//!
+//! `BENCH_WINDOWS`, when set, prints each contender's timed window, for
+//! `perf report --time` on a run recorded with `perf record -k
+//! CLOCK_MONOTONIC`.
 
 use bytes::Bytes;
 use hopper::Hopper;
-use hopper_tests::bench_server::{Server, cpu_seconds, preload};
+use hopper_tests::bench_server::{Server, cpu_seconds, preload, window_clock};
 use hopper_tests::*;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -96,6 +100,8 @@ struct Figures {
     rate: f64,
     cpu_us: f64,
     connections_per_10k: f64,
+    /// The timed window on the boot clock, with `BENCH_WINDOWS`.
+    window: Option<(String, String)>,
 }
 
 impl Figures {
@@ -104,6 +110,9 @@ impl Figures {
             "{what}: {:.0} msg/s, cpu {:.1} µs/msg, {:.1} connections per 10,000 messages",
             self.rate, self.cpu_us, self.connections_per_10k
         );
+        if let Some((opened, closed)) = &self.window {
+            println!("  window: {opened},{closed} s");
+        }
     }
 }
 
@@ -111,11 +120,13 @@ impl Figures {
 struct Meter {
     started: Instant,
     cpu: f64,
+    opened: Option<String>,
 }
 
 impl Meter {
     fn start() -> Meter {
         Meter {
+            opened: window_clock(),
             started: Instant::now(),
             cpu: cpu_seconds(),
         }
@@ -130,6 +141,7 @@ impl Meter {
             rate: n as f64 / elapsed,
             cpu_us: cpu * 1e6 / n as f64,
             connections_per_10k: connections as f64 * 10_000.0 / n as f64,
+            window: self.opened.zip(window_clock()),
         }
     }
 }

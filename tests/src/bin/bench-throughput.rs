@@ -364,16 +364,7 @@ impl Bench {
         while !wait_for(1, &begun) {
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
-        // With BENCH_WINDOWS set, each window is printed on the boot clock
-        // (/proc/uptime), which `perf record -k CLOCK_MONOTONIC` matches on
-        // a machine that never slept: `perf report --time START,END` then
-        // profiles one contender's window alone.
-        let windows = std::env::var_os("BENCH_WINDOWS").is_some();
-        let uptime = || {
-            let text = std::fs::read_to_string("/proc/uptime").unwrap_or_default();
-            text.split(' ').next().unwrap_or_default().to_string()
-        };
-        let opened = if windows { uptime() } else { String::new() };
+        let opened = hopper_tests::bench_server::window_clock();
         let meter = Meter::start(self);
         let mut first_done = None;
         while !wait_for(n, &done) {
@@ -382,10 +373,9 @@ impl Bench {
             }
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
-        if windows {
+        if let (Some(opened), Some(closed)) = (opened, hopper_tests::bench_server::window_clock()) {
             println!(
-                "  window of {who}: {opened},{} s; first done after {:.1} ms",
-                uptime(),
+                "  window of {who}: {opened},{closed} s; first done after {:.1} ms",
                 first_done.unwrap_or_default().as_secs_f64() * 1e3
             );
         }
