@@ -36,7 +36,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::time::{Duration, Instant};
 use wasmtime::StoreContextMut;
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker, Resource, ResourceType};
 use wasmtime::{Config, Engine, PoolingAllocationConfig};
 
 mod bindings {
@@ -52,6 +52,9 @@ mod bindings {
 /// request fails `handle` itself, so a wasmtime upgrade that moves this
 /// version does not go unnoticed.
 const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";
+/// The `wasi:http/types` wasmtime-wasi-http links, whose
+/// `future-incoming-response` hopper replaces with its own.
+const HTTP_TYPES: &str = "wasi:http/types@0.2.12";
 
 /// The world every handler must target.
 pub const WORLD: &str = "hopper:handler/handler@0.1.2";
@@ -248,7 +251,10 @@ impl Runtime {
         // whether a request goes anywhere (plugin/http.rs).
         wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker).map_err(wasm_error)?;
         // Its `outgoing-handler.handle` in front of wasmtime-wasi-http's, so
-        // that a refused request fails at once (`GuestState::outgoing_handle`).
+        // that a refused request fails at once (`GuestState::outgoing_handle`),
+        // and its own `future-incoming-response`, which the guest's wait
+        // polls in the call's task instead of a task per request
+        // (`http::PendingResponse`).
         linker.allow_shadowing(true);
         linker
             .instance(OUTGOING_HANDLER)
@@ -257,6 +263,28 @@ impl Runtime {
                     "handle",
                     |mut store: StoreContextMut<GuestState>, (request, options)| {
                         Ok((store.data_mut().outgoing_handle(request, options)?,))
+                    },
+                )
+            })
+            .map_err(wasm_error)?;
+        linker
+            .instance(HTTP_TYPES)
+            .and_then(|mut types| {
+                types.resource(
+                    "future-incoming-response",
+                    ResourceType::host::<http::PendingResponse>(),
+                    |mut store, rep| store.data_mut().response_drop(Resource::new_own(rep)),
+                )?;
+                types.func_wrap(
+                    "[method]future-incoming-response.get",
+                    |mut store: StoreContextMut<GuestState>, (pending,)| {
+                        Ok((store.data_mut().response_get(pending)?,))
+                    },
+                )?;
+                types.func_wrap(
+                    "[method]future-incoming-response.subscribe",
+                    |mut store: StoreContextMut<GuestState>, (pending,)| {
+                        Ok((store.data_mut().response_subscribe(pending)?,))
                     },
                 )
             })

@@ -12,9 +12,10 @@
 //! | `/chunked/N`        | 200 with N zero bytes, chunked (no length up front)      |
 //! | `/auth`             | 200 `seen`; the `authorization` header is kept           |
 //! | `/flaky`            | 503 while [`TestServer::set_down`] is on, else 200 `up`  |
+//! | `/echo-length`      | 200 `received N bytes`, N the request body's length      |
+//! | anything else       | 404                                                      |
 //!
 //! Every `traceparent` header it receives is kept ([`TestServer::traceparents`]).
-//! | anything else       | 404                                                      |
 //!
 //! It runs on a thread and runtime of its own, so a busy test runtime never
 //! slows it, and stops when dropped.
@@ -240,6 +241,10 @@ async fn answer(
             };
             Response::builder().status(200).body(body.boxed()).unwrap()
         }
+        "echo-length" => match request.into_body().collect().await {
+            Ok(body) => text(200, format!("received {} bytes", body.to_bytes().len())),
+            Err(e) => text(400, format!("body failed: {e}")),
+        },
         "auth" => {
             let value = request
                 .headers()

@@ -221,6 +221,33 @@ fn script(steps: serde_json::Value, verdict: &str) -> String {
     json!({"steps": steps, "verdict": verdict}).to_string()
 }
 
+/// A request without a body is sent by the guest's own wait; one with a
+/// body keeps a task of its own, because a guest may write the body after
+/// `handle`. A 4 MiB body written that way, four times the body's buffer,
+/// arrives whole; sent by the guest's wait alone, it would stall with the
+/// guest blocked on its write until the call timed out. A GET beside it, in
+/// the same call, is answered too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_written_after_handle_larger_than_its_buffer_arrives_whole() {
+    init_tracing();
+    let server = TestServer::start();
+    let acting = Acting::new(&format!("timeout = \"20s\"\n{}", hosts(&[server.origin()])));
+    let post = server.url("/echo-length");
+    let report = acting
+        .report(json!([
+            {"post": post, "bytes": 4 << 20},
+            {"get": server.url("/hello")},
+        ]))
+        .await;
+    assert_eq!(
+        report,
+        format!(
+            "POST {post} -> 200 received 4194304 bytes | GET {} -> 200 hello",
+            server.url("/hello")
+        )
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
     init_tracing();

@@ -24,6 +24,7 @@ use crate::events::{self, Event};
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
@@ -161,13 +162,18 @@ impl HttpHooks {
     }
 }
 
-impl WasiHttpHooks for HttpHooks {
-    fn send_request(
+impl HttpHooks {
+    /// Sends a request the grants allow through the route's transport: the
+    /// response head, or why there is none. The future holds the guest info
+    /// and the route's transport by `Arc`, never the store; dropped
+    /// mid-request (the guest dropped its future-incoming-response, or the
+    /// store went with a call that ran out of time), it closes that
+    /// connection instead of pooling it.
+    fn send(
         &mut self,
         mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-        _request_done: Box<dyn Future<Output = Result<(), Error>> + Send>,
-    ) -> Box<dyn Future<Output = SendResult> + Send> {
+    ) -> impl Future<Output = Result<http::Response<WasiBody>, Error>> + Send + 'static {
         // The call's trace continues in the service it calls.
         crate::trace::propagate(request.headers_mut());
         let target = Target {
@@ -182,10 +188,9 @@ impl WasiHttpHooks for HttpHooks {
         // `outgoing-handler.handle` refused and counted the request already
         // if the grants refuse it ([`HttpHooks::refuse`]); checked again
         // here, uncounted, so that nothing outside the grants is ever sent.
-        if let Some(refusal) = self.outside_grants(&report.target) {
-            report.denied(refusal.text(&report.target));
-            return Box::new(std::future::ready(Err(Error::HttpRequestDenied)));
-        }
+        let refused = self
+            .outside_grants(&report.target)
+            .map(|refusal| refusal.text(&report.target));
         let limits = &self.guest.grants.config.http;
         let remaining = self.deadline.saturating_duration_since(Instant::now());
         let head_timeout = [
@@ -199,12 +204,11 @@ impl WasiHttpHooks for HttpHooks {
         .unwrap_or(remaining);
         let between_bytes = options.and_then(|o| o.between_bytes_timeout);
         let max_body = limits.max_response_bytes;
-        // wasmtime-wasi-http runs this future as a task of its own. It holds
-        // the guest info and the route's transport by `Arc`, never the store,
-        // and is aborted when the guest drops its future-incoming-response,
-        // or when the store goes with a call that ran out of time; dropping
-        // it mid-request closes that connection instead of pooling it.
-        Box::new(async move {
+        async move {
+            if let Some(reason) = refused {
+                report.denied(reason);
+                return Err(Error::HttpRequestDenied);
+            }
             let started = Instant::now();
             let transport = report
                 .guest
@@ -224,14 +228,11 @@ impl WasiHttpHooks for HttpHooks {
                         // connection closes with the response.
                         return Err(Error::HttpResponseBodySize(Some(max_body)));
                     }
-                    let response = response.map(|body| {
+                    Ok(response.map(|body| {
                         LimitedBody::new(body, max_body, between_bytes)
                             .map_err(body_error)
                             .boxed_unsync()
-                    });
-                    let done: Box<dyn Future<Output = Result<(), Error>> + Send> =
-                        Box::new(std::future::ready(Ok(())));
-                    Ok((response, done))
+                    }))
                 }
                 Err(e @ SendError::Guarded { .. }) => {
                     report.denied(e.to_string());
@@ -242,6 +243,208 @@ impl WasiHttpHooks for HttpHooks {
                     Err(send_error(e))
                 }
             }
+        }
+    }
+
+    /// A request the grants allow, on its way: what `outgoing-handler.handle`
+    /// hands the guest as its `future-incoming-response`.
+    pub(super) fn pending(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+    ) -> PendingResponse {
+        let streams_body = !http_body::Body::is_end_stream(request.body());
+        let send = self.send(request, options);
+        if streams_body {
+            // The guest may write the body after `handle`, more than its
+            // buffer holds: the send must run without waiting for the guest.
+            return PendingResponse::Spawned(wasmtime_wasi::runtime::spawn(send));
+        }
+        let mut pending = PendingResponse::Sending(Box::pin(send));
+        // Under way at once: on a pooled connection this hands the request
+        // to its connection's task.
+        pending.poll_once();
+        pending
+    }
+}
+
+/// A request's send, polled by its guest's wait.
+type Sending = Pin<Box<dyn Future<Output = Result<http::Response<WasiBody>, Error>> + Send>>;
+
+/// hopper's `future-incoming-response`, in place of wasmtime-wasi-http's.
+///
+/// wasmtime-wasi-http runs each request as a task of its own, which the
+/// guest's pollable waits on, and spawns a second task once the response
+/// arrives. The response then went from hyper's connection task to the send
+/// task to the partition's task, each hand-off a wake-up, and tokio woke the
+/// other worker thread for some of them (BENCHMARKS.md, "The HTTP path's
+/// hand-offs"). A request without a body is sent here by the guest's own
+/// wait, in the partition's task, so the response wakes that task
+/// directly; it is polled once when it is made, and by `get`, so it is on
+/// its way before the guest waits and a guest that loops on `get` makes
+/// progress. A request with a body keeps a task of its own: the guest may
+/// write the body after `handle`, and the body's buffer drains only while
+/// the request is sent. Dropped, the send stops and its connection closes.
+pub(crate) enum PendingResponse {
+    Sending(Sending),
+    Spawned(wasmtime_wasi::runtime::AbortOnDropJoinHandle<Result<http::Response<WasiBody>, Error>>),
+    Ready(Result<http::Response<WasiBody>, Error>),
+    Consumed,
+}
+
+impl PendingResponse {
+    /// Polls the send once, without a waker: `get` and `handle` look, the
+    /// guest's wait waits.
+    fn poll_once(&mut self) {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let polled = match self {
+            PendingResponse::Sending(send) => send.as_mut().poll(&mut cx),
+            PendingResponse::Spawned(task) if task.is_finished() => Pin::new(task).poll(&mut cx),
+            _ => return,
+        };
+        if let std::task::Poll::Ready(result) = polled {
+            *self = PendingResponse::Ready(result);
+        }
+    }
+
+    /// The response once it is there, taken: `None` while it is on its
+    /// way, `Some(None)` when it was taken already.
+    pub(super) fn take(&mut self) -> Option<Option<Result<http::Response<WasiBody>, ErrorCode>>> {
+        self.poll_once();
+        match std::mem::replace(self, PendingResponse::Consumed) {
+            PendingResponse::Ready(result) => Some(Some(result.map_err(error_code))),
+            PendingResponse::Consumed => Some(None),
+            on_its_way => {
+                *self = on_its_way;
+                None
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl wasmtime_wasi::p2::Pollable for PendingResponse {
+    async fn ready(&mut self) {
+        let result = match self {
+            PendingResponse::Sending(send) => send.await,
+            PendingResponse::Spawned(task) => task.await,
+            PendingResponse::Ready(_) | PendingResponse::Consumed => return,
+        };
+        *self = PendingResponse::Ready(result);
+    }
+}
+
+/// The `wasi:http` error code for an error of [`HttpHooks::send`], as
+/// wasmtime-wasi-http gives it for the same error.
+fn error_code(e: Error) -> ErrorCode {
+    use wasmtime_wasi_http::p2::bindings::http::types::DnsErrorPayload;
+    match e {
+        Error::HttpRequestDenied => ErrorCode::HttpRequestDenied,
+        Error::HttpResponseBodySize(limit) => ErrorCode::HttpResponseBodySize(limit),
+        Error::DnsError { rcode, info_code } => {
+            ErrorCode::DnsError(DnsErrorPayload { rcode, info_code })
+        }
+        Error::ConnectionTimeout => ErrorCode::ConnectionTimeout,
+        Error::ConnectionTerminated => ErrorCode::ConnectionTerminated,
+        Error::DestinationUnavailable => ErrorCode::DestinationUnavailable,
+        Error::ConnectionRefused => ErrorCode::ConnectionRefused,
+        Error::TlsCertificateError => ErrorCode::TlsCertificateError,
+        Error::TlsProtocolError => ErrorCode::TlsProtocolError,
+        Error::HttpResponseTimeout => ErrorCode::HttpResponseTimeout,
+        Error::HttpProtocolError => ErrorCode::HttpProtocolError,
+        other => ErrorCode::InternalError(Some(other.to_string())),
+    }
+}
+
+/// The request a guest built, as wasmtime-wasi-http's `handle` converts it
+/// (50.0.1): a `content-length` checked against the body, a missing scheme
+/// taken as https, a `host` header from the authority, then the guest's
+/// headers.
+pub(super) fn outgoing(request: HostOutgoingRequest) -> Result<http::Request<WasiBody>, ErrorCode> {
+    use wasmtime_wasi_http::p2::bindings::http::types::Scheme as WasiScheme;
+    let length = content_length(&request.headers)?;
+    if request.body.is_none() && length.is_some_and(|n| n != 0) {
+        return Err(ErrorCode::HttpRequestBodySize(Some(0)));
+    }
+    let method = method_of(&request.method).ok_or(ErrorCode::HttpRequestMethodInvalid)?;
+    let scheme = match request.scheme {
+        None | Some(WasiScheme::Https) => http::uri::Scheme::HTTPS,
+        Some(WasiScheme::Http) => http::uri::Scheme::HTTP,
+        Some(WasiScheme::Other(other)) => {
+            let scheme = http::uri::Scheme::try_from(other.as_str())
+                .map_err(|_| ErrorCode::HttpProtocolError)?;
+            if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+                return Err(ErrorCode::HttpProtocolError);
+            }
+            scheme
+        }
+    };
+    let authority = request.authority.unwrap_or_default();
+    let mut uri = http::Uri::builder()
+        .scheme(scheme)
+        .authority(authority.as_str());
+    if let Some(path) = request.path_with_query {
+        uri = uri.path_and_query(path);
+    }
+    let uri = uri
+        .build()
+        .map_err(wasmtime_wasi_http::p2::http_request_error)?;
+    let mut builder = http::Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(http::header::HOST, authority.as_str());
+    for (name, value) in request.headers.iter() {
+        builder = builder.header(name, value);
+    }
+    let body = request.body.unwrap_or_else(|| {
+        http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    });
+    builder
+        .body(body)
+        .map_err(|e| ErrorCode::InternalError(Some(e.to_string())))
+}
+
+/// The request's one `content-length`, as wasmtime-wasi-http reads it: only
+/// digits, and not given twice.
+fn content_length(headers: &http::HeaderMap) -> Result<Option<u64>, ErrorCode> {
+    let invalid = |why: String| ErrorCode::InternalError(Some(why));
+    let mut values = headers.get_all(http::header::CONTENT_LENGTH).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(invalid("multiple `content-length` header values".into()));
+    }
+    let text = value.to_str().unwrap_or_default();
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(invalid(format!(
+            "invalid `content-length` header value: {text:?}"
+        )));
+    }
+    text.parse()
+        .map(Some)
+        .map_err(|e| invalid(format!("invalid `content-length` header value: {e}")))
+}
+
+/// wasmtime-wasi-http's own `handle` sends through this hook. hopper's
+/// `handle` stands in front of it (`GuestState::outgoing_handle`), so it is
+/// reached only if that ever changes; it sends the same way.
+impl WasiHttpHooks for HttpHooks {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        options: Option<RequestOptions>,
+        _request_done: Box<dyn Future<Output = Result<(), Error>> + Send>,
+    ) -> Box<dyn Future<Output = SendResult> + Send> {
+        let send = self.send(request, options);
+        Box::new(async move {
+            let response = send.await?;
+            let done: Box<dyn Future<Output = Result<(), Error>> + Send> =
+                Box::new(std::future::ready(Ok(())));
+            Ok((response, done))
         })
     }
 }
@@ -259,19 +462,8 @@ impl Target {
     /// send it (a request without a scheme is https); `None` when its URL
     /// does not parse or has a scheme of another spelling.
     fn of(request: &HostOutgoingRequest) -> Option<Target> {
-        use wasmtime_wasi_http::p2::bindings::http::types::{Method, Scheme};
-        let method = match &request.method {
-            Method::Get => http::Method::GET,
-            Method::Head => http::Method::HEAD,
-            Method::Post => http::Method::POST,
-            Method::Put => http::Method::PUT,
-            Method::Delete => http::Method::DELETE,
-            Method::Connect => http::Method::CONNECT,
-            Method::Options => http::Method::OPTIONS,
-            Method::Trace => http::Method::TRACE,
-            Method::Patch => http::Method::PATCH,
-            Method::Other(m) => http::Method::from_bytes(m.as_bytes()).ok()?,
-        };
+        use wasmtime_wasi_http::p2::bindings::http::types::Scheme;
+        let method = method_of(&request.method)?;
         let scheme = match &request.scheme {
             None | Some(Scheme::Https) => http::uri::Scheme::HTTPS,
             Some(Scheme::Http) => http::uri::Scheme::HTTP,
@@ -325,6 +517,26 @@ struct Report {
     guest: Arc<GuestInfo>,
     message_id: Arc<str>,
     target: Target,
+}
+
+/// A guest's request method as `http`'s; `None` for a custom method that
+/// is not a valid token.
+fn method_of(
+    method: &wasmtime_wasi_http::p2::bindings::http::types::Method,
+) -> Option<http::Method> {
+    use wasmtime_wasi_http::p2::bindings::http::types::Method;
+    Some(match method {
+        Method::Get => http::Method::GET,
+        Method::Head => http::Method::HEAD,
+        Method::Post => http::Method::POST,
+        Method::Put => http::Method::PUT,
+        Method::Delete => http::Method::DELETE,
+        Method::Connect => http::Method::CONNECT,
+        Method::Options => http::Method::OPTIONS,
+        Method::Trace => http::Method::TRACE,
+        Method::Patch => http::Method::PATCH,
+        Method::Other(m) => http::Method::from_bytes(m.as_bytes()).ok()?,
+    })
 }
 
 /// `text` with the guest's secrets redacted, cut to [`MAX_LOGGED`] bytes.

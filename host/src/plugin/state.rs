@@ -9,17 +9,18 @@ use super::bindings::hopper::handler::{
 };
 use super::emit::Emits;
 use super::http::HttpHooks;
+use super::http::PendingResponse;
 use super::output::{GuestOutput, Written};
 use std::sync::Arc;
 use std::time::Instant;
 use wasmtime::component::Resource;
 use wasmtime::{ResourceLimiter, StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::p2::DynPollable;
 use wasmtime_wasi::{ResourceTable, WasiCtx, WasiCtxView, WasiView};
-use wasmtime_wasi_http::p2::bindings::http::outgoing_handler;
-use wasmtime_wasi_http::p2::bindings::http::types::{
-    self as types_host, ErrorCode, RequestOptions,
-};
-use wasmtime_wasi_http::p2::types::{HostFutureIncomingResponse, HostOutgoingRequest};
+use wasmtime_wasi_http::FieldMap;
+use wasmtime_wasi_http::p2::bindings::http::types::{ErrorCode, RequestOptions};
+use wasmtime_wasi_http::p2::body::HostIncomingBody;
+use wasmtime_wasi_http::p2::types::{HostIncomingResponse, HostOutgoingRequest};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 
 /// Per-store state: the WASI context (stdio, clocks and randomness only),
@@ -114,23 +115,71 @@ impl WasiView for GuestState {
 impl GuestState {
     /// `wasi:http/outgoing-handler.handle`: a request the route's grants
     /// refuse fails `handle` itself, with nothing spawned and nothing for
-    /// the guest to wait on; one they allow goes on to wasmtime-wasi-http's
-    /// `handle`, which sends it through [`HttpHooks`]' `send_request`.
+    /// the guest to wait on; one they allow is converted as
+    /// wasmtime-wasi-http's `handle` converts it, and becomes hopper's own
+    /// `future-incoming-response` ([`PendingResponse`]).
     pub(super) fn outgoing_handle(
         &mut self,
         request: Resource<HostOutgoingRequest>,
         options: Option<Resource<RequestOptions>>,
-    ) -> wasmtime::Result<Result<Resource<HostFutureIncomingResponse>, ErrorCode>> {
+    ) -> wasmtime::Result<Result<Resource<PendingResponse>, ErrorCode>> {
         if let Some(error) = self.hooks.refuse(self.table.get(&request)?) {
             // Dropped with its body, as a sent request is.
             self.table.delete(request)?;
             return Ok(Err(error));
         }
-        let mut http = self.http();
-        match outgoing_handler::Host::handle(&mut http, request, options) {
-            Ok(response) => Ok(Ok(response)),
-            Err(e) => Ok(Err(types_host::Host::convert_error_code(&mut http, e)?)),
-        }
+        // As wasmtime-wasi-http's `handle`: the options are read, not taken.
+        let options = options.and_then(|o| self.table.get(&o).ok()).cloned();
+        let request = match super::http::outgoing(self.table.delete(request)?) {
+            Ok(request) => request,
+            Err(code) => return Ok(Err(code)),
+        };
+        let pending = self.hooks.pending(request, options);
+        Ok(Ok(self.table.push(pending)?))
+    }
+
+    /// `future-incoming-response.get`: the response head once it is there,
+    /// as wasmtime-wasi-http gives it (its forbidden headers stripped).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn response_get(
+        &mut self,
+        pending: Resource<PendingResponse>,
+    ) -> wasmtime::Result<Option<Result<Result<Resource<HostIncomingResponse>, ErrorCode>, ()>>>
+    {
+        let Some(taken) = self.table.get_mut(&pending)?.take() else {
+            return Ok(None);
+        };
+        let response = match taken {
+            None => return Ok(Some(Err(()))),
+            Some(Err(code)) => return Ok(Some(Ok(Err(code)))),
+            Some(Ok(response)) => response,
+        };
+        let (parts, body) = response.into_parts();
+        let headers = FieldMap::new_immutable(&mut self.hooks, parts.headers);
+        let response = self.table.push(HostIncomingResponse {
+            status: parts.status.as_u16(),
+            headers,
+            body: Some(HostIncomingBody::new(body)),
+        })?;
+        Ok(Some(Ok(Ok(response))))
+    }
+
+    /// `future-incoming-response.subscribe`: ready once `get` has the
+    /// response, or why there is none.
+    pub(super) fn response_subscribe(
+        &mut self,
+        pending: Resource<PendingResponse>,
+    ) -> wasmtime::Result<Resource<DynPollable>> {
+        wasmtime_wasi::p2::subscribe(&mut self.table, pending)
+    }
+
+    /// Drops a `future-incoming-response`, with the send it holds.
+    pub(super) fn response_drop(
+        &mut self,
+        pending: Resource<PendingResponse>,
+    ) -> wasmtime::Result<()> {
+        self.table.delete(pending)?;
+        Ok(())
     }
 }
 
