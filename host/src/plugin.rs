@@ -53,7 +53,10 @@ mod bindings {
 /// version does not go unnoticed.
 const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";
 /// The `wasi:http/types` wasmtime-wasi-http links, whose
-/// `future-incoming-response` hopper replaces with its own.
+/// `future-incoming-response` hopper replaces with its own. Were this to
+/// stop matching, `handle` would return a resource of another type and no
+/// component importing `wasi:http` would instantiate: every HTTP test would
+/// fail at once.
 const HTTP_TYPES: &str = "wasi:http/types@0.2.12";
 
 /// The world every handler must target.
