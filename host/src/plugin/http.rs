@@ -666,3 +666,106 @@ fn body_error(e: BodyError) -> Error {
         BodyError::Transport(_) => Error::HttpResponseIncomplete,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime_wasi_http::FieldMap;
+    use wasmtime_wasi_http::p2::bindings::http::types::{Method, Scheme as WasiScheme};
+
+    fn lengths(values: &[&[u8]]) -> Result<Option<u64>, ErrorCode> {
+        let mut headers = http::HeaderMap::new();
+        for value in values {
+            headers.append(
+                http::header::CONTENT_LENGTH,
+                http::HeaderValue::from_bytes(value).unwrap(),
+            );
+        }
+        content_length(&headers)
+    }
+
+    #[test]
+    fn a_content_length_is_read_as_wasmtime_wasi_http_reads_it() {
+        assert!(matches!(lengths(&[]), Ok(None)));
+        assert!(matches!(lengths(&[b"0"]), Ok(Some(0))));
+        assert!(matches!(
+            lengths(&[b"18446744073709551615"]),
+            Ok(Some(u64::MAX))
+        ));
+        for bad in [
+            b"" as &[u8],
+            b"+5",
+            b"-1",
+            b"18446744073709551616",
+            b"1 2",
+            b"0x10",
+            b"\xff\xfe",
+        ] {
+            assert!(
+                matches!(lengths(&[bad]), Err(ErrorCode::InternalError(Some(_)))),
+                "{bad:?}"
+            );
+        }
+        assert!(matches!(
+            lengths(&[b"1", b"1"]),
+            Err(ErrorCode::InternalError(Some(_)))
+        ));
+    }
+
+    fn request(
+        method: Method,
+        scheme: Option<WasiScheme>,
+        authority: &str,
+        path: &str,
+    ) -> Result<http::Request<WasiBody>, ErrorCode> {
+        outgoing(HostOutgoingRequest {
+            method,
+            scheme,
+            authority: Some(authority.to_string()),
+            path_with_query: Some(path.to_string()),
+            headers: FieldMap::default(),
+            body: None,
+        })
+    }
+
+    #[test]
+    fn a_request_converts_or_gets_the_error_wasmtime_wasi_http_gives() {
+        let sent = request(Method::Get, None, "example.com:8080", "/a?b=c").unwrap();
+        assert_eq!(sent.method(), http::Method::GET);
+        assert_eq!(sent.uri(), "https://example.com:8080/a?b=c");
+        assert_eq!(sent.headers()[http::header::HOST], "example.com:8080");
+        let plain = request(Method::Post, Some(WasiScheme::Http), "h", "/").unwrap();
+        assert_eq!(plain.uri(), "http://h/");
+        let spelled = request(
+            Method::Get,
+            Some(WasiScheme::Other("http".into())),
+            "h",
+            "/",
+        );
+        assert_eq!(spelled.unwrap().uri(), "http://h/");
+
+        let method = request(Method::Other("not a token".into()), None, "h", "/");
+        assert!(matches!(method, Err(ErrorCode::HttpRequestMethodInvalid)));
+        for scheme in ["ftp", "", "ht tp", "HTTP"] {
+            let other = request(
+                Method::Get,
+                Some(WasiScheme::Other(scheme.into())),
+                "h",
+                "/",
+            );
+            assert!(
+                matches!(other, Err(ErrorCode::HttpProtocolError)),
+                "{scheme:?}: {other:?}"
+            );
+        }
+        for (authority, path) in [
+            ("", "/"),
+            ("h", "no slash"),
+            ("h", "/a b"),
+            ("h\u{7f}", "/"),
+        ] {
+            let bad = request(Method::Get, None, authority, path);
+            assert!(bad.is_err(), "{authority:?} {path:?}: {bad:?}");
+        }
+    }
+}
