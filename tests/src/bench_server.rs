@@ -1,15 +1,20 @@
 //! The loopback HTTP server of the HTTP benchmarks, in a child process (the
 //! benchmark binary run again with `--serve`), so the benchmark's own CPU
-//! time is hopper's side alone; that CPU time; and the preloaded input they
-//! read.
+//! time is hopper's side alone; that CPU time; the CPUs each side may run
+//! on; and the preloaded input they read.
 
 use crate::http_server::TestServer;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 
 /// The child process: a test server, answering `stats` on stdin with its
-/// connection and request counts, until stdin closes.
+/// connection and request counts, until stdin closes. With `--cpu N` after
+/// `--serve`, it runs on CPU N only.
 pub fn serve() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(cpu) = args.windows(2).find(|w| w[0] == "--cpu") {
+        pin_process(&[cpu[1].parse().expect("--cpu takes a CPU number")]);
+    }
     let server = TestServer::start_with_threads(1);
     println!("{}", server.addr);
     for line in std::io::stdin().lock().lines() {
@@ -32,11 +37,16 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts the server process; requests go to a path answered after
-    /// `service_ms` milliseconds (at once for 0).
-    pub fn start(service_ms: u64) -> Server {
-        let mut child = Command::new(std::env::current_exe().unwrap())
-            .arg("--serve")
+    /// Starts the server process, on CPU `cpu` only when given; requests
+    /// go to a path answered after `service_ms` milliseconds (at once for
+    /// 0).
+    pub fn start(service_ms: u64, cpu: Option<usize>) -> Server {
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command.arg("--serve");
+        if let Some(cpu) = cpu {
+            command.args(["--cpu", &cpu.to_string()]);
+        }
+        let mut child = command
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -73,6 +83,44 @@ impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: `cpu_set_t` is plain bits; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: the kernel writes at most `size` bytes into `set`.
+    if unsafe { libc::sched_getaffinity(0, size, &mut set) } != 0 {
+        return Vec::new();
+    }
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: `cpu` is below `CPU_SETSIZE`, inside the set.
+        .filter(|&cpu| unsafe { libc::CPU_ISSET(cpu, &set) })
+        .collect()
+}
+
+/// Lets every thread of this process run on `cpus` only. A thread started
+/// later starts with the CPUs of the thread that starts it, so once this
+/// returns the whole process keeps to `cpus`.
+pub fn pin_process(cpus: &[usize]) {
+    // SAFETY: `cpu_set_t` is plain bits; all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &cpu in cpus {
+        assert!(cpu < libc::CPU_SETSIZE as usize, "no CPU {cpu}");
+        // SAFETY: `cpu` is below `CPU_SETSIZE`, inside the set.
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+    }
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task lists the threads");
+    for task in tasks.flatten() {
+        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
+            continue;
+        };
+        // SAFETY: the kernel reads `size` bytes of `set`. A thread that
+        // ended since the listing fails with ESRCH: nothing left to pin.
+        unsafe { libc::sched_setaffinity(tid, size, &set) };
     }
 }
 

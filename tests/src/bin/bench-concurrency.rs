@@ -58,7 +58,7 @@ fn main() {
 }
 
 async fn run(seconds: u64, service_ms: u64) {
-    let mut server = Server::start(service_ms);
+    let mut server = Server::start(service_ms, None);
     println!(
         "ordering × max_in_flight, on the broker at {}: {PARTITIONS} partitions, {KEYS} keys, one GET per message answered after {service_ms} ms",
         brokers()

@@ -10,6 +10,16 @@
 //! worker thread) runs in a child process, so this process's CPU time is
 //! the client side's alone, and it counts the TCP connections it accepts.
 //!
+//! On a machine with two CPUs or more, the server runs on one CPU and the
+//! rows that make requests on another, as a client and a service on two
+//! machines would. Left to the kernel, the client and the server sometimes
+//! share one CPU, where answering a request costs a context switch instead
+//! of a wake-up across CPUs, and that mode comes and goes by itself: one
+//! bare client measured 11,000 to 40,000 requests a second within a run,
+//! fastest after a pause, so whichever row ran first after one (the bare
+//! client) came out ahead (BENCHMARKS.md, "The HTTP benchmark's CPUs").
+//! The rows without a request (`denied`, `noop`) run on every CPU.
+//!
 //! - **hopper**: a route over a preloaded topic of P partitions (default 1)
 //!   with the `fetch` fixture (GET, read the body, `ok` on 2xx), warm
 //!   instances, `ordering = "partition"`: a partition handles one message
@@ -31,8 +41,11 @@
 //!
 //! Each row gives msg/s, this process's CPU µs per message, and the
 //! connections the server accepted per 10,000 messages. Rounds run the
-//! contenders in the same order; the summary gives medians, and the median
-//! of each round's ratio to the bare client in that round.
+//! contenders in the same order, with the bare client first and again
+//! last; the round's bare figure is the mean of the two, so a drift during
+//! the round moves it as it moves the rows between. The summary gives
+//! medians, and the median of each round's ratio to the bare client in
+//! that round.
 //!
 //! `BENCH_WINDOWS`, when set, prints each contender's timed window, for
 //! `perf report --time` on a run recorded with `perf record -k
@@ -40,7 +53,9 @@
 
 use bytes::Bytes;
 use hopper::Hopper;
-use hopper_tests::bench_server::{Server, cpu_seconds, preload, window_clock};
+use hopper_tests::bench_server::{
+    Server, allowed_cpus, cpu_seconds, pin_process, preload, window_clock,
+};
 use hopper_tests::*;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
@@ -123,6 +138,18 @@ struct Meter {
     opened: Option<String>,
 }
 
+impl Figures {
+    /// The mean of two runs of one contender.
+    fn mean(&self, other: &Figures) -> Figures {
+        Figures {
+            rate: (self.rate + other.rate) / 2.0,
+            cpu_us: (self.cpu_us + other.cpu_us) / 2.0,
+            connections_per_10k: (self.connections_per_10k + other.connections_per_10k) / 2.0,
+            window: None,
+        }
+    }
+}
+
 impl Meter {
     fn start() -> Meter {
         Meter {
@@ -147,12 +174,31 @@ impl Meter {
 }
 
 async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
-    let mut server = Server::start(service_ms);
+    // The client side on one CPU and the server on another, as a service
+    // on another machine would be (see the module docs).
+    let all_cpus = allowed_cpus();
+    let split = match all_cpus[..] {
+        [client, server, ..] => Some((client, server)),
+        _ => None,
+    };
+    let mut server = Server::start(service_ms, split.map(|(_, server)| server));
     println!(
         "HTTP path on the broker at {}: {messages} messages per contender, {partitions} partition(s), {rounds} rounds, server at {}",
         brokers(),
         server.url
     );
+    match split {
+        Some((client, server)) => {
+            println!("the clients' rows run on CPU {client} only, the server on CPU {server} only")
+        }
+        None => println!("one CPU: the clients and the server share it"),
+    }
+    let clients_alone = || {
+        if let Some((client, _)) = split {
+            pin_process(&[client]);
+        }
+    };
+    let every_cpu = || pin_process(&all_cpus);
     let input = preload(
         "bench-http-in",
         messages,
@@ -175,9 +221,9 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
     ];
     for round in 1..=rounds {
         println!("-- round {round}");
-        let bare = bare_client(&mut server, messages, partitions as u64).await;
-        bare.row(BARE);
-        results[0].1.push(bare);
+        clients_alone();
+        let bare_first = bare_client(&mut server, messages, partitions as u64).await;
+        bare_first.row(&format!("{BARE}, first"));
         let transport = transport_alone(&mut server, messages, partitions as u64).await;
         transport.row(TRANSPORT);
         results[1].1.push(transport);
@@ -193,6 +239,8 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         .await;
         fetch.row(HOPPER);
         results[2].1.push(fetch);
+        // The rows without a request use every CPU, as a route does.
+        every_cpu();
         let refused = format!("{route}ok-on-error = \"true\"\n");
         let denied = hopper_route(&mut server, &input, "fetch", &refused, messages).await;
         denied.row(DENIED);
@@ -200,6 +248,18 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         let noop = hopper_route(&mut server, &input, "noop", "", messages).await;
         noop.row(NOOP);
         results[4].1.push(noop);
+        clients_alone();
+        let bare_last = bare_client(&mut server, messages, partitions as u64).await;
+        bare_last.row(&format!("{BARE}, last"));
+        // The round's bare figure is the mean of its first and last run:
+        // a rate that drifts during the round moves both ends alike.
+        let bare = bare_first.mean(&bare_last);
+        println!(
+            "{BARE}, mean of first and last: {:.0} msg/s, cpu {:.1} µs/msg",
+            bare.rate, bare.cpu_us
+        );
+        results[0].1.push(bare);
+        every_cpu();
     }
     println!("-- medians over {rounds} rounds");
     let median = |mut v: Vec<f64>| {
