@@ -309,9 +309,17 @@ pub fn replay_count<H: Headers>(headers: Option<&H>) -> u32 {
         .unwrap_or(0)
 }
 
-/// The id of a message that arrived without `hopper-id`.
+/// The id of a message that arrived without `hopper-id`:
+/// `<topic>-<partition>-<offset>`. Built without `core::fmt`: every such
+/// message gets one.
 pub fn default_id(topic: &str, partition: i32, offset: i64) -> String {
-    format!("{topic}-{partition}-{offset}")
+    let (mut p, mut o) = (itoa::Buffer::new(), itoa::Buffer::new());
+    let (partition, offset) = (p.format(partition), o.format(offset));
+    let mut id = String::with_capacity(topic.len() + partition.len() + offset.len() + 2);
+    for part in [topic, "-", partition, "-", offset] {
+        id.push_str(part);
+    }
+    id
 }
 
 fn check_id(id: &str) -> Result<String, HeaderError> {
@@ -660,6 +668,22 @@ pub fn rewrite<H: Headers>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_id_is_topic_partition_offset_at_every_extreme() {
+        for (topic, partition, offset) in [
+            ("orders", 0, 0),
+            ("orders", 3, 1_234),
+            ("a-b", i32::MAX, i64::MAX),
+            ("", i32::MIN, i64::MIN),
+            ("ünïcode.topic_1", -1, -1),
+        ] {
+            assert_eq!(
+                default_id(topic, partition, offset),
+                format!("{topic}-{partition}-{offset}")
+            );
+        }
+    }
 
     #[test]
     fn trail_stays_bounded() {
