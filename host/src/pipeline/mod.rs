@@ -26,6 +26,7 @@
 //! its handler, the delay relay moves the message one tier closer to its
 //! time.
 
+mod calls;
 mod context;
 mod gate;
 mod partition;

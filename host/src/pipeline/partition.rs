@@ -10,7 +10,8 @@
 //! in one go rather than one message per wake-up. It starts calls
 //! in the order the [`KeyGate`] allows and polls each once where it starts
 //! it: one that ends there (a handler that waits on no host call) costs no
-//! allocation, and the rest run in one `FuturesUnordered`. The gate,
+//! allocation, and the rest run in [`Calls`] (one alone polled directly,
+//! several in a `FuturesUnordered`). The gate,
 //! like everything else here, is the task's own, so a message costs no
 //! lock but its offset tracker's, shared with the producer's delivery
 //! callback and the commit tick.
@@ -21,6 +22,7 @@
 //! once the message is due.
 
 use super::Shared;
+use super::calls::Calls;
 use super::context::PartitionQueue;
 use super::gate::{KeyGate, KeyHasher, key_of};
 use crate::clock::now_ms;
@@ -29,7 +31,6 @@ use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
 use crate::offsets::OffsetTracker;
 use crate::scheduler::Scheduled;
 use futures::FutureExt as _;
-use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt as _};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
@@ -139,7 +140,7 @@ pub(super) async fn run<P: Processor>(
     let lookahead = lookahead(max);
     let mut gate: KeyGate<OwnedMessage> = KeyGate::default();
     let mut waiting_bytes = 0usize;
-    let mut calls = FuturesUnordered::new();
+    let mut calls = Calls::new();
     // The box of a call that ended in its first poll, for the next call.
     let mut spare = None;
     let (mut held, mut closed) = (false, false);
