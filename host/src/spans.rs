@@ -187,6 +187,11 @@ fn process_span(
     message: &OwnedMessage,
     group: Option<&str>,
 ) -> Option<Span> {
+    // Before the name is formatted and an id drawn: with tracing off, or
+    // the trace not sampled, a message pays one branch.
+    if !tracer.samples(trace.trace_id) {
+        return None;
+    }
     let mut span = tracer.span(
         trace.trace_id,
         SpanId::random(),
