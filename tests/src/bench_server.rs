@@ -101,9 +101,10 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Lets every thread of this process run on `cpus` only. A thread started
-/// later starts with the CPUs of the thread that starts it, so once this
-/// returns the whole process keeps to `cpus`.
+/// Lets every thread of this process run on `cpus` only. A thread starts
+/// with the CPUs of the thread that starts it, so the threads are listed
+/// again until a listing finds none it has not pinned: then the whole
+/// process keeps to `cpus`.
 pub fn pin_process(cpus: &[usize]) {
     // SAFETY: `cpu_set_t` is plain bits; all zeroes is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -113,14 +114,27 @@ pub fn pin_process(cpus: &[usize]) {
         unsafe { libc::CPU_SET(cpu, &mut set) };
     }
     let size = std::mem::size_of::<libc::cpu_set_t>();
-    let tasks = std::fs::read_dir("/proc/self/task").expect("/proc/self/task lists the threads");
-    for task in tasks.flatten() {
-        let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) else {
-            continue;
-        };
-        // SAFETY: the kernel reads `size` bytes of `set`. A thread that
-        // ended since the listing fails with ESRCH: nothing left to pin.
-        unsafe { libc::sched_setaffinity(tid, size, &set) };
+    let mut pinned = std::collections::HashSet::new();
+    loop {
+        let tasks =
+            std::fs::read_dir("/proc/self/task").expect("/proc/self/task lists the threads");
+        let tids: Vec<libc::pid_t> = tasks
+            .flatten()
+            .filter_map(|task| task.file_name().to_str()?.parse().ok())
+            .collect();
+        let mut new = false;
+        for tid in tids {
+            if pinned.insert(tid) {
+                new = true;
+                // SAFETY: the kernel reads `size` bytes of `set`. A thread
+                // that ended since the listing fails with ESRCH: nothing
+                // left to pin.
+                unsafe { libc::sched_setaffinity(tid, size, &set) };
+            }
+        }
+        if !new {
+            return;
+        }
     }
 }
 

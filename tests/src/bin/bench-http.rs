@@ -198,7 +198,11 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
             pin_process(&[client]);
         }
     };
-    let every_cpu = || pin_process(&all_cpus);
+    let every_cpu = || {
+        if split.is_some() {
+            pin_process(&all_cpus);
+        }
+    };
     let input = preload(
         "bench-http-in",
         messages,
