@@ -31,6 +31,7 @@ mod context;
 mod gate;
 mod partition;
 mod rewind;
+mod slice;
 mod suspend;
 
 pub use context::{
@@ -287,7 +288,9 @@ impl<P: Processor> Loop<P> {
             }
             None => self.retired.remove(&tp),
         };
-        let task = tokio::spawn(partition::run(partition, queue, orders, previous));
+        let task = tokio::spawn(slice::Sliced::new(partition::run(
+            partition, queue, orders, previous,
+        )));
         self.partitions.insert(
             (*tp).clone(),
             Assigned {

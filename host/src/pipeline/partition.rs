@@ -16,6 +16,10 @@
 //! lock but its offset tracker's, shared with the producer's delivery
 //! callback and the commit tick.
 //!
+//! A task that keeps finding work yields its worker once it has run for a
+//! [`slice::SLICE`], so the partitions on one worker share it and an idle
+//! worker can take one of them.
+//!
 //! A message of a tier that is not due yet stops the task: it reports the
 //! hold to the loop, which pauses the partition and seeks back to that
 //! message ([`super::rewind`]), and reads nothing until the loop releases it
@@ -25,6 +29,7 @@ use super::Shared;
 use super::calls::Calls;
 use super::context::PartitionQueue;
 use super::gate::{KeyGate, KeyHasher, key_of};
+use super::slice;
 use crate::clock::now_ms;
 use crate::hold::TopicPartition;
 use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
@@ -147,6 +152,7 @@ pub(super) async fn run<P: Processor>(
     let mut fallback = fallback_timer();
     loop {
         while calls.len() < max {
+            slice::yield_if_spent().await;
             let Some((key, message)) = gate.take() else {
                 break;
             };
