@@ -13,7 +13,10 @@
 //! bound `partitions × max_in_flight / latency`, the rate as a share of it,
 //! and CPU µs per message. Each configuration reads a fresh topic preloaded
 //! with about S seconds' worth of messages at its bound (1,000 to 30,000),
-//! keyed over 10,000 keys.
+//! keyed over 10,000 keys. After each, a bare hyper client makes as many
+//! GETs with as many in flight (`partitions × max_in_flight` loops): what
+//! the server itself allows, since its 20 ms is a timer's, which never
+//! fires early. The row gives hopper's rate against it.
 
 use hopper::Hopper;
 use hopper_tests::bench_server::{Server, cpu_seconds, preload};
@@ -74,6 +77,9 @@ async fn run(seconds: u64, service_ms: u64) {
         ("unordered", 64),
         ("unordered", 256),
     ] {
+        if std::env::var_os("CPU_ONLY").is_some() {
+            break;
+        }
         let bound = PARTITIONS as f64 * max_in_flight as f64 * 1000.0 / service_ms as f64;
         let n = ((bound * seconds as f64) as u64).clamp(1_000, 30_000);
         let input = preload("bench-conc-in", n, PARTITIONS, key_of, "go").await;
@@ -94,10 +100,13 @@ async fn run(seconds: u64, service_ms: u64) {
         if ordering == "partition" {
             partition_rate = rate;
         }
+        let bare = bare_client(&server, n, PARTITIONS as u64 * max_in_flight as u64).await;
         let row = format!(
-            "io  {ordering:<9} max_in_flight {max_in_flight:>3}: {rate:>7.0} msg/s, bound {bound:>6.0} ({:>5.1}%), {:>5.1}× partition, cpu {cpu_us:.0} µs/msg ({n} messages)",
+            "io  {ordering:<9} max_in_flight {max_in_flight:>3}: {rate:>7.0} msg/s, bound {bound:>6.0} ({:>5.1}%), {:>5.1}× partition, cpu {cpu_us:.0} µs/msg ({n} messages); bare client {bare:>7.0} msg/s ({:>5.1}% of the bound, hopper {:.2}×)",
             100.0 * rate / bound,
             rate / partition_rate,
+            100.0 * bare / bound,
+            rate / bare,
         );
         println!("{row}");
         rows.push(row);
@@ -127,6 +136,36 @@ async fn run(seconds: u64, service_ms: u64) {
     for row in rows {
         println!("{row}");
     }
+}
+
+/// `loops` loops, each making its share of `n` GETs one after another on
+/// one pooled client, reading every body: what the server allows at the
+/// same concurrency. Returns requests a second.
+async fn bare_client(server: &Server, n: u64, loops: u64) -> f64 {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    let client: Client<_, Empty<bytes::Bytes>> =
+        Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let uri: http::Uri = server.url.parse().unwrap();
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..loops)
+        .map(|i| {
+            let (client, uri) = (client.clone(), uri.clone());
+            let share = n / loops + u64::from(i < n % loops);
+            tokio::spawn(async move {
+                for _ in 0..share {
+                    let response = client.get(uri.clone()).await.unwrap();
+                    assert!(response.status().is_success());
+                    response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    n as f64 / started.elapsed().as_secs_f64()
 }
 
 /// The key of the i-th message: over `KEYS` keys.
