@@ -31,7 +31,9 @@
 //! every message `retryable` (retry tier 1 s, 1,000 attempts), each in a
 //! hopper of its own in this process: B starts first, with four times A's
 //! messages, and A once B has failed as many as A has, so A's window meets
-//! the storm under way.
+//! the storm under way; then the same with B's `[route.breaker]` at its
+//! defaults, A starting once B has failed each of its messages once and its
+//! breaker is open.
 //!
 //! `BENCH_ROUTE_EXTRA`, when set, goes inside every measured route's table
 //! (`BENCH_ROUTE_EXTRA='ordering = "partition"'`, say).
@@ -615,72 +617,108 @@ impl Bench {
 
     async fn storm(&self, n: u64, rounds: usize) {
         println!(
-            "retry storm: route A handles {n} ok messages, alone and beside route B failing 100% retryable"
+            "retry storm: route A handles {n} ok messages, alone and beside route B failing 100% retryable, without and with B's circuit breaker"
         );
         let a_input = self.preload(n, "ok").await;
         // Four times A's messages: B's first pass lasts longer than its
         // retry tier's second, so once it is under way B always has
         // messages to fail, and A's window meets the storm at its height.
         let b_input = self.preload(4 * n, "retry").await;
-        let scripted = plugin("scripted");
-        let noop = plugin("noop");
-        let mut ratios = Vec::new();
+        let (mut ratios, mut guarded) = (Vec::new(), Vec::new());
         for round in 1..=rounds {
             println!("-- round {round}");
-            let a = rand_name("bench-a");
             let alone = self.hopper_route(&a_input, "noop", "", n).await;
             alone.row("route A alone", None);
-
-            // The storm runs first, in a hopper of its own, until route B
-            // has failed a quarter of its messages: then route A starts
-            // beside it, in a second hopper in this process, on the same
-            // cores. (Started together in one hopper, how much of B's
-            // storm A's short window met was luck: rounds from 0.17x to
-            // 0.97x.)
-            let b = rand_name("bench-b");
-            let storm = self
-                .start(&format!(
-                    "[[route]]\nname = \"{b}\"\ntopics = [\"{b_input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 1000\n",
-                    scripted.display()
-                ))
-                .await;
-            let deadline = Instant::now() + TIME_LIMIT;
-            // Looked at from this thread, as in `time`.
-            while handled(&storm, &b) < n {
-                assert!(Instant::now() < deadline, "route B's storm never got going");
-                std::thread::sleep(Duration::from_micros(500));
-            }
-            let hopper = self
-                .start(&format!(
-                    "[[route]]\nname = \"{a}\"\ntopics = [\"{a_input}\"]\nhandler = \"{}\"\n",
-                    noop.display()
-                ))
-                .await;
-            let failed_before = handled(&storm, &b);
-            let beside = self
-                .time(
-                    n,
-                    &format!("route {a}"),
-                    || handled(&hopper, &a),
-                    || done(&hopper, &a),
-                )
-                .await;
-            let failed = handled(&storm, &b) - failed_before;
-            hopper.stop().await;
-            storm.stop().await;
-            beside.row(
-                &format!(
-                    "route A beside route B's storm (B failed {failed} deliveries from A's start to its last message)"
-                ),
-                Some(&alone),
+            ratios.push(
+                self.beside_storm(&a_input, &b_input, n, &alone, false)
+                    .await,
             );
-            ratios.push(beside.rate / alone.rate);
+            guarded.push(self.beside_storm(&a_input, &b_input, n, &alone, true).await);
         }
-        ratios.sort_by(f64::total_cmp);
-        println!(
-            "-- route A beside the storm against route A alone, median of {rounds} rounds: {:.2}x",
-            ratios[ratios.len() / 2]
+        for (ratios, what) in [
+            (&mut ratios, "route A beside the storm"),
+            (&mut guarded, "route A beside B with its breaker open"),
+        ] {
+            ratios.sort_by(f64::total_cmp);
+            println!(
+                "-- {what} against route A alone, median of {rounds} rounds: {:.2}x",
+                ratios[ratios.len() / 2]
+            );
+        }
+    }
+
+    /// Route A (a new route, so a new group, over `a_input`) beside route B failing every
+    /// message of `b_input` `retryable`, each in a hopper of its own in this
+    /// process; A's rate against `alone`'s.
+    ///
+    /// B starts first. Without a breaker, A starts once B has failed `n`
+    /// messages, so A's window meets the storm under way. (Started together
+    /// in one hopper, how much of B's storm A's short window met was luck:
+    /// rounds from 0.17x to 0.97x.) With B's `[route.breaker]` (its
+    /// defaults: open at half retryable over 10 calls or more, tiers paused
+    /// for 30 s), A starts once B has failed its whole input once, every
+    /// one of those hops is acknowledged, and its breaker is open: B's
+    /// tiers hold every message, and its input is read to the end.
+    async fn beside_storm(
+        &self,
+        a_input: &str,
+        b_input: &str,
+        n: u64,
+        alone: &Figures,
+        breaker: bool,
+    ) -> f64 {
+        let (a, b) = (rand_name("bench-a"), rand_name("bench-b"));
+        let table = if breaker { "[route.breaker]\n" } else { "" };
+        let storm = self
+            .start(&format!(
+                "[[route]]\nname = \"{b}\"\ntopics = [\"{b_input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 1000\n{table}",
+                plugin("scripted").display()
+            ))
+            .await;
+        let deadline = Instant::now() + TIME_LIMIT;
+        let opened =
+            |hopper: &Hopper| route_counters(hopper, &b, &["hopper_breaker_opened_total{"]);
+        // Looked at from this thread, as in `time`.
+        loop {
+            let ready = if breaker {
+                done(&storm, &b) >= 4 * n && opened(&storm) > 0
+            } else {
+                handled(&storm, &b) >= n
+            };
+            if ready {
+                break;
+            }
+            assert!(Instant::now() < deadline, "route B's storm never got going");
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let hopper = self
+            .start(&format!(
+                "[[route]]\nname = \"{a}\"\ntopics = [\"{a_input}\"]\nhandler = \"{}\"\n",
+                plugin("noop").display()
+            ))
+            .await;
+        let failed_before = handled(&storm, &b);
+        let beside = self
+            .time(
+                n,
+                &format!("route {a}"),
+                || handled(&hopper, &a),
+                || done(&hopper, &a),
+            )
+            .await;
+        let failed = handled(&storm, &b) - failed_before;
+        hopper.stop().await;
+        storm.stop().await;
+        let what = if breaker {
+            "route A beside route B with its breaker open"
+        } else {
+            "route A beside route B's storm"
+        };
+        beside.row(
+            &format!("{what} (B failed {failed} deliveries from A's start to its last message)"),
+            Some(alone),
         );
+        beside.rate / alone.rate
     }
 }
 
