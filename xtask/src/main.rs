@@ -23,10 +23,11 @@ use std::time::{Duration, Instant};
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 10] = [
+const PLUGINS: [&str; 11] = [
     "order-timeout",
     "order-events",
     "noop",
+    "fatal",
     "scripted",
     "wrong-world",
     "acting",

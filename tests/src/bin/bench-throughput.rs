@@ -607,7 +607,10 @@ impl Bench {
     /// dead-letter record, for a bare relay that produces records of the
     /// same size.
     async fn hopper_hop(&self, input: &str, n: u64) -> (Figures, OwnedHeaders) {
-        let (figures, name) = self.hopper_named_route(input, "scripted", "", n).await;
+        // The `fatal` fixture returns `fatal` and calls no import, as the
+        // no-op row's handler returns `ok`: the handler's own work is not
+        // the hop's.
+        let (figures, name) = self.hopper_named_route(input, "fatal", "", n).await;
         let record = consume(&format!("{name}.dlq"), 1, Duration::from_secs(30))
             .await
             .remove(0);
