@@ -200,3 +200,31 @@ pub async fn fill(topic: &str, n: u64, key: impl Fn(u64) -> String, payload: &st
     }
     producer.flush(Duration::from_secs(30)).unwrap();
 }
+
+/// `loops` loops, each making its share of `n` GETs of `url` one after
+/// another on one pooled hyper client, reading every body: the bare client
+/// the HTTP benchmarks measure hopper against.
+pub async fn bare_gets(url: &str, n: u64, loops: u64) {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::client::legacy::Client;
+    let client: Client<_, Empty<bytes::Bytes>> =
+        Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(hyper_util::client::legacy::connect::HttpConnector::new());
+    let uri: http::Uri = url.parse().unwrap();
+    let tasks: Vec<_> = (0..loops)
+        .map(|i| {
+            let (client, uri) = (client.clone(), uri.clone());
+            let share = n / loops + u64::from(i < n % loops);
+            tokio::spawn(async move {
+                for _ in 0..share {
+                    let response = client.get(uri.clone()).await.unwrap();
+                    assert!(response.status().is_success());
+                    response.into_body().collect().await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+}

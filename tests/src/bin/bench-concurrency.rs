@@ -19,7 +19,7 @@
 //! fires early. The row gives hopper's rate against it.
 
 use hopper::Hopper;
-use hopper_tests::bench_server::{Server, cpu_seconds, preload};
+use hopper_tests::bench_server::{Server, bare_gets, cpu_seconds, preload};
 use hopper_tests::*;
 use std::time::{Duration, Instant};
 
@@ -138,33 +138,11 @@ async fn run(seconds: u64, service_ms: u64) {
     }
 }
 
-/// `loops` loops, each making its share of `n` GETs one after another on
-/// one pooled client, reading every body: what the server allows at the
-/// same concurrency. Returns requests a second.
+/// What the server allows at `loops` requests in flight: requests a
+/// second of a bare hyper client making `n` GETs.
 async fn bare_client(server: &Server, n: u64, loops: u64) -> f64 {
-    use http_body_util::{BodyExt, Empty};
-    use hyper_util::client::legacy::Client;
-    let client: Client<_, Empty<bytes::Bytes>> =
-        Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build(hyper_util::client::legacy::connect::HttpConnector::new());
-    let uri: http::Uri = server.url.parse().unwrap();
     let started = Instant::now();
-    let tasks: Vec<_> = (0..loops)
-        .map(|i| {
-            let (client, uri) = (client.clone(), uri.clone());
-            let share = n / loops + u64::from(i < n % loops);
-            tokio::spawn(async move {
-                for _ in 0..share {
-                    let response = client.get(uri.clone()).await.unwrap();
-                    assert!(response.status().is_success());
-                    response.into_body().collect().await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
+    bare_gets(&server.url, n, loops).await;
     n as f64 / started.elapsed().as_secs_f64()
 }
 

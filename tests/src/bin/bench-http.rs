@@ -54,12 +54,10 @@
 use bytes::Bytes;
 use hopper::Hopper;
 use hopper_tests::bench_server::{
-    Server, allowed_cpus, cpu_seconds, pin_process, preload, window_clock,
+    Server, allowed_cpus, bare_gets, cpu_seconds, pin_process, preload, window_clock,
 };
 use hopper_tests::*;
 use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use std::time::{Duration, Instant};
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
@@ -290,30 +288,12 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
     }
 }
 
-/// `loops` loops, each making its share of `n` GETs one after another on
-/// one pooled client, reading every body.
+/// The bare client ([`bare_gets`]): `loops` request loops sharing `n`
+/// GETs, every one of which the server must count.
 async fn bare_client(server: &mut Server, n: u64, loops: u64) -> Figures {
-    let client: Client<_, Empty<Bytes>> = Client::builder(TokioExecutor::new())
-        .build(hyper_util::client::legacy::connect::HttpConnector::new());
-    let uri: http::Uri = server.url.parse().unwrap();
     let (connections, requests) = server.stats();
     let meter = Meter::start();
-    let tasks: Vec<_> = (0..loops)
-        .map(|i| {
-            let (client, uri) = (client.clone(), uri.clone());
-            let share = n / loops + u64::from(i < n % loops);
-            tokio::spawn(async move {
-                for _ in 0..share {
-                    let response = client.get(uri.clone()).await.unwrap();
-                    assert!(response.status().is_success());
-                    response.into_body().collect().await.unwrap();
-                }
-            })
-        })
-        .collect();
-    for task in tasks {
-        task.await.unwrap();
-    }
+    bare_gets(&server.url, n, loops).await;
     let figures = meter.finish(n, 0);
     let (connections_after, requests_after) = server.stats();
     assert_eq!(requests_after - requests, n);
