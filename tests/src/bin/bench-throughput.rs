@@ -650,9 +650,9 @@ impl Bench {
         }
     }
 
-    /// Route A (a new route, so a new group, over `a_input`) beside route B failing every
-    /// message of `b_input` `retryable`, each in a hopper of its own in this
-    /// process; A's rate against `alone`'s.
+    /// Route A (a new route, so a new group, over `a_input`) beside route
+    /// B failing every message of `b_input` `retryable`, each in a hopper
+    /// of its own in this process; A's rate against `alone`'s.
     ///
     /// B starts first. Without a breaker, A starts once B has failed `n`
     /// messages, so A's window meets the storm under way. (Started together
