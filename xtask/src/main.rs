@@ -251,6 +251,11 @@ fn test(rest: &[String]) -> Result<()> {
     let mut fmt = cargo();
     fmt.current_dir(root()).args(["fmt", "--all", "--check"]);
     run(fmt, "cargo fmt --check")?;
+    // The handler components are a workspace of their own.
+    let mut fmt = cargo();
+    fmt.current_dir(root().join("plugins"))
+        .args(["fmt", "--all", "--check"]);
+    run(fmt, "cargo fmt --check (plugins/)")?;
     step("checking lints: cargo clippy --all-targets -- -D warnings");
     let mut clippy = cargo();
     clippy.current_dir(root()).args([
