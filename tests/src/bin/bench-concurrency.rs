@@ -77,9 +77,6 @@ async fn run(seconds: u64, service_ms: u64) {
         ("unordered", 64),
         ("unordered", 256),
     ] {
-        if std::env::var_os("CPU_ONLY").is_some() {
-            break;
-        }
         let bound = PARTITIONS as f64 * max_in_flight as f64 * 1000.0 / service_ms as f64;
         let n = ((bound * seconds as f64) as u64).clamp(1_000, 30_000);
         let input = preload("bench-conc-in", n, PARTITIONS, key_of, "go").await;
