@@ -18,7 +18,7 @@ fn hoppers() -> usize {
         .ok()
         .map(|n| n.parse().expect("HOPPER_TEST_HOPPERS is a count"))
         .unwrap_or(50)
-        .max(2)
+        .max(1)
 }
 
 /// The allocator of the `hopper` binary, so RSS is what hopper's own
