@@ -18,7 +18,8 @@
 //!
 //! A task that keeps finding work yields its worker once it has run for a
 //! [`slice::SLICE`], so the partitions on one worker share it and an idle
-//! worker can take one of them.
+//! worker can take one of them. One whose calls mostly fail sleeps instead
+//! while a healthy task waits for the CPU ([`slice::Standing`]).
 //!
 //! A message of a tier that is not due yet stops the task: it reports the
 //! hold to the loop, which pauses the partition and seeks back to that
@@ -31,6 +32,7 @@ use super::context::PartitionQueue;
 use super::gate::{KeyGate, KeyHasher, key_of};
 use super::slice;
 use crate::clock::now_ms;
+use crate::events::Event;
 use crate::hold::TopicPartition;
 use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
 use crate::offsets::OffsetTracker;
@@ -102,6 +104,8 @@ struct Called {
     key: Option<u64>,
     offset: i64,
     panicked: bool,
+    /// Its message went to a retry tier or a dead-letter topic.
+    failed: bool,
 }
 
 /// Runs a partition until the loop closes it. `previous` is the task of the
@@ -150,6 +154,7 @@ pub(super) async fn run<P: Processor>(
     let mut spare = None;
     let (mut held, mut closed) = (false, false);
     let mut fallback = fallback_timer();
+    let mut standing = slice::Standing::default();
     loop {
         while calls.len() < max {
             slice::yield_if_spent().await;
@@ -172,7 +177,7 @@ pub(super) async fn run<P: Processor>(
             // the next call; one that waits goes into `calls`.
             match futures::poll!(next.as_mut()) {
                 Poll::Ready(called) => {
-                    ended(&partition, &mut gate, called);
+                    ended(&partition, &mut gate, &mut standing, called);
                     spare = Some(next);
                 }
                 Poll::Pending => calls.push(next),
@@ -209,7 +214,7 @@ pub(super) async fn run<P: Processor>(
                 }
             },
             Some(called) = calls.next(), if !calls.is_empty() => {
-                ended(&partition, &mut gate, called);
+                ended(&partition, &mut gate, &mut standing, called);
             }
             // `None`: the fallback ticked; the loop comes round and reads
             // again. (A `Some(..)` pattern here would turn the branch off
@@ -278,8 +283,15 @@ fn read<P: Processor>(
 }
 
 /// What follows a call's end: its key is free for the next message of
-/// that key, or, if it panicked, the route halts.
-fn ended<P: Processor>(partition: &Partition<P>, gate: &mut KeyGate<OwnedMessage>, called: Called) {
+/// that key, or, if it panicked, the route halts. The task's standing notes
+/// whether it failed.
+fn ended<P: Processor>(
+    partition: &Partition<P>,
+    gate: &mut KeyGate<OwnedMessage>,
+    standing: &mut slice::Standing,
+    called: Called,
+) {
+    standing.record(called.failed);
     if called.panicked {
         let tp = &partition.tp;
         partition.shared.halt.fail(format!(
@@ -339,13 +351,19 @@ async fn call<P: Processor>(
     // message allocates and moves: so the sends share one.
     let work = async {
         let sends = match shared.processor.process(&message).await {
-            Action::Done => return done.complete(),
-            Action::Hops(hops) if hops.is_empty() => return done.complete(),
+            Action::Done => {
+                done.complete();
+                return false;
+            }
+            Action::Hops(hops) if hops.is_empty() => {
+                done.complete();
+                return false;
+            }
             Action::HopAt { at_ms, hop } => {
                 // The scheduler lives until shutdown; if it is gone, the
                 // offset simply stays uncommitted.
                 let _ = scheduler.send(Scheduled { at_ms, hop, done });
-                return;
+                return false;
             }
             Action::Hop(hop) => vec![(hop, done)],
             Action::Hops(hops) => {
@@ -353,15 +371,27 @@ async fn call<P: Processor>(
                 hops.into_iter().zip(dones).collect()
             }
         };
+        // A retry or a dead-letter record: the call failed.
+        let failed = sends.iter().any(|(hop, _)| {
+            matches!(
+                hop.event,
+                Some(Event::RetryScheduled(_) | Event::DeadLettered(_))
+            )
+        });
         for (hop, done) in sends {
             shared.producer.send(hop.record, done, hop.event).await;
         }
+        failed
     };
-    let panicked = AssertUnwindSafe(work).catch_unwind().await.is_err();
+    let (panicked, failed) = match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(failed) => (false, failed),
+        Err(_) => (true, false),
+    };
     Called {
         key,
         offset,
         panicked,
+        failed,
     }
 }
 

@@ -16,30 +16,200 @@
 //! once a slice has passed, it yields, and goes to the back of its worker's
 //! queue, where an idle worker can take it. The check is one read of the
 //! clock per call; a yield costs about a microsecond per slice.
+//!
+//! Slices share the CPU between tasks, not between routes. A route whose
+//! messages all fail costs a hop each, several times an `ok`, and in a
+//! retry storm its tasks took four fifths of the two cores from a healthy
+//! route beside it. So a task whose recent calls mostly failed
+//! ([`Standing::failing`]) defers to the others: once it has run a slice,
+//! over however many polls, it sleeps for [`DEFER`] instead of going on,
+//! but only while a healthy route's task is kept from the CPU. [`Sliced`]
+//! sees that: it stands between the task and its waker, notes when the
+//! task is woken, and a healthy task polled [`STARVED`] or more after its
+//! wake-up marks the CPU contended ([`Contention`]) for [`STARVED_FOR`].
+//! A task is judged from its 64th call on; before, it does neither. With
+//! the CPU to spare, a failing route runs at its full rate.
 
+use futures::task::AtomicWaker;
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
 /// How long a task runs before it yields.
 pub(super) const SLICE: Duration = Duration::from_millis(1);
+/// How long a failing task sleeps after each slice while the CPU is
+/// contended: it runs at most one slice in fifty-one. Its hops cost
+/// librdkafka's threads several times what they cost the task, so a
+/// shorter sleep (10 ms) left it most of the CPU.
+pub(super) const DEFER: Duration = Duration::from_millis(50);
+/// A healthy task polled this long or longer after its wake-up was kept
+/// from the CPU.
+pub(super) const STARVED: Duration = Duration::from_millis(2);
+/// How long the CPU counts as contended after a healthy task was last kept
+/// from it.
+pub(super) const STARVED_FOR: Duration = Duration::from_millis(100);
+/// Of a task's last 64 calls, how many must have failed for it to defer.
+const FAILING_OF_64: u32 = 48;
+
+/// The process's tasks, whose CPU they share.
+static CONTENTION: LazyLock<Contention> = LazyLock::new(Contention::default);
 
 thread_local! {
     /// When the poll of the [`Sliced`] task running on this thread began.
     static POLLED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// How long that task ran in its polls before this one, since it last
+    /// deferred.
+    static RAN_BEFORE: Cell<Duration> = const { Cell::new(Duration::ZERO) };
+    /// How that task's recent calls ended, as it last said: `None` before
+    /// its 64th call, then whether they mostly failed.
+    static FAILING: Cell<Option<bool>> = const { Cell::new(None) };
+    /// Set when that task defers: its running time starts again from zero.
+    static DEFERRED: Cell<bool> = const { Cell::new(false) };
 }
 
-/// A task's future, noting when each of its polls begins.
+/// When a healthy task was last kept from the CPU.
+#[derive(Debug)]
+pub(super) struct Contention {
+    /// The instant times are counted from.
+    epoch: Instant,
+    /// Microseconds since `epoch` plus one; zero: never.
+    starved_at: AtomicU64,
+}
+
+impl Default for Contention {
+    fn default() -> Self {
+        Contention {
+            epoch: Instant::now(),
+            starved_at: AtomicU64::new(0),
+        }
+    }
+}
+
+impl Contention {
+    /// Notes that a healthy task was kept from the CPU until `at`.
+    fn starved(&self, at: Instant) {
+        let micros = at.saturating_duration_since(self.epoch).as_micros();
+        let micros = u64::try_from(micros).unwrap_or(u64::MAX - 1);
+        self.starved_at.fetch_max(micros + 1, Ordering::Relaxed);
+    }
+
+    /// Whether a healthy task was kept from the CPU within
+    /// [`STARVED_FOR`] before `now`.
+    fn contended(&self, now: Instant) -> bool {
+        match self.starved_at.load(Ordering::Relaxed) {
+            0 => false,
+            at => {
+                let at = self.epoch + Duration::from_micros(at - 1);
+                now.saturating_duration_since(at) < STARVED_FOR
+            }
+        }
+    }
+}
+
+/// How a task's recent calls ended: the last 64, one bit each, set for a
+/// call that failed (its message went to a retry tier or a dead-letter
+/// topic).
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Standing {
+    failed: u64,
+    calls: u32,
+}
+
+impl Standing {
+    /// Notes how a call ended, and tells the task's [`Sliced`] whether the
+    /// task is now failing.
+    pub(super) fn record(&mut self, failed: bool) {
+        self.failed = self.failed << 1 | u64::from(failed);
+        self.calls = self.calls.saturating_add(1);
+        FAILING.set(self.judged());
+    }
+
+    /// Whether at least 48 of the last 64 calls failed.
+    #[cfg(test)]
+    fn failing(&self) -> bool {
+        self.judged() == Some(true)
+    }
+
+    /// `None` before the 64th call: a task with no record neither defers
+    /// nor marks the CPU contended (a failing route's task would mark it
+    /// before its record showed, and defer to itself). Then whether the
+    /// task is failing.
+    fn judged(&self) -> Option<bool> {
+        (self.calls >= 64).then(|| self.failed.count_ones() >= FAILING_OF_64)
+    }
+}
+
+/// The waker [`Sliced`] gives its task: it notes when the task is woken,
+/// then wakes it.
+struct Alarm {
+    task: AtomicWaker,
+    /// When the task was first woken since its last poll: microseconds
+    /// since `epoch` plus one; zero: not woken.
+    woken_at: AtomicU64,
+    epoch: Instant,
+}
+
+impl Wake for Alarm {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        let micros = self.epoch.elapsed().as_micros();
+        let micros = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
+        let _ = self
+            .woken_at
+            .compare_exchange(0, micros, Ordering::Relaxed, Ordering::Relaxed);
+        self.task.wake();
+    }
+}
+
+impl Alarm {
+    /// How long ago, at `now`, the task was woken, if it was since its last
+    /// poll; the next call answers for wake-ups after this one.
+    fn waited(&self, now: Instant) -> Option<Duration> {
+        match self.woken_at.swap(0, Ordering::Relaxed) {
+            0 => None,
+            at => Some(now.saturating_duration_since(self.epoch + Duration::from_micros(at - 1))),
+        }
+    }
+}
+
+/// A task's future, noting when each of its polls begins, how long it has
+/// run since it last deferred, and, for a healthy task, how long it waited
+/// for the CPU after each wake-up.
 pub(super) struct Sliced<F> {
     inner: Pin<Box<F>>,
+    ran: Duration,
+    failing: Option<bool>,
+    alarm: Arc<Alarm>,
+    waker: Waker,
+    contention: &'static Contention,
 }
 
 impl<F: Future> Sliced<F> {
     pub(super) fn new(inner: F) -> Self {
+        Sliced::sharing(inner, &CONTENTION)
+    }
+
+    /// A task that reports to, and defers by, `contention`.
+    fn sharing(inner: F, contention: &'static Contention) -> Self {
+        let alarm = Arc::new(Alarm {
+            task: AtomicWaker::new(),
+            woken_at: AtomicU64::new(0),
+            epoch: contention.epoch,
+        });
         Sliced {
             inner: Box::pin(inner),
+            ran: Duration::ZERO,
+            failing: None,
+            waker: Waker::from(alarm.clone()),
+            alarm,
+            contention,
         }
     }
 }
@@ -48,11 +218,43 @@ impl<F: Future> Future for Sliced<F> {
     type Output = F::Output;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let outer = POLLED_AT.replace(Some(Instant::now()));
-        let polled = self.inner.as_mut().poll(cx);
-        POLLED_AT.set(outer);
+        let began = Instant::now();
+        if let Some(waited) = self.alarm.waited(began)
+            && waited >= STARVED
+            && self.failing == Some(false)
+        {
+            self.contention.starved(began);
+        }
+        self.alarm.task.register(cx.waker());
+        let outer = (
+            POLLED_AT.replace(Some(began)),
+            RAN_BEFORE.replace(self.ran),
+            FAILING.replace(self.failing),
+            DEFERRED.replace(false),
+            CONTENDED_BY.replace(Some(self.contention)),
+        );
+        let this = &mut *self;
+        let polled = this
+            .inner
+            .as_mut()
+            .poll(&mut Context::from_waker(&this.waker));
+        self.ran = match DEFERRED.get() {
+            true => Duration::ZERO,
+            false => self.ran.saturating_add(began.elapsed()),
+        };
+        self.failing = FAILING.get();
+        POLLED_AT.set(outer.0);
+        RAN_BEFORE.set(outer.1);
+        FAILING.set(outer.2);
+        DEFERRED.set(outer.3);
+        CONTENDED_BY.set(outer.4);
         polled
     }
+}
+
+thread_local! {
+    /// The [`Contention`] of the [`Sliced`] task running on this thread.
+    static CONTENDED_BY: Cell<Option<&'static Contention>> = const { Cell::new(None) };
 }
 
 /// Whether the poll of the [`Sliced`] task running here began [`SLICE`] or
@@ -61,8 +263,26 @@ pub(super) fn spent() -> bool {
     POLLED_AT.get().is_some_and(|at| at.elapsed() >= SLICE)
 }
 
-/// Yields if the task's slice is spent.
+/// How long the [`Sliced`] task running here has run, over all its polls,
+/// since it last deferred.
+fn ran() -> Duration {
+    RAN_BEFORE.get() + POLLED_AT.get().map_or(Duration::ZERO, |at| at.elapsed())
+}
+
+/// Yields if the task's slice is spent. A failing task that has run a
+/// slice, over however many polls, sleeps for [`DEFER`] instead while the
+/// CPU is contended.
 pub(super) async fn yield_if_spent() {
+    if FAILING.get() == Some(true)
+        && ran() >= SLICE
+        && CONTENDED_BY
+            .get()
+            .is_some_and(|c| c.contended(Instant::now()))
+    {
+        DEFERRED.set(true);
+        tokio::time::sleep(DEFER).await;
+        return;
+    }
     if spent() {
         tokio::task::yield_now().await;
     }
@@ -71,8 +291,7 @@ pub(super) async fn yield_if_spent() {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::AtomicBool;
 
     /// Keeps the CPU busy for `d`, as a handler doing its own work does.
     fn busy(d: Duration) {
@@ -138,5 +357,108 @@ mod tests {
             calls <= 8,
             "the other task ran after {calls} calls of a quarter slice each"
         );
+    }
+
+    #[test]
+    fn a_task_is_failing_from_48_failures_in_its_last_64_calls() {
+        let mut standing = Standing::default();
+        for _ in 0..63 {
+            standing.record(true);
+        }
+        assert!(!standing.failing(), "fewer than 64 calls");
+        standing.record(true);
+        assert!(standing.failing(), "64 failures of 64");
+        for _ in 0..16 {
+            standing.record(false);
+        }
+        assert!(standing.failing(), "48 of the last 64");
+        standing.record(false);
+        assert!(!standing.failing(), "47 of the last 64");
+    }
+
+    /// A [`Contention`] of a test's own, so tests running at once in this
+    /// process do not see each other's.
+    fn contention() -> &'static Contention {
+        Box::leak(Box::default())
+    }
+
+    /// A task on a one-worker runtime is woken by another, which then
+    /// keeps the worker for `held` before the first is polled. Returns
+    /// whether that marked the CPU contended; `failing` makes the first
+    /// task a failing one.
+    fn kept_from_the_cpu(held: Duration, failing: bool) -> bool {
+        let contention = contention();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (wake, woken) = tokio::sync::oneshot::channel::<()>();
+            let waiting = tokio::spawn(Sliced::sharing(
+                async move {
+                    let mut standing = Standing::default();
+                    for _ in 0..64 {
+                        standing.record(failing);
+                    }
+                    woken.await.unwrap();
+                },
+                contention,
+            ));
+            tokio::task::yield_now().await;
+            assert!(!waiting.is_finished(), "the task waits for its wake-up");
+            wake.send(()).unwrap();
+            busy(held);
+            waiting.await.unwrap();
+        });
+        contention.contended(Instant::now())
+    }
+
+    #[test]
+    fn a_healthy_task_kept_from_the_cpu_marks_it_contended() {
+        assert!(
+            kept_from_the_cpu(STARVED * 2, false),
+            "a healthy task waited twice STARVED for its worker"
+        );
+        assert!(
+            !kept_from_the_cpu(Duration::ZERO, false),
+            "a healthy task polled again at once"
+        );
+        assert!(
+            !kept_from_the_cpu(STARVED * 2, true),
+            "a failing task's wait says nothing of the others"
+        );
+    }
+
+    /// How long, on the runtime's paused clock, a task that has run a
+    /// whole slice waits at [`yield_if_spent`].
+    fn deferred_for(failing: bool, contended: bool) -> Duration {
+        let contention = contention();
+        if contended {
+            contention.starved(Instant::now());
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        runtime.block_on(Sliced::sharing(
+            async move {
+                let mut standing = Standing::default();
+                for _ in 0..64 {
+                    standing.record(failing);
+                }
+                busy(SLICE);
+                let start = tokio::time::Instant::now();
+                yield_if_spent().await;
+                start.elapsed()
+            },
+            contention,
+        ))
+    }
+
+    #[test]
+    fn a_failing_task_defers_only_while_the_cpu_is_contended() {
+        assert_eq!(deferred_for(true, true), DEFER);
+        assert_eq!(deferred_for(true, false), Duration::ZERO);
+        assert_eq!(deferred_for(false, true), Duration::ZERO);
     }
 }
