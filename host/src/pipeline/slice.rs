@@ -21,7 +21,7 @@
 //! messages all fail costs a hop each, several times an `ok`, and in a
 //! retry storm its tasks took four fifths of the two cores from a healthy
 //! route beside it. So a task whose recent calls mostly failed
-//! ([`Standing::failing`]) defers to the others: once it has run a slice,
+//! ([`Standing`]) defers to the others: once it has run a slice,
 //! over however many polls, it sleeps for [`DEFER`] instead of going on,
 //! but only while a healthy route's task is kept from the CPU. [`Sliced`]
 //! sees that: it stands between the task and its waker, notes when the
@@ -48,10 +48,12 @@ pub(super) const SLICE: Duration = Duration::from_millis(1);
 pub(super) const DEFER: Duration = Duration::from_millis(50);
 /// A healthy task polled this long or longer after its wake-up was kept
 /// from the CPU.
-pub(super) const STARVED: Duration = Duration::from_millis(2);
+pub(super) const STARVED: Duration = Duration::from_millis(1);
 /// How long the CPU counts as contended after a healthy task was last kept
-/// from it.
-pub(super) const STARVED_FOR: Duration = Duration::from_millis(100);
+/// from it. While failing tasks defer, healthy ones are not kept from it,
+/// so this is also how long they defer after the last sign: at 100 ms they
+/// came back at full rate several times a second (BENCHMARKS.md).
+pub(super) const STARVED_FOR: Duration = Duration::from_secs(1);
 /// Of a task's last 64 calls, how many must have failed for it to defer.
 const FAILING_OF_64: u32 = 48;
 
@@ -69,6 +71,8 @@ thread_local! {
     static FAILING: Cell<Option<bool>> = const { Cell::new(None) };
     /// Set when that task defers: its running time starts again from zero.
     static DEFERRED: Cell<bool> = const { Cell::new(false) };
+    /// The [`Contention`] that task reports to and defers by.
+    static CONTENDED_BY: Cell<Option<&'static Contention>> = const { Cell::new(None) };
 }
 
 /// When a healthy task was last kept from the CPU.
@@ -250,11 +254,6 @@ impl<F: Future> Future for Sliced<F> {
         CONTENDED_BY.set(outer.4);
         polled
     }
-}
-
-thread_local! {
-    /// The [`Contention`] of the [`Sliced`] task running on this thread.
-    static CONTENDED_BY: Cell<Option<&'static Contention>> = const { Cell::new(None) };
 }
 
 /// Whether the poll of the [`Sliced`] task running here began [`SLICE`] or
