@@ -24,9 +24,11 @@
 //! ([`Standing`]) defers to the others: once it has run a slice,
 //! over however many polls, it sleeps for [`DEFER`] instead of going on,
 //! but only while a healthy route's task is kept from the CPU. [`Sliced`]
-//! sees that: it stands between the task and its waker, notes when the
-//! task is woken, and a healthy task polled [`STARVED`] or more after its
-//! wake-up marks the CPU contended ([`Contention`]) for [`STARVED_FOR`].
+//! sees that: while some task is failing, it stands between each healthy
+//! task and its waker and notes when the task is woken, and a healthy task
+//! polled [`STARVED`] or more after its wake-up marks the CPU contended
+//! ([`Contention`]) for [`STARVED_FOR`]. While no task is failing, a poll
+//! costs one atomic load more.
 //! A task is judged from its 64th call on; before, it does neither. With
 //! the CPU to spare, a failing route runs at its full rate.
 
@@ -34,7 +36,7 @@ use futures::task::AtomicWaker;
 use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -60,6 +62,14 @@ const FAILING_OF_64: u32 = 48;
 /// The process's tasks, whose CPU they share.
 static CONTENTION: LazyLock<Contention> = LazyLock::new(Contention::default);
 
+impl<F> Drop for Sliced<F> {
+    fn drop(&mut self) {
+        if self.failing == Some(true) {
+            self.contention.failing.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
 thread_local! {
     /// When the poll of the [`Sliced`] task running on this thread began.
     static POLLED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
@@ -75,13 +85,17 @@ thread_local! {
     static CONTENDED_BY: Cell<Option<&'static Contention>> = const { Cell::new(None) };
 }
 
-/// When a healthy task was last kept from the CPU.
+/// When a healthy task was last kept from the CPU, and how many tasks are
+/// failing.
 #[derive(Debug)]
 pub(super) struct Contention {
     /// The instant times are counted from.
     epoch: Instant,
     /// Microseconds since `epoch` plus one; zero: never.
     starved_at: AtomicU64,
+    /// Tasks failing now. While there are none, healthy tasks do not watch
+    /// their wake-ups, and a task's poll costs one load of this more.
+    failing: AtomicUsize,
 }
 
 impl Default for Contention {
@@ -89,6 +103,7 @@ impl Default for Contention {
         Contention {
             epoch: Instant::now(),
             starved_at: AtomicU64::new(0),
+            failing: AtomicUsize::new(0),
         }
     }
 }
@@ -184,12 +199,14 @@ impl Alarm {
 }
 
 /// A task's future, noting when each of its polls begins, how long it has
-/// run since it last deferred, and, for a healthy task, how long it waited
-/// for the CPU after each wake-up.
+/// run since it last deferred, and, for a healthy task while some task is
+/// failing, how long it waited for the CPU after each wake-up.
 pub(super) struct Sliced<F> {
     inner: Pin<Box<F>>,
     ran: Duration,
     failing: Option<bool>,
+    /// Whether the last poll gave the task [`Alarm`]'s waker.
+    watched: bool,
     alarm: Arc<Alarm>,
     waker: Waker,
     contention: &'static Contention,
@@ -211,6 +228,7 @@ impl<F: Future> Sliced<F> {
             inner: Box::pin(inner),
             ran: Duration::ZERO,
             failing: None,
+            watched: false,
             waker: Waker::from(alarm.clone()),
             alarm,
             contention,
@@ -223,13 +241,18 @@ impl<F: Future> Future for Sliced<F> {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let began = Instant::now();
-        if let Some(waited) = self.alarm.waited(began)
-            && waited >= STARVED
-            && self.failing == Some(false)
-        {
-            self.contention.starved(began);
+        let watch =
+            self.failing == Some(false) && self.contention.failing.load(Ordering::Relaxed) > 0;
+        if watch {
+            let waited = self.alarm.waited(began);
+            // A wake-up before this task watched came through a waker it
+            // no longer gives out: it says nothing of now.
+            if self.watched && waited.is_some_and(|w| w >= STARVED) {
+                self.contention.starved(began);
+            }
+            self.alarm.task.register(cx.waker());
         }
-        self.alarm.task.register(cx.waker());
+        self.watched = watch;
         let outer = (
             POLLED_AT.replace(Some(began)),
             RAN_BEFORE.replace(self.ran),
@@ -238,15 +261,24 @@ impl<F: Future> Future for Sliced<F> {
             CONTENDED_BY.replace(Some(self.contention)),
         );
         let this = &mut *self;
-        let polled = this
-            .inner
-            .as_mut()
-            .poll(&mut Context::from_waker(&this.waker));
+        let polled = match watch {
+            true => this
+                .inner
+                .as_mut()
+                .poll(&mut Context::from_waker(&this.waker)),
+            false => this.inner.as_mut().poll(cx),
+        };
         self.ran = match DEFERRED.get() {
             true => Duration::ZERO,
             false => self.ran.saturating_add(began.elapsed()),
         };
-        self.failing = FAILING.get();
+        let failing = FAILING.get();
+        match (self.failing == Some(true), failing == Some(true)) {
+            (false, true) => self.contention.failing.fetch_add(1, Ordering::Relaxed),
+            (true, false) => self.contention.failing.fetch_sub(1, Ordering::Relaxed),
+            _ => 0,
+        };
+        self.failing = failing;
         POLLED_AT.set(outer.0);
         RAN_BEFORE.set(outer.1);
         FAILING.set(outer.2);
@@ -385,8 +417,11 @@ mod tests {
     /// keeps the worker for `held` before the first is polled. Returns
     /// whether that marked the CPU contended; `failing` makes the first
     /// task a failing one.
-    fn kept_from_the_cpu(held: Duration, failing: bool) -> bool {
+    fn kept_from_the_cpu(held: Duration, failing: bool, others_failing: bool) -> bool {
         let contention = contention();
+        if others_failing {
+            contention.failing.store(1, Ordering::Relaxed);
+        }
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -398,11 +433,16 @@ mod tests {
                     for _ in 0..64 {
                         standing.record(failing);
                     }
+                    // Judged at the end of this poll: it watches from the
+                    // next.
+                    tokio::task::yield_now().await;
                     woken.await.unwrap();
                 },
                 contention,
             ));
-            tokio::task::yield_now().await;
+            for _ in 0..3 {
+                tokio::task::yield_now().await;
+            }
             assert!(!waiting.is_finished(), "the task waits for its wake-up");
             wake.send(()).unwrap();
             busy(held);
@@ -414,16 +454,20 @@ mod tests {
     #[test]
     fn a_healthy_task_kept_from_the_cpu_marks_it_contended() {
         assert!(
-            kept_from_the_cpu(STARVED * 2, false),
+            kept_from_the_cpu(STARVED * 2, false, true),
             "a healthy task waited twice STARVED for its worker"
         );
         assert!(
-            !kept_from_the_cpu(Duration::ZERO, false),
+            !kept_from_the_cpu(Duration::ZERO, false, true),
             "a healthy task polled again at once"
         );
         assert!(
-            !kept_from_the_cpu(STARVED * 2, true),
+            !kept_from_the_cpu(STARVED * 2, true, true),
             "a failing task's wait says nothing of the others"
+        );
+        assert!(
+            !kept_from_the_cpu(STARVED * 2, false, false),
+            "with no task failing, nobody watches"
         );
     }
 
@@ -439,7 +483,7 @@ mod tests {
             .start_paused(true)
             .build()
             .unwrap();
-        runtime.block_on(Sliced::sharing(
+        let deferred = runtime.block_on(Sliced::sharing(
             async move {
                 let mut standing = Standing::default();
                 for _ in 0..64 {
@@ -451,7 +495,13 @@ mod tests {
                 start.elapsed()
             },
             contention,
-        ))
+        ));
+        assert_eq!(
+            contention.failing.load(Ordering::Relaxed),
+            0,
+            "a task that ended counts as failing no more"
+        );
+        deferred
     }
 
     #[test]
