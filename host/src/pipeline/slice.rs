@@ -108,24 +108,32 @@ impl Default for Contention {
     }
 }
 
+/// `at` as an instant kept in an atomic: microseconds since `epoch`, plus
+/// one, so that zero can mean none.
+fn stamp(epoch: Instant, at: Instant) -> u64 {
+    let micros = at.saturating_duration_since(epoch).as_micros();
+    u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1
+}
+
+/// The instant a [`stamp`] keeps; `None` for zero.
+fn stamped(epoch: Instant, stamp: u64) -> Option<Instant> {
+    stamp
+        .checked_sub(1)
+        .map(|micros| epoch + Duration::from_micros(micros))
+}
+
 impl Contention {
     /// Notes that a healthy task was kept from the CPU until `at`.
     fn starved(&self, at: Instant) {
-        let micros = at.saturating_duration_since(self.epoch).as_micros();
-        let micros = u64::try_from(micros).unwrap_or(u64::MAX - 1);
-        self.starved_at.fetch_max(micros + 1, Ordering::Relaxed);
+        self.starved_at
+            .fetch_max(stamp(self.epoch, at), Ordering::Relaxed);
     }
 
     /// Whether a healthy task was kept from the CPU within
     /// [`STARVED_FOR`] before `now`.
     fn contended(&self, now: Instant) -> bool {
-        match self.starved_at.load(Ordering::Relaxed) {
-            0 => false,
-            at => {
-                let at = self.epoch + Duration::from_micros(at - 1);
-                now.saturating_duration_since(at) < STARVED_FOR
-            }
-        }
+        stamped(self.epoch, self.starved_at.load(Ordering::Relaxed))
+            .is_some_and(|at| now.saturating_duration_since(at) < STARVED_FOR)
     }
 }
 
@@ -178,11 +186,10 @@ impl Wake for Alarm {
     }
 
     fn wake_by_ref(self: &Arc<Self>) {
-        let micros = self.epoch.elapsed().as_micros();
-        let micros = u64::try_from(micros).unwrap_or(u64::MAX - 1) + 1;
+        let now = stamp(self.epoch, Instant::now());
         let _ = self
             .woken_at
-            .compare_exchange(0, micros, Ordering::Relaxed, Ordering::Relaxed);
+            .compare_exchange(0, now, Ordering::Relaxed, Ordering::Relaxed);
         self.task.wake();
     }
 }
@@ -191,10 +198,8 @@ impl Alarm {
     /// How long ago, at `now`, the task was woken, if it was since its last
     /// poll; the next call answers for wake-ups after this one.
     fn waited(&self, now: Instant) -> Option<Duration> {
-        match self.woken_at.swap(0, Ordering::Relaxed) {
-            0 => None,
-            at => Some(now.saturating_duration_since(self.epoch + Duration::from_micros(at - 1))),
-        }
+        stamped(self.epoch, self.woken_at.swap(0, Ordering::Relaxed))
+            .map(|at| now.saturating_duration_since(at))
     }
 }
 
@@ -273,11 +278,12 @@ impl<F: Future> Future for Sliced<F> {
             false => self.ran.saturating_add(began.elapsed()),
         };
         let failing = FAILING.get();
-        match (self.failing == Some(true), failing == Some(true)) {
-            (false, true) => self.contention.failing.fetch_add(1, Ordering::Relaxed),
-            (true, false) => self.contention.failing.fetch_sub(1, Ordering::Relaxed),
-            _ => 0,
-        };
+        let (was, is) = (self.failing == Some(true), failing == Some(true));
+        if is && !was {
+            self.contention.failing.fetch_add(1, Ordering::Relaxed);
+        } else if was && !is {
+            self.contention.failing.fetch_sub(1, Ordering::Relaxed);
+        }
         self.failing = failing;
         POLLED_AT.set(outer.0);
         RAN_BEFORE.set(outer.1);
