@@ -22,6 +22,16 @@ pub const QUEUED_KBYTES: usize = 8 * 1024;
 /// The messages librdkafka tries to keep prefetched per partition.
 pub const QUEUED_MIN_MESSAGES: usize = 20_000;
 
+/// The hops a pipeline's producer holds, at most, before the broker
+/// acknowledges them: a route that fails faster than the broker takes its
+/// hops waits for room, instead of leaving a backlog that goes on costing
+/// the producer's threads and the broker after it has stopped
+/// (docs/scaling.md). `queue.buffering.max.messages` in `kafka.properties`
+/// sets it otherwise; librdkafka's own queue is given twice as many, since
+/// it frees its count of a batch of delivery reports only after hopper has
+/// handled the whole batch.
+pub const HOPS_HELD: usize = 5_000;
+
 /// How long metadata and admin calls may take before startup gives up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -64,15 +74,30 @@ impl Cluster {
         Ok(self.producer_config().create()?)
     }
 
-    /// Settings of an idempotent, acks=all producer.
+    /// Settings of an idempotent, acks=all producer. `kafka.properties`
+    /// may set its batching and queue otherwise, not its guarantees.
     pub fn producer_config(&self) -> ClientConfig {
         let mut config = self.base();
+        config.set("enable.idempotence", "true").set("acks", "all");
+        if !self.kafka.properties.contains_key("linger.ms") {
+            config.set("linger.ms", "2");
+        }
+        // A value that is not a number goes to librdkafka as it is, which
+        // refuses it by name.
+        if let Ok(held) = self.hops_held() {
+            config.set("queue.buffering.max.messages", (2 * held).to_string());
+        }
         config
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set("linger.ms", "2")
-            .set("queue.buffering.max.messages", "200000");
-        config
+    }
+
+    /// The hops a pipeline's producer holds before the broker acknowledges
+    /// them: `queue.buffering.max.messages` from `kafka.properties`, or
+    /// [`HOPS_HELD`].
+    pub fn hops_held(&self) -> Result<usize, std::num::ParseIntError> {
+        self.kafka
+            .properties
+            .get("queue.buffering.max.messages")
+            .map_or(Ok(HOPS_HELD), |v| v.trim().parse())
     }
 
     /// Consumer settings for a group whose offsets hopper stores by hand.
@@ -223,5 +248,34 @@ mod tests {
         let chosen = cluster(&[("queued.max.messages.kbytes", "1024")]).consumer_config("g");
         assert_eq!(chosen.get("queued.max.messages.kbytes"), Some("1024"));
         assert_eq!(chosen.get("queued.min.messages"), Some("20000"));
+    }
+
+    #[test]
+    fn the_producers_queue_is_bounded_and_its_guarantees_kept_whatever_the_config_says() {
+        let defaults = cluster(&[]).producer_config();
+        assert_eq!(cluster(&[]).hops_held(), Ok(5000));
+        assert_eq!(defaults.get("queue.buffering.max.messages"), Some("10000"));
+        assert_eq!(defaults.get("linger.ms"), Some("2"));
+        let chosen = cluster(&[
+            ("queue.buffering.max.messages", "100000"),
+            ("linger.ms", "20"),
+            ("acks", "1"),
+            ("enable.idempotence", "false"),
+        ]);
+        assert_eq!(chosen.hops_held(), Ok(100000));
+        let chosen = chosen.producer_config();
+        assert_eq!(chosen.get("queue.buffering.max.messages"), Some("200000"));
+        assert_eq!(chosen.get("linger.ms"), Some("20"));
+        assert_eq!(chosen.get("acks"), Some("all"));
+        assert_eq!(chosen.get("enable.idempotence"), Some("true"));
+        // Not a number: librdkafka is given it, and refuses it by name.
+        let wrong = cluster(&[("queue.buffering.max.messages", "many")]);
+        assert!(wrong.hops_held().is_err());
+        let refused = wrong.producer_config().create::<FutureProducer>().err();
+        let refused = refused.expect("librdkafka refuses it").to_string();
+        assert!(
+            refused.contains("queue.buffering.max.messages"),
+            "{refused}"
+        );
     }
 }

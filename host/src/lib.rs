@@ -202,6 +202,7 @@ fn start_pipeline<P: hop::Processor>(
     let halt = Arc::new(hop::Halt::default());
     let producer = produce::HopProducer::new(
         &cluster.producer_config(),
+        cluster.hops_held().unwrap_or(kafka::HOPS_HELD),
         processor.name(),
         processor.dlq_topic(),
         telemetry.clone(),

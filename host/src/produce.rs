@@ -31,6 +31,8 @@ use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
@@ -100,6 +102,67 @@ pub struct HopContext {
     pipeline: String,
     telemetry: Telemetry,
     redo: mpsc::UnboundedSender<Redo>,
+    room: Arc<Room>,
+}
+
+/// The hops a producer holds that the broker has not acknowledged yet, and
+/// those waiting for one of them to be: a hop is enqueued only while fewer
+/// than `limit` are held. Each delivery report frees its place at once and
+/// wakes one waiting hop, so the bound does not leave the queue idle while
+/// librdkafka frees its own count of a batch of reports.
+struct Room {
+    limit: usize,
+    held: AtomicUsize,
+    /// Hops waiting now; while none are, a delivery costs one load of this.
+    waiting: AtomicUsize,
+    notify: tokio::sync::Notify,
+}
+
+impl Room {
+    fn new(limit: usize) -> Self {
+        Room {
+            limit: limit.max(1),
+            held: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            notify: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Takes a place for a hop, waiting while every place is held.
+    async fn take(&self) {
+        loop {
+            let held = self.held.load(SeqCst);
+            if held < self.limit {
+                if self
+                    .held
+                    .compare_exchange_weak(held, held + 1, SeqCst, SeqCst)
+                    .is_ok()
+                {
+                    return;
+                }
+                continue;
+            }
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            self.waiting.fetch_add(1, SeqCst);
+            // A place freed between the load above and `waiting` counting
+            // this hop woke nobody: look again before sleeping.
+            if self.held.load(SeqCst) >= self.limit {
+                notified.await;
+            }
+            self.waiting.fetch_sub(1, SeqCst);
+        }
+    }
+
+    /// Frees a hop's place (it was acknowledged, failed, or never
+    /// enqueued), and wakes a waiting hop if there is one.
+    fn free(&self) {
+        self.held.fetch_sub(1, SeqCst);
+        if self.waiting.load(SeqCst) > 0 {
+            self.notify.notify_one();
+        }
+    }
 }
 
 impl ClientContext for HopContext {}
@@ -108,6 +171,7 @@ impl ProducerContext for HopContext {
     type DeliveryOpaque = Box<InFlight>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, mut hop: Box<InFlight>) {
+        self.room.free();
         match result {
             Ok(_) => {
                 // The token in `_pending` is dropped last: shutdown's drain
@@ -186,15 +250,19 @@ pub struct HopProducer {
     halt: Arc<Halt>,
     /// Set once, before the pipeline starts, for the delay relay.
     gate: std::sync::OnceLock<Arc<dyn Gate>>,
+    /// The places for hops not yet acknowledged.
+    room: Arc<Room>,
 }
 
 impl HopProducer {
     /// Wraps a producer created from `config`, and starts the task that
-    /// produces failed hops again. `pending` counts hops in flight; hops
+    /// produces failed hops again. It holds at most `hops_held` hops the
+    /// broker has not acknowledged; `pending` counts hops in flight; hops
     /// refused for good go to `dlq`, and a dead-letter record refused for
     /// good sets `halt`.
     pub fn new(
         config: &rdkafka::ClientConfig,
+        hops_held: usize,
         pipeline: &str,
         dlq: &str,
         telemetry: Telemetry,
@@ -202,10 +270,12 @@ impl HopProducer {
         halt: Arc<Halt>,
     ) -> anyhow::Result<Arc<HopProducer>> {
         let (redo, redos) = mpsc::unbounded_channel();
+        let room = Arc::new(Room::new(hops_held));
         let context = HopContext {
             pipeline: pipeline.to_string(),
             telemetry: telemetry.clone(),
             redo,
+            room: room.clone(),
         };
         let producer = Arc::new(HopProducer {
             producer: config.create_with_context(context)?,
@@ -215,6 +285,7 @@ impl HopProducer {
             telemetry,
             halt,
             gate: std::sync::OnceLock::new(),
+            room,
         });
         tokio::spawn(produce_again(Arc::downgrade(&producer), redos));
         Ok(producer)
@@ -275,6 +346,7 @@ impl HopProducer {
             timestamp,
         } = record;
         loop {
+            self.room.take().await;
             let mut base = BaseRecord::<[u8], [u8], Box<InFlight>>::with_opaque_to(&topic, hop)
                 .timestamp(timestamp)
                 .headers(headers);
@@ -288,6 +360,7 @@ impl HopProducer {
                 Ok(()) => return,
                 Err(failed) => failed,
             };
+            self.room.free();
             hop = back.delivery_opaque;
             headers = back.headers.unwrap_or_else(OwnedHeaders::new);
             if let KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull) = e {
@@ -442,5 +515,81 @@ mod tests {
             classify(E::UnknownTopicOrPartition, UNKNOWN_TOPIC_TRIES),
             Failure::Refused
         );
+    }
+
+    #[tokio::test]
+    async fn a_hop_waits_for_a_place_and_each_freed_place_lets_one_in() {
+        let room = Arc::new(Room::new(2));
+        room.take().await;
+        room.take().await;
+        assert_eq!(room.held.load(SeqCst), 2);
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for i in 0..3 {
+            let (room, tx) = (room.clone(), tx.clone());
+            tokio::spawn(async move {
+                room.take().await;
+                tx.send(i).unwrap();
+            });
+        }
+        // All three wait: every place is held.
+        while room.waiting.load(SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+        assert!(rx.try_recv().is_err());
+        room.free();
+        rx.recv().await.unwrap();
+        room.free();
+        rx.recv().await.unwrap();
+        // The third waits still, and would have been seen: one more place
+        // lets it in.
+        while room.waiting.load(SeqCst) < 1 {
+            tokio::task::yield_now().await;
+        }
+        assert!(rx.try_recv().is_err());
+        assert_eq!(room.held.load(SeqCst), 2);
+        room.free();
+        rx.recv().await.unwrap();
+        assert_eq!(room.held.load(SeqCst), 2);
+    }
+
+    #[test]
+    fn no_place_freed_from_another_thread_is_missed() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let room = Arc::new(Room::new(4));
+        let (tx, rx) = std::sync::mpsc::channel::<()>();
+        // As librdkafka's poll thread does: free one place per report.
+        let freer = {
+            let room = room.clone();
+            std::thread::spawn(move || {
+                while rx.recv().is_ok() {
+                    room.free();
+                }
+            })
+        };
+        runtime.block_on(async {
+            let hops = (0..8).map(|_| {
+                let (room, tx) = (room.clone(), tx.clone());
+                tokio::spawn(async move {
+                    for _ in 0..2_000 {
+                        room.take().await;
+                        assert!(room.held.load(SeqCst) <= 4);
+                        tx.send(()).unwrap();
+                    }
+                })
+            });
+            for hop in hops.collect::<Vec<_>>() {
+                tokio::time::timeout(Duration::from_secs(60), hop)
+                    .await
+                    .expect("a hop waited for a place freed long before")
+                    .unwrap();
+            }
+        });
+        drop(tx);
+        freer.join().unwrap();
+        assert_eq!(room.held.load(SeqCst), 0);
     }
 }

@@ -35,6 +35,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     let pending = TaskTracker::new();
     let producer = HopProducer::new(
         &cluster.producer_config(),
+        cluster.hops_held().unwrap(),
         "test",
         "test.dlq",
         telemetry.clone(),
@@ -165,13 +166,21 @@ struct Bench {
 
 impl Bench {
     fn new(max_bytes: usize) -> Bench {
+        Bench::configured(&[("message.max.bytes", &max_bytes.to_string())])
+    }
+
+    /// The same with `properties` in `kafka.properties`.
+    fn configured(properties: &[(&str, &str)]) -> Bench {
         let mock = MockCluster::new(1).unwrap();
         mock.create_topic("out", 1, 1).unwrap();
         mock.create_topic("out.dlq", 1, 1).unwrap();
         let cluster = Cluster {
             brokers: mock.bootstrap_servers(),
             kafka: KafkaConfig {
-                properties: [("message.max.bytes".to_string(), max_bytes.to_string())].into(),
+                properties: properties
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
                 ..Default::default()
             },
         };
@@ -180,6 +189,7 @@ impl Bench {
         let halt = Arc::new(Halt::default());
         let producer = HopProducer::new(
             &cluster.producer_config(),
+            cluster.hops_held().unwrap(),
             "orders",
             "out.dlq",
             telemetry.clone(),
@@ -199,6 +209,11 @@ impl Bench {
 
     async fn send(&self, offset: i64, topic: &str, payload: Vec<u8>) {
         self.tracker.lock().unwrap().begin(offset);
+        self.hop(offset, topic, payload).await;
+    }
+
+    /// [`Bench::send`] of an offset already begun.
+    async fn hop(&self, offset: i64, topic: &str, payload: Vec<u8>) {
         let headers = OwnedHeaders::new()
             .insert(Header {
                 key: "hopper-id",
@@ -237,6 +252,58 @@ impl Bench {
             .unwrap()
             .detach()
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hops_past_the_producers_bound_wait_for_room_and_none_is_lost() {
+    use futures::StreamExt;
+    let bench = Bench::configured(&[
+        ("queue.buffering.max.messages", "3"),
+        ("message.timeout.ms", "60000"),
+    ]);
+    bench.mock.broker_down(1).unwrap();
+    for offset in 0..5 {
+        bench.tracker.lock().unwrap().begin(offset);
+    }
+    let bench = &bench;
+    let mut sends: futures::stream::FuturesUnordered<_> = (0..5)
+        .map(|offset| async move {
+            bench.hop(offset, "out", b"p".to_vec()).await;
+            offset
+        })
+        .collect();
+    // Three are taken in at once...
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(30), sends.next())
+            .await
+            .expect("a hop under the bound is taken in at once")
+            .unwrap();
+    }
+    // ...and the other two wait: with the broker down nothing is
+    // acknowledged, so no place frees. The same stream saw the three.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), sends.next())
+            .await
+            .is_err(),
+        "a fourth hop was taken in while three were held"
+    );
+    bench.mock.broker_up(1).unwrap();
+    for _ in 0..2 {
+        tokio::time::timeout(Duration::from_secs(30), sends.next())
+            .await
+            .expect("a waiting hop is taken in once a place frees")
+            .unwrap();
+    }
+    bench.pending.close();
+    tokio::time::timeout(Duration::from_secs(30), bench.pending.wait())
+        .await
+        .expect("every hop is acknowledged");
+    assert_eq!(
+        bench.tracker.lock().unwrap().in_flight(),
+        0,
+        "all five are done"
+    );
+    assert_eq!(bench.tracker.lock().unwrap().position(), Some(5));
 }
 
 fn header(message: &rdkafka::message::OwnedMessage, name: &str) -> Option<String> {

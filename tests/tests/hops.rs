@@ -134,6 +134,7 @@ async fn run(topic: &str, group: &str, processor: PanicsAt, stop_at: Option<i64>
     let (acks, halt) = (TaskTracker::new(), Arc::new(Halt::default()));
     let producer = HopProducer::new(
         &cluster.producer_config(),
+        cluster.hops_held().unwrap(),
         processor.name(),
         processor.dlq_topic(),
         Telemetry::new(),
