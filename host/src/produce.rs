@@ -7,6 +7,13 @@
 //! future or channel is made per hop; the record is handed to librdkafka
 //! once, with its headers moved, not copied.
 //!
+//! A producer holds a bounded number of hops the broker has not
+//! acknowledged (`Cluster::hops_held`, 5,000 unless configured): a hop past
+//! that waits, and each delivery report frees a place and wakes one waiting
+//! hop. A route that fails faster than the broker takes its hops so slows
+//! to the broker's pace, instead of queueing a backlog that its producer's
+//! threads and the broker go on writing after the route has stopped.
+//!
 //! A hop that is not acknowledged is classified ([`classify`]):
 //! - a transient error (a broker down, a timeout, too few replicas) is
 //!   produced again, with backoff, from the copy librdkafka hands back in the
@@ -316,8 +323,9 @@ impl HopProducer {
     }
 
     /// Enqueues `record`; once it is acknowledged, `event` is emitted and
-    /// `done` completed. Waits only while the producer's queue is full, or
-    /// while the producer refuses to enqueue for a transient reason. A hop
+    /// `done` completed. Waits only while the producer holds as many hops
+    /// not yet acknowledged as it may (`hops_held`), while its queue is
+    /// full, or while it refuses to enqueue for a transient reason. A hop
     /// the gate stops is not produced: `done` completes at once.
     pub async fn send(&self, record: OutRecord, done: Completion, event: Option<Event>) {
         if let Some(gate) = self.gate.get()
