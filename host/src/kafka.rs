@@ -83,9 +83,11 @@ impl Cluster {
             config.set("linger.ms", "2");
         }
         // A value that is not a number goes to librdkafka as it is, which
-        // refuses it by name.
+        // refuses it by name. Twice a bound near librdkafka's own limit is
+        // its limit.
         if let Ok(held) = self.hops_held() {
-            config.set("queue.buffering.max.messages", (2 * held).to_string());
+            let queue = held.saturating_mul(2).min(i32::MAX as usize);
+            config.set("queue.buffering.max.messages", queue.to_string());
         }
         config
     }
@@ -268,6 +270,10 @@ mod tests {
         assert_eq!(chosen.get("linger.ms"), Some("20"));
         assert_eq!(chosen.get("acks"), Some("all"));
         assert_eq!(chosen.get("enable.idempotence"), Some("true"));
+        // Near librdkafka's limit, its limit: not a value it refuses.
+        let most = cluster(&[("queue.buffering.max.messages", "2000000000")]).producer_config();
+        assert_eq!(most.get("queue.buffering.max.messages"), Some("2147483647"));
+        assert!(most.create::<FutureProducer>().is_ok());
         // Not a number: librdkafka is given it, and refuses it by name.
         let wrong = cluster(&[("queue.buffering.max.messages", "many")]);
         assert!(wrong.hops_held().is_err());
