@@ -19,6 +19,11 @@ pub const PROTECTED_PROPERTIES: [&str; 8] = [
     "auto.offset.reset",
 ];
 
+/// The most hops a producer may be set to hold
+/// (`queue.buffering.max.messages`): librdkafka's own queue is given twice
+/// as many, and takes at most `i32::MAX`.
+pub const MAX_HOPS_HELD: u64 = i32::MAX as u64 / 2;
+
 /// How hopper reaches Kafka.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -99,6 +104,16 @@ impl KafkaConfig {
                     "kafka.properties.\"{key}\" is set by hopper itself and cannot be overridden"
                 ));
             }
+        }
+        if let Some(held) = self.properties.get("queue.buffering.max.messages")
+            && !held
+                .trim()
+                .parse::<u64>()
+                .is_ok_and(|n| (1..=MAX_HOPS_HELD).contains(&n))
+        {
+            problems.push(format!(
+                "kafka.properties.\"queue.buffering.max.messages\" must be a whole number of hops from 1 to {MAX_HOPS_HELD}, not {held:?}"
+            ));
         }
     }
 }

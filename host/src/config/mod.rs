@@ -442,6 +442,49 @@ mod tests {
     }
 
     #[test]
+    fn the_producers_bound_is_a_whole_number_of_hops_in_range() {
+        let dir = tempfile::tempdir().unwrap();
+        write_handler(dir.path());
+        let held = |value: &str| {
+            let config = ConfigFile::parse(&format!(
+                "[kafka.properties]\n\"queue.buffering.max.messages\" = {value:?}\n\
+                 [[route]]\nname = \"r\"\ntopics = [\"in\"]\nhandler = \"h.wasm\"\n"
+            ))
+            .unwrap();
+            config.resolve(dir.path()).map(|c| {
+                crate::kafka::Cluster {
+                    brokers: "127.0.0.1:9092".into(),
+                    kafka: c.kafka,
+                }
+                .hops_held()
+                .unwrap()
+            })
+        };
+        assert_eq!(held("1"), Ok(1));
+        assert_eq!(held(" 5000 "), Ok(5000));
+        assert_eq!(held("1073741823"), Ok(1073741823));
+        for wrong in [
+            "0",
+            "-1",
+            "",
+            "many",
+            "1073741824",
+            "18446744073709551615",
+            "18446744073709551616",
+            "1e6",
+            "\u{ff10}",
+        ] {
+            let problems = held(wrong).unwrap_err().join("\n");
+            assert!(
+                problems.contains(&format!(
+                    "\"queue.buffering.max.messages\" must be a whole number of hops from 1 to 1073741823, not {wrong:?}"
+                )),
+                "{wrong:?}: {problems}"
+            );
+        }
+    }
+
+    #[test]
     fn equal_rungs_share_a_tier() {
         let dir = tempfile::tempdir().unwrap();
         write_handler(dir.path());
