@@ -452,12 +452,10 @@ mod tests {
             ))
             .unwrap();
             config.resolve(dir.path()).map(|c| {
-                crate::kafka::Cluster {
-                    brokers: "127.0.0.1:9092".into(),
-                    kafka: c.kafka,
-                }
-                .hops_held()
-                .unwrap()
+                c.kafka.properties["queue.buffering.max.messages"]
+                    .trim()
+                    .parse::<usize>()
+                    .unwrap()
             })
         };
         assert_eq!(held("1"), Ok(1));
