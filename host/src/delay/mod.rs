@@ -10,6 +10,7 @@
 //! the message is forwarded, so a crash loses nothing.
 
 mod cancel;
+mod entries;
 mod relay;
 mod schedule;
 mod send;

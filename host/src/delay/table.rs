@@ -13,6 +13,7 @@
 //! On start the table is read to the end of the topic before the relay
 //! forwards anything ([`CancelTable::start`] returns only then).
 
+use super::entries::Entries;
 use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
@@ -61,18 +62,18 @@ impl ClientContext for ReaderContext {
 
 impl ConsumerContext for ReaderContext {}
 
-/// One pending cancellation: 32 bytes, plus its id.
+/// One pending cancellation: 32 bytes, beside its id ([`Entries`]).
 #[derive(Debug, Clone, Copy)]
-struct Entry {
-    at: InboxPosition,
-    expires_at: i64,
+pub(super) struct Entry {
+    pub(super) at: InboxPosition,
+    pub(super) expires_at: i64,
     /// Schedules this process dropped because of it.
-    dropped: u32,
-    kind: CancelKind,
+    pub(super) dropped: u32,
+    pub(super) kind: CancelKind,
     /// This process read the cancel from the inbox and wrote the entry.
-    mine: bool,
+    pub(super) mine: bool,
     /// This process had forwarded a schedule it covers before it knew it.
-    too_late: bool,
+    pub(super) too_late: bool,
 }
 
 /// What [`CancelTable::get`] reports of an entry.
@@ -125,7 +126,7 @@ impl Recent {
 /// The cancellations every relay process shares.
 pub struct CancelTable {
     /// std Mutex: no .await while it is held; each use is a map operation.
-    entries: Mutex<HashMap<Box<[u8]>, Entry>>,
+    entries: Mutex<Entries>,
     recent: Mutex<Recent>,
     /// This process, in the entries it writes (`hopper-cancel-by`).
     me: String,
@@ -138,7 +139,7 @@ impl CancelTable {
     /// An empty table; [`CancelTable::start`] fills and follows it.
     pub fn new(topic: &str, lifetime: Duration, telemetry: Telemetry) -> CancelTable {
         CancelTable {
-            entries: Mutex::new(HashMap::new()),
+            entries: Mutex::new(Entries::new()),
             recent: Mutex::new(Recent::new()),
             me: format!("{:016x}", RandomState::new().hash_one(std::process::id())),
             lifetime_ms: i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX),
@@ -240,17 +241,24 @@ impl CancelTable {
             }
             // A later cancel of the id extends the earlier one: what that
             // one dropped, and whether it came too late, still count.
-            entries.insert(
-                key.into(),
-                Entry {
-                    at,
-                    expires_at,
-                    dropped: known.map_or(0, |k| k.dropped),
-                    kind,
-                    mine,
-                    too_late: too_late || known.is_some_and(|k| k.too_late),
-                },
-            );
+            let entry = Entry {
+                at,
+                expires_at,
+                dropped: known.map_or(0, |k| k.dropped),
+                kind,
+                mine,
+                too_late: too_late || known.is_some_and(|k| k.too_late),
+            };
+            if entries.insert(key, entry).is_err() {
+                tracing::error!(
+                    topic = self.topic,
+                    partition = record.partition(),
+                    offset = record.offset(),
+                    entries = entries.len(),
+                    "Cancellation table full; entry not kept."
+                );
+                return;
+            }
         }
         self.gauge();
         let id = String::from_utf8_lossy(key).into_owned();
@@ -272,14 +280,11 @@ impl CancelTable {
 
     /// Drops the entries that expired by `now`.
     pub fn sweep(&self, now: i64) {
-        let mut expired = Vec::new();
-        self.entries.lock().unwrap().retain(|id, entry| {
-            let keep = entry.expires_at > now;
-            if !keep {
-                expired.push((id.clone(), *entry));
-            }
-            keep
-        });
+        let expired = self
+            .entries
+            .lock()
+            .unwrap()
+            .drain_unless(|entry| entry.expires_at > now);
         if expired.is_empty() {
             return;
         }
