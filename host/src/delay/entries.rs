@@ -12,7 +12,7 @@
 //! Removing an entry moves the last one into its place, so the order of the
 //! entries is not the order they came in; nothing reads them in order.
 
-use super::table::Entry;
+use crate::types::{CancelKind, InboxPosition};
 use hashbrown::HashTable;
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -48,6 +48,20 @@ impl Id {
             Id::Boxed(bytes) => bytes,
         }
     }
+}
+
+/// One pending cancellation: 32 bytes, beside its id.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Entry {
+    pub(super) at: InboxPosition,
+    pub(super) expires_at: i64,
+    /// Schedules this process dropped because of it.
+    pub(super) dropped: u32,
+    pub(super) kind: CancelKind,
+    /// This process read the cancel from the inbox and wrote the entry.
+    pub(super) mine: bool,
+    /// This process had forwarded a schedule it covers before it knew it.
+    pub(super) too_late: bool,
 }
 
 struct Slot {
@@ -170,7 +184,6 @@ impl Entries {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::types::{CancelKind, InboxPosition};
 
     fn entry(offset: i64, expires_at: i64) -> Entry {
         Entry {

@@ -13,7 +13,7 @@
 //! On start the table is read to the end of the topic before the relay
 //! forwards anything ([`CancelTable::start`] returns only then).
 
-use super::entries::Entries;
+use super::entries::{Entries, Entry};
 use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
@@ -61,20 +61,6 @@ impl ClientContext for ReaderContext {
 }
 
 impl ConsumerContext for ReaderContext {}
-
-/// One pending cancellation: 32 bytes, beside its id ([`Entries`]).
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Entry {
-    pub(super) at: InboxPosition,
-    pub(super) expires_at: i64,
-    /// Schedules this process dropped because of it.
-    pub(super) dropped: u32,
-    pub(super) kind: CancelKind,
-    /// This process read the cancel from the inbox and wrote the entry.
-    pub(super) mine: bool,
-    /// This process had forwarded a schedule it covers before it knew it.
-    pub(super) too_late: bool,
-}
 
 /// What [`CancelTable::get`] reports of an entry.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
