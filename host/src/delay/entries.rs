@@ -101,9 +101,13 @@ impl Entries {
     }
 
     fn place(&self, id: &[u8]) -> Option<usize> {
+        self.place_hashed(self.hash(id), id)
+    }
+
+    fn place_hashed(&self, hash: u64, id: &[u8]) -> Option<usize> {
         let slots = &self.slots;
         self.index
-            .find(self.hash(id), |&i| slots[i as usize].id.as_bytes() == id)
+            .find(hash, |&i| slots[i as usize].id.as_bytes() == id)
             .map(|&i| i as usize)
     }
 
@@ -117,16 +121,17 @@ impl Entries {
 
     /// Sets the entry of `id`, replacing the one it had.
     pub(super) fn insert(&mut self, id: &[u8], entry: Entry) -> Result<(), Full> {
-        if let Some(i) = self.place(id) {
+        let hash = self.hash(id);
+        if let Some(i) = self.place_hashed(hash, id) {
             self.slots[i].entry = entry;
             return Ok(());
         }
-        let next = u32::try_from(self.slots.len()).map_err(|_| Full)?;
-        if next == u32::MAX {
-            return Err(Full);
-        }
+        let next = match u32::try_from(self.slots.len()) {
+            Ok(next) if next < u32::MAX => next,
+            _ => return Err(Full),
+        };
         let (slots, hasher) = (&self.slots, &self.hasher);
-        self.index.insert_unique(self.hash(id), next, |&i| {
+        self.index.insert_unique(hash, next, |&i| {
             hasher.hash_one(slots[i as usize].id.as_bytes())
         });
         self.slots.push(Slot {
