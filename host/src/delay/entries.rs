@@ -224,6 +224,18 @@ mod tests {
         for (n, id) in ids.iter().enumerate() {
             assert_eq!(entries.get(id).unwrap().at.offset, n as i64, "{id:?}");
         }
+        // Lengths a byte counts no more, and a key near the broker's
+        // default record limit (1 MiB).
+        let (at_255, at_256, huge) = (vec![b'z'; 255], vec![b'z'; 256], vec![0xa5; 1 << 20]);
+        for (n, id) in [&at_255, &at_256, &huge].into_iter().enumerate() {
+            entries.insert(id, entry(100 + n as i64, 0)).unwrap();
+        }
+        assert_eq!(entries.get(&at_255).unwrap().at.offset, 100);
+        assert_eq!(entries.get(&at_256).unwrap().at.offset, 101);
+        assert_eq!(entries.get(&huge).unwrap().at.offset, 102);
+        assert_eq!(entries.remove(&huge).unwrap().at.offset, 102);
+        assert!(entries.get(&huge).is_none());
+        assert_eq!(entries.len(), ids.len() + 2);
         assert!(entries.get(b"order-00000002").is_none());
         assert!(entries.get(&[b'y'; INLINE - 1]).is_none());
         assert!(entries.get(&long[..299]).is_none());
