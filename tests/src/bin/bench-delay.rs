@@ -272,8 +272,8 @@ async fn lateness(rate: u64, seconds: u64) {
         "lateness at the target (record timestamp - deliver-at)",
         &mut relay_late,
     );
-    // The broker's tail by fifth of the run, in the order received: a tail
-    // that grows as the topics fill is the broker's, not the relay's.
+    // The tail by fifth of the run, in the order received, to show whether
+    // it grows as the topics fill.
     let fifth = e2e_late.len().div_ceil(5).max(1);
     let tails: Vec<String> = e2e_late
         .chunks(fifth)
