@@ -280,10 +280,7 @@ async fn lateness(rate: u64, seconds: u64) {
         .map(|chunk| {
             let mut chunk = chunk.to_vec();
             chunk.sort_unstable();
-            format!(
-                "{} ms",
-                chunk[(chunk.len() * 99 / 100).min(chunk.len() - 1)]
-            )
+            format!("{} ms", quantile(&chunk, 0.99))
         })
         .collect();
     report(
@@ -296,10 +293,15 @@ async fn lateness(rate: u64, seconds: u64) {
     );
 }
 
+/// The `q` quantile of `sorted`, which is sorted and not empty.
+fn quantile(sorted: &[i64], q: f64) -> i64 {
+    sorted[((sorted.len() as f64 * q) as usize).min(sorted.len() - 1)]
+}
+
 fn report(what: &str, samples: &mut [i64]) {
     samples.sort_unstable();
     let early = samples.iter().filter(|l| **l < 0).count();
-    let pick = |q: f64| samples[((samples.len() as f64 * q) as usize).min(samples.len() - 1)];
+    let pick = |q: f64| quantile(samples, q);
     println!(
         "{what}: n={} early={early} p50={} ms p99={} ms p99.9={} ms max={} ms",
         samples.len(),
