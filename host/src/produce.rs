@@ -26,20 +26,27 @@
 //!   (payload cut, full size recorded) or `HOP_FAILED`;
 //! - a dead-letter record refused for good has nowhere left to go: the
 //!   pipeline is halted ([`Halt`]), its offset is never completed, and
-//!   hopper exits non-zero.
+//!   hopper exits non-zero;
+//! - a producer that librdkafka has failed for good (a fatal error: the
+//!   idempotent producer and the broker no longer agree on a partition's
+//!   sequence numbers, which librdkafka does not repair) is replaced by a
+//!   new one ([`HopProducer::renew`]), and every hop it had not delivered
+//!   is produced again on the new one. The hop was never the problem: it
+//!   is not dead-lettered, and the pipeline goes on.
 
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Reason};
 use crate::hop::{Completion, Halt, OutRecord};
 use crate::types::HopFailure;
+use arc_swap::ArcSwap;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
-use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
@@ -60,6 +67,9 @@ pub enum Failure {
     TooLarge,
     /// The broker will never accept it: dead-letter it.
     Refused,
+    /// The producer will never produce again: replace it, and produce the
+    /// hop on the new one.
+    Fatal,
 }
 
 /// Classifies librdkafka's error `code` for a hop that has now failed
@@ -70,11 +80,11 @@ pub fn classify(code: RDKafkaErrorCode, failures: u32) -> Failure {
         E::MessageSizeTooLarge | E::MessageBatchTooLarge => Failure::TooLarge,
         E::TopicAuthorizationFailed
         | E::ClusterAuthorizationFailed
-        | E::Fatal
         | E::InvalidArgument
         | E::InvalidRecord
         | E::InvalidTopic
         | E::PolicyViolation => Failure::Refused,
+        E::Fatal => Failure::Fatal,
         E::UnknownTopic | E::UnknownTopicOrPartition | E::UnknownPartition
             if failures >= UNKNOWN_TOPIC_TRIES =>
         {
@@ -102,6 +112,8 @@ struct Redo {
     hop: Box<InFlight>,
     /// Set when the broker refused the hop for good: why, and its error.
     refused: Option<(Reason, String)>,
+    /// Set when the producer that failed it failed for good.
+    fatal: bool,
 }
 
 /// The producer's context: completes acknowledged hops.
@@ -204,6 +216,7 @@ impl ProducerContext for HopContext {
                     timestamp: hop.timestamp,
                 };
                 let refused = refusal(e, hop.failures, &record.topic);
+                let fatal = is_fatal(e);
                 if refused.is_none() {
                     self.telemetry.emit(events::HopFailed {
                         route: self.pipeline.clone(),
@@ -218,6 +231,7 @@ impl ProducerContext for HopContext {
                     record,
                     hop,
                     refused,
+                    fatal,
                 });
             }
         }
@@ -229,10 +243,15 @@ fn refusal(error: &KafkaError, failures: u32, topic: &str) -> Option<(Reason, St
     let code = error.rdkafka_error_code()?;
     let text = format!("producing to `{topic}` failed: {error}");
     match classify(code, failures) {
-        Failure::Transient => None,
+        Failure::Transient | Failure::Fatal => None,
         Failure::TooLarge => Some((Reason::RecordTooLarge, text)),
         Failure::Refused => Some((Reason::HopFailed, text)),
     }
+}
+
+/// Whether `error` says the producer failed for good.
+fn is_fatal(error: &KafkaError) -> bool {
+    error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal)
 }
 
 /// Asked just before a hop is produced whether it still should be. The
@@ -247,7 +266,13 @@ pub trait Gate: Send + Sync + 'static {
 /// A pipeline's producer: idempotent, `acks=all`, completing hops from its
 /// delivery callback.
 pub struct HopProducer {
-    producer: ThreadedProducer<HopContext>,
+    /// Swapped for a new one when librdkafka fails it for good.
+    producer: ArcSwap<ThreadedProducer<HopContext>>,
+    /// What a new producer is made from.
+    config: rdkafka::ClientConfig,
+    redo: mpsc::UnboundedSender<Redo>,
+    /// Held while a producer is replaced, so that it is replaced once.
+    renewing: Mutex<()>,
     pending: TaskTracker,
     pipeline: String,
     /// Where hops refused for good go.
@@ -281,11 +306,14 @@ impl HopProducer {
         let context = HopContext {
             pipeline: pipeline.to_string(),
             telemetry: telemetry.clone(),
-            redo,
+            redo: redo.clone(),
             room: room.clone(),
         };
         let producer = Arc::new(HopProducer {
-            producer: config.create_with_context(context)?,
+            producer: ArcSwap::from_pointee(config.create_with_context(context)?),
+            config: config.clone(),
+            redo,
+            renewing: Mutex::new(()),
             pending,
             pipeline: pipeline.to_string(),
             dlq: dlq.to_string(),
@@ -306,6 +334,7 @@ impl HopProducer {
         for topic in topics {
             if let Err(e) = self
                 .producer
+                .load()
                 .client()
                 .fetch_metadata(Some(topic), Duration::from_secs(5))
             {
@@ -364,10 +393,13 @@ impl HopProducer {
             if let Some(payload) = &payload {
                 base = base.payload(payload.as_slice());
             }
-            let (e, back) = match self.producer.send(base) {
+            let (e, back) = match self.producer.load().send(base) {
                 Ok(()) => return,
                 Err(failed) => failed,
             };
+            if is_fatal(&e) {
+                self.renew();
+            }
             self.room.free();
             hop = back.delivery_opaque;
             headers = back.headers.unwrap_or_else(OwnedHeaders::new);
@@ -394,6 +426,63 @@ impl HopProducer {
                 outcome: HopFailure::Retried,
             });
             tokio::time::sleep(backoff(hop.failures)).await;
+        }
+    }
+
+    /// Replaces the producer with a new one if librdkafka has failed it for
+    /// good, and logs why. Whatever the old one had not delivered is
+    /// reported failed when it is dropped (purged) and produced again on
+    /// the new one. Called by every hop that fails for that reason; the
+    /// first replaces it, the rest find a producer that works.
+    fn renew(&self) {
+        let _one = self.renewing.lock().unwrap_or_else(PoisonError::into_inner);
+        let failed = self.producer.load_full();
+        let Some((code, reason)) = failed.client().fatal_error() else {
+            return;
+        };
+        let context = HopContext {
+            pipeline: self.pipeline.clone(),
+            telemetry: self.telemetry.clone(),
+            redo: self.redo.clone(),
+            room: self.room.clone(),
+        };
+        match self.config.create_with_context(context) {
+            Ok(new) => {
+                self.producer.store(Arc::new(new));
+                tracing::error!(
+                    pipeline = %self.pipeline,
+                    error = %format!("{code:?}: {reason}"),
+                    "The producer failed for good; a new one produces every hop it had not delivered."
+                );
+                // Dropping it waits for its threads, and for up to 500 ms
+                // for what it purges to be reported: not on a task's thread.
+                let _ = std::thread::Builder::new()
+                    .name("producer drop".into())
+                    .spawn(move || drop(failed));
+            }
+            Err(e) => tracing::error!(
+                pipeline = %self.pipeline,
+                error = %e,
+                "The producer failed for good and no new one could be made; the next failed hop tries again."
+            ),
+        }
+    }
+
+    /// Raises a fatal error in the current producer through librdkafka's
+    /// test interface, as a broker's answers can. For tests of
+    /// [`HopProducer::renew`].
+    #[doc(hidden)]
+    pub fn raise_fatal(&self, reason: &str) {
+        let reason = std::ffi::CString::new(reason).expect("a reason without NUL");
+        let producer = self.producer.load();
+        // SAFETY: the client pointer is live while `producer` is held, and
+        // librdkafka copies the reason.
+        unsafe {
+            rdkafka::bindings::rd_kafka_test_fatal_error(
+                producer.client().native_ptr(),
+                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+                reason.as_ptr(),
+            );
         }
     }
 
@@ -483,10 +572,14 @@ async fn produce_again(
         record,
         hop,
         refused,
+        fatal,
     }) = redos.recv().await
     {
         let producer = producer.clone();
         tokio::spawn(async move {
+            if fatal && let Some(producer) = producer.upgrade() {
+                producer.renew();
+            }
             if refused.is_none() {
                 tokio::time::sleep(backoff(hop.failures)).await;
             }
@@ -510,7 +603,7 @@ mod tests {
         use RDKafkaErrorCode as E;
         assert_eq!(classify(E::MessageSizeTooLarge, 1), Failure::TooLarge);
         assert_eq!(classify(E::TopicAuthorizationFailed, 1), Failure::Refused);
-        assert_eq!(classify(E::Fatal, 1), Failure::Refused);
+        assert_eq!(classify(E::Fatal, 1), Failure::Fatal);
         assert_eq!(classify(E::MessageTimedOut, 50), Failure::Transient);
         assert_eq!(classify(E::AllBrokersDown, 50), Failure::Transient);
         assert_eq!(classify(E::NotEnoughReplicas, 50), Failure::Transient);

@@ -1,7 +1,8 @@
 //! Messages that cannot go on as they are must not stop their partition: a
 //! record too large once hopper's headers are added is dead-lettered cut,
 //! and a call that panics stops its pipeline without committing past it.
-//! Against the test broker.
+//! A producer that librdkafka fails for good is replaced, and nothing it
+//! held is lost. Against the test broker.
 //!
 //! hopper has no processor that panics on purpose, so the panic test's
 //! processor is the test's own; everything under it (the consumer, the
@@ -10,8 +11,9 @@
 
 use hopper::config::KafkaConfig;
 use hopper::events::{self, Event, Telemetry};
-use hopper::hop::{Action, Concurrency, Halt, Ordering, Processor};
+use hopper::hop::{Action, Completion, Concurrency, Halt, Ordering, OutRecord, Processor};
 use hopper::kafka::Cluster;
+use hopper::offsets::OffsetTracker;
 use hopper::pipeline::{self, Ended};
 use hopper::produce::HopProducer;
 use hopper_tests::*;
@@ -230,4 +232,103 @@ async fn a_call_that_panics_stops_the_pipeline_and_nothing_from_its_offset_is_co
         committed <= 5,
         "committed {committed}, past the offset that panicked (done: {done:?})"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_producer_failed_for_good_is_replaced_and_every_hop_it_held_is_produced_on_the_new_one() {
+    init_tracing();
+    let name = rand_name("fatal");
+    let out = format!("{name}.out");
+    create_topics_with(&[&out], 1).await;
+    let cluster = Cluster::of(&KafkaConfig {
+        brokers: Some(brokers()),
+        ..KafkaConfig::default()
+    })
+    .unwrap();
+    let telemetry = Telemetry::new();
+    let mut events = telemetry.subscribe();
+    let (acks, halt) = (TaskTracker::new(), Arc::new(Halt::default()));
+    let producer = HopProducer::new(
+        &cluster.producer_config(),
+        cluster.hops_held().unwrap(),
+        "fatal",
+        &format!("{name}.dlq"),
+        telemetry.clone(),
+        acks.clone(),
+        halt.clone(),
+    )
+    .unwrap();
+    let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
+    let send = |offset: i64| {
+        tracker.lock().unwrap().begin(offset);
+        let record = OutRecord {
+            topic: out.clone(),
+            key: Some(format!("k{offset}").into_bytes()),
+            payload: Some(format!("m{offset}").into_bytes()),
+            headers: rdkafka::message::OwnedHeaders::new(),
+            timestamp: 1_700_000_000_000,
+        };
+        producer.send(record, Completion::new(offset, tracker.clone()), None)
+    };
+
+    // Hops on their way when librdkafka fails the producer for good, as it
+    // does when it and the broker no longer agree on a partition's
+    // sequence numbers, and hops sent after.
+    for offset in 0..50 {
+        send(offset).await;
+    }
+    producer.raise_fatal("sequence desynchronization, raised by the test");
+    for offset in 50..100 {
+        send(offset).await;
+    }
+
+    // The failure is seen and reported as a hop produced again, not as
+    // one refused or dead-lettered; so is each hop the old producer still
+    // held (purged when it is dropped)...
+    let retried = |e: &Event| {
+        if let Event::HopFailed(failed) = e {
+            assert_eq!(
+                failed.outcome,
+                hopper::types::HopFailure::Retried,
+                "{failed:?}"
+            );
+        }
+    };
+    next_matching(&mut events, retried, |e| match e {
+        Event::HopFailed(failed) if failed.error.contains("Fatal") => Some(()),
+        _ => None,
+    })
+    .await;
+    // ... and every hop is acknowledged, on a new producer: all 100 offsets
+    // are done, and the pipeline was never halted.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while tracker.lock().unwrap().in_flight() > 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{} hops were not acknowledged within {PATIENCE:?}",
+            tracker.lock().unwrap().in_flight()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(tracker.lock().unwrap().position(), Some(100));
+    assert_eq!(halt.reason(), None);
+    acks.close();
+    tokio::time::timeout(Duration::from_secs(5), acks.wait())
+        .await
+        .expect("no hop is left pending");
+
+    // Each record reached the topic, at least once.
+    let records = consume(&out, 100, PATIENCE).await;
+    let mut payloads: Vec<String> = records
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.payload().unwrap()).into_owned())
+        .collect();
+    payloads.sort_by_key(|p| p[1..].parse::<i64>().unwrap());
+    payloads.dedup();
+    let expected: Vec<String> = (0..100).map(|i| format!("m{i}")).collect();
+    assert_eq!(payloads, expected);
+    // ... and none was dead-lettered or halted the pipeline afterwards.
+    while let Ok(event) = events.try_recv() {
+        retried(&event);
+    }
 }
