@@ -22,6 +22,7 @@ use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -89,7 +90,31 @@ fn start_nisshi() -> Nisshi {
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    let child = command.spawn().unwrap_or_else(|e| {
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            // Killed when the thread that started it ends: that thread
+            // lives as long as this process (below).
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    // Started from a thread that never ends, so that the parent-death
+    // signal comes when this process ends, not when the test or runtime
+    // thread that first asked for a broker does.
+    let (started, start) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("nisshi parent".into())
+        .spawn(move || {
+            started.send(command.spawn()).unwrap();
+            loop {
+                std::thread::park();
+            }
+        })
+        .unwrap();
+    let child = start.recv().unwrap().unwrap_or_else(|e| {
         panic!(
             "cannot start {} ({e}); run the suite with `cargo xtask test`, which installs it",
             binary.display()
