@@ -117,6 +117,7 @@ struct Redo {
 }
 
 /// The producer's context: completes acknowledged hops.
+#[derive(Clone)]
 pub struct HopContext {
     pipeline: String,
     telemetry: Telemetry,
@@ -270,7 +271,7 @@ pub struct HopProducer {
     producer: ArcSwap<ThreadedProducer<HopContext>>,
     /// What a new producer is made from.
     config: rdkafka::ClientConfig,
-    redo: mpsc::UnboundedSender<Redo>,
+    context: HopContext,
     /// Held while a producer is replaced, so that it is replaced once.
     renewing: Mutex<()>,
     pending: TaskTracker,
@@ -306,13 +307,13 @@ impl HopProducer {
         let context = HopContext {
             pipeline: pipeline.to_string(),
             telemetry: telemetry.clone(),
-            redo: redo.clone(),
+            redo,
             room: room.clone(),
         };
         let producer = Arc::new(HopProducer {
-            producer: ArcSwap::from_pointee(config.create_with_context(context)?),
+            producer: ArcSwap::from_pointee(config.create_with_context(context.clone())?),
             config: config.clone(),
-            redo,
+            context,
             renewing: Mutex::new(()),
             pending,
             pipeline: pipeline.to_string(),
@@ -440,13 +441,7 @@ impl HopProducer {
         let Some((code, reason)) = failed.client().fatal_error() else {
             return;
         };
-        let context = HopContext {
-            pipeline: self.pipeline.clone(),
-            telemetry: self.telemetry.clone(),
-            redo: self.redo.clone(),
-            room: self.room.clone(),
-        };
-        match self.config.create_with_context(context) {
+        match self.config.create_with_context(self.context.clone()) {
             Ok(new) => {
                 self.producer.store(Arc::new(new));
                 tracing::error!(
