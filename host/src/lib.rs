@@ -33,6 +33,7 @@ pub mod pipeline;
 pub mod plugin;
 pub mod produce;
 pub mod reload;
+pub mod renewable;
 pub mod retry;
 pub mod route;
 pub mod scheduler;
@@ -376,9 +377,11 @@ impl Hopper {
             )
             .await
             .context("loading the delay relay's cancellation table")?;
-            let entries = cluster
-                .producer()
-                .context("creating the delay relay's cancellation producer")?;
+            let entries = renewable::AwaitedProducer::new(
+                cluster.producer_config(),
+                "the delay relay's cancellation entries",
+            )
+            .context("creating the delay relay's cancellation producer")?;
             let processor = delay::DelayProcessor::new(
                 Arc::new(relay.clone()),
                 metadata,

@@ -21,8 +21,7 @@
 //!   Its source offset stays unstored until some attempt succeeds: a produce
 //!   that keeps failing never lets its source offset be committed;
 //! - a hop the broker refuses for good (too large once hopper's headers are
-//!   added, its topic deleted, not authorized, the idempotent producer's
-//!   fatal state) is dead-lettered instead, with reason `RECORD_TOO_LARGE`
+//!   added, its topic deleted, not authorized) is dead-lettered instead, with reason `RECORD_TOO_LARGE`
 //!   (payload cut, full size recorded) or `HOP_FAILED`;
 //! - a dead-letter record refused for good has nowhere left to go: the
 //!   pipeline is halted ([`Halt`]), its offset is never completed, and
@@ -32,21 +31,24 @@
 //!   sequence numbers, which librdkafka does not repair) is replaced by a
 //!   new one ([`HopProducer::renew`]), and every hop it had not delivered
 //!   is produced again on the new one. The hop was never the problem: it
-//!   is not dead-lettered, and the pipeline goes on.
+//!   is not dead-lettered, and the pipeline goes on. The producers that
+//!   await their records one by one outside a pipeline, the delay relay's
+//!   cancellation entries and DLQ replays ([`AwaitedProducer`]), are
+//!   replaced the same way.
 
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Reason};
 use crate::hop::{Completion, Halt, OutRecord};
+use crate::renewable::{Renewable, is_fatal};
 use crate::types::HopFailure;
-use arc_swap::ArcSwap;
 use rdkafka::ClientContext;
 use rdkafka::error::KafkaError;
 use rdkafka::message::{DeliveryResult, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::types::RDKafkaErrorCode;
+use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::SeqCst;
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
@@ -250,11 +252,6 @@ fn refusal(error: &KafkaError, failures: u32, topic: &str) -> Option<(Reason, St
     }
 }
 
-/// Whether `error` says the producer failed for good.
-fn is_fatal(error: &KafkaError) -> bool {
-    error.rdkafka_error_code() == Some(RDKafkaErrorCode::Fatal)
-}
-
 /// Asked just before a hop is produced whether it still should be. The
 /// delay relay's cancellation table is one: it drops a forward that a
 /// cancel read meanwhile covers, however long the forward waited in memory.
@@ -267,13 +264,8 @@ pub trait Gate: Send + Sync + 'static {
 /// A pipeline's producer: idempotent, `acks=all`, completing hops from its
 /// delivery callback.
 pub struct HopProducer {
-    /// Swapped for a new one when librdkafka fails it for good.
-    producer: ArcSwap<ThreadedProducer<HopContext>>,
-    /// What a new producer is made from.
-    config: rdkafka::ClientConfig,
-    context: HopContext,
-    /// Held while a producer is replaced, so that it is replaced once.
-    renewing: Mutex<()>,
+    /// Replaced by a new one when librdkafka fails it for good.
+    producer: Renewable<ThreadedProducer<HopContext>>,
     pending: TaskTracker,
     pipeline: String,
     /// Where hops refused for good go.
@@ -310,11 +302,10 @@ impl HopProducer {
             redo,
             room: room.clone(),
         };
+        let config = config.clone();
+        let make = Box::new(move || config.create_with_context(context.clone()));
         let producer = Arc::new(HopProducer {
-            producer: ArcSwap::from_pointee(config.create_with_context(context.clone())?),
-            config: config.clone(),
-            context,
-            renewing: Mutex::new(()),
+            producer: Renewable::new(make, format!("pipeline `{pipeline}`"))?,
             pending,
             pipeline: pipeline.to_string(),
             dlq: dlq.to_string(),
@@ -436,31 +427,7 @@ impl HopProducer {
     /// the new one. Called by every hop that fails for that reason; the
     /// first replaces it, the rest find a producer that works.
     fn renew(&self) {
-        let _one = self.renewing.lock().unwrap_or_else(PoisonError::into_inner);
-        let failed = self.producer.load_full();
-        let Some((code, reason)) = failed.client().fatal_error() else {
-            return;
-        };
-        match self.config.create_with_context(self.context.clone()) {
-            Ok(new) => {
-                self.producer.store(Arc::new(new));
-                tracing::error!(
-                    pipeline = %self.pipeline,
-                    error = %format!("{code:?}: {reason}"),
-                    "The producer failed for good; a new one produces every hop it had not delivered."
-                );
-                // Dropping it waits for its threads, and for up to 500 ms
-                // for what it purges to be reported: not on a task's thread.
-                let _ = std::thread::Builder::new()
-                    .name("producer drop".into())
-                    .spawn(move || drop(failed));
-            }
-            Err(e) => tracing::error!(
-                pipeline = %self.pipeline,
-                error = %e,
-                "The producer failed for good and no new one could be made; the next failed hop tries again."
-            ),
-        }
+        self.producer.renew();
     }
 
     /// Raises a fatal error in the current producer through librdkafka's
@@ -468,17 +435,7 @@ impl HopProducer {
     /// [`HopProducer::renew`].
     #[doc(hidden)]
     pub fn raise_fatal(&self, reason: &str) {
-        let reason = std::ffi::CString::new(reason).expect("a reason without NUL");
-        let producer = self.producer.load();
-        // SAFETY: the client pointer is live while `producer` is held, and
-        // librdkafka copies the reason.
-        unsafe {
-            rdkafka::bindings::rd_kafka_test_fatal_error(
-                producer.client().native_ptr(),
-                rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
-                reason.as_ptr(),
-            );
-        }
+        self.producer.raise_fatal(reason);
     }
 
     /// A hop the broker refused for good: its dead-letter record takes its

@@ -16,6 +16,7 @@ use hopper::kafka::Cluster;
 use hopper::offsets::OffsetTracker;
 use hopper::pipeline::{self, Ended};
 use hopper::produce::HopProducer;
+use hopper::renewable::AwaitedProducer;
 use hopper_tests::*;
 use rdkafka::Message;
 use rdkafka::consumer::Consumer;
@@ -331,4 +332,68 @@ async fn a_producer_failed_for_good_is_replaced_and_every_hop_it_held_is_produce
     while let Ok(event) = events.try_recv() {
         retried(&event);
     }
+}
+
+/// The delay relay's cancellation entries and DLQ replays produce one
+/// record at a time and await it, on a producer of their own; it is
+/// replaced the same way, and the record that met the failure is produced
+/// on the new one with its key, payload, headers and timestamp.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_awaited_producer_failed_for_good_is_replaced_and_the_record_goes_on_the_new_one() {
+    use rdkafka::message::{Header, Headers, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    init_tracing();
+    let out = format!("{}.out", rand_name("awaited"));
+    create_topics_with(&[&out], 1).await;
+    let cluster = Cluster::of(&KafkaConfig {
+        brokers: Some(brokers()),
+        ..KafkaConfig::default()
+    })
+    .unwrap();
+    let producer = AwaitedProducer::new(cluster.producer_config(), "the test's").unwrap();
+    let record = |n: i64| {
+        FutureRecord::<str, str>::to(&out)
+            .key("the-id")
+            .payload(if n == 0 { "before" } else { "after" })
+            .timestamp(1_700_000_000_000 + n)
+            .headers(OwnedHeaders::new().insert(Header {
+                key: "hopper-id",
+                value: Some("the-id"),
+            }))
+    };
+    producer
+        .send(record(0), Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    producer.raise_fatal("sequence desynchronization, raised by the test");
+    // The producer is in librdkafka's fatal state: every produce on it
+    // fails from here on.
+    let (code, reason) = producer.fatal_error().expect("the fatal state is raised");
+    assert_eq!(
+        code,
+        rdkafka::types::RDKafkaErrorCode::OutOfOrderSequenceNumber
+    );
+    assert!(reason.contains("raised by the test"), "{reason}");
+
+    producer
+        .send(record(1), Duration::from_secs(10))
+        .await
+        .expect("produced on a new producer");
+    assert_eq!(
+        producer.fatal_error(),
+        None,
+        "the failed producer is replaced"
+    );
+
+    let records = consume(&out, 2, PATIENCE).await;
+    let after = &records[1];
+    assert_eq!(after.payload(), Some(&b"after"[..]));
+    assert_eq!(after.key(), Some(&b"the-id"[..]));
+    assert_eq!(after.timestamp().to_millis(), Some(1_700_000_000_001));
+    let header = after.headers().unwrap().get(0);
+    assert_eq!(
+        (header.key, header.value),
+        ("hopper-id", Some(&b"the-id"[..]))
+    );
 }

@@ -11,12 +11,13 @@ use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hold;
 use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::renewable::AwaitedProducer;
 use crate::trace;
 use crate::types::{CancelKind, InboxPosition};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -154,7 +155,7 @@ pub struct DelayProcessor {
     table: Arc<CancelTable>,
     /// Writes the entry of a replace whose new time is too close for a
     /// tier, before the replace waits in memory (see `process`).
-    entries: FutureProducer,
+    entries: AwaitedProducer,
     telemetry: Telemetry,
 }
 
@@ -166,7 +167,7 @@ impl DelayProcessor {
         metadata: BaseConsumer,
         telemetry: Telemetry,
         table: Arc<CancelTable>,
-        entries: FutureProducer,
+        entries: AwaitedProducer,
     ) -> DelayProcessor {
         DelayProcessor {
             table,
@@ -263,7 +264,7 @@ impl DelayProcessor {
         self.entries
             .send(record, Duration::from_secs(30))
             .await
-            .map_err(|(e, _)| format!("writing to `{}`: {e}", self.relay.cancels))?;
+            .map_err(|e| format!("writing to `{}`: {e}", self.relay.cancels))?;
         if let Some(event) = hop.event {
             self.telemetry.emit(event);
         }

@@ -17,8 +17,9 @@ use super::{DeadLetter, plan as dead_letter};
 use crate::clock::now_ms;
 use crate::config::{RELAY_ROUTE, replay_journal};
 use crate::headers::{self, Envelope, Reason};
+use crate::renewable::AwaitedProducer;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::FutureRecord;
 use serde::Serialize;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -264,7 +265,7 @@ impl Dlq<'_> {
         let producer = if dry_run {
             None
         } else {
-            let producer = self.cluster.producer();
+            let producer = AwaitedProducer::new(self.cluster.producer_config(), "a DLQ replay");
             Some(producer.map_err(|e| DlqError::Producer(format!("{e:#}")))?)
         };
         for mut p in planned {
@@ -307,7 +308,7 @@ fn skip(problem: String) -> Action {
 
 /// Produces one planned replay (and its journal entry) or loop record.
 async fn produce(
-    producer: &FutureProducer,
+    producer: &AwaitedProducer,
     message: &OwnedMessage,
     envelope: &Envelope,
     keep: &[&str],
@@ -374,7 +375,7 @@ fn text_header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {
 }
 
 async fn send(
-    producer: &FutureProducer,
+    producer: &AwaitedProducer,
     topic: &str,
     key: Option<&[u8]>,
     payload: Option<&[u8]>,
@@ -393,7 +394,7 @@ async fn send(
         .send(record, PRODUCE_TIMEOUT)
         .await
         .map(|_| ())
-        .map_err(|(e, _)| format!("cannot produce to `{topic}`: {e}"))
+        .map_err(|e| format!("cannot produce to `{topic}`: {e}"))
 }
 
 #[cfg(test)]
