@@ -21,8 +21,9 @@
 //!   Its source offset stays unstored until some attempt succeeds: a produce
 //!   that keeps failing never lets its source offset be committed;
 //! - a hop the broker refuses for good (too large once hopper's headers are
-//!   added, its topic deleted, not authorized) is dead-lettered instead, with reason `RECORD_TOO_LARGE`
-//!   (payload cut, full size recorded) or `HOP_FAILED`;
+//!   added, its topic deleted, not authorized) is dead-lettered instead,
+//!   with reason `RECORD_TOO_LARGE` (payload cut, full size recorded) or
+//!   `HOP_FAILED`;
 //! - a dead-letter record refused for good has nowhere left to go: the
 //!   pipeline is halted ([`Halt`]), its offset is never completed, and
 //!   hopper exits non-zero;
@@ -33,8 +34,8 @@
 //!   is produced again on the new one. The hop was never the problem: it
 //!   is not dead-lettered, and the pipeline goes on. The producers that
 //!   await their records one by one outside a pipeline, the delay relay's
-//!   cancellation entries and DLQ replays ([`AwaitedProducer`]), are
-//!   replaced the same way.
+//!   cancellation entries and DLQ replays
+//!   ([`crate::renewable::AwaitedProducer`]), are replaced the same way.
 
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Reason};
