@@ -77,6 +77,11 @@ impl<P: Client> Renewable<P> {
         self.current.load()
     }
 
+    /// The current producer, held for as long as a send awaits it.
+    pub(crate) fn load_full(&self) -> Arc<P> {
+        self.current.load_full()
+    }
+
     /// Replaces the current producer when librdkafka has failed it for good,
     /// and logs librdkafka's reason. Does nothing when it has not, as when
     /// another caller replaced it first. The old producer is dropped on a
@@ -153,7 +158,7 @@ impl AwaitedProducer {
         K: ToBytes + ?Sized,
         V: ToBytes + ?Sized,
     {
-        let producer = self.producer.load().clone();
+        let producer = self.producer.load_full();
         let mut back = match producer.send(record, timeout).await {
             Ok(delivery) => return Ok(delivery),
             Err((e, _)) if !is_fatal(&e) => return Err(e),
@@ -174,7 +179,7 @@ impl AwaitedProducer {
         if let Some(payload) = back.payload() {
             again = again.payload(payload);
         }
-        let producer = self.producer.load().clone();
+        let producer = self.producer.load_full();
         producer.send(again, timeout).await.map_err(|(e, _)| e)
     }
 
