@@ -164,6 +164,10 @@ impl AwaitedProducer {
             Err((e, _)) if !is_fatal(&e) => return Err(e),
             Err((_, back)) => back,
         };
+        // Let go of the failed producer before the renewal, so that its
+        // drop, which waits for its threads, runs on the renewal's thread
+        // rather than this task's.
+        drop(producer);
         self.producer.renew();
         let headers = back.detach_headers();
         let mut again = FutureRecord::<[u8], [u8]>::to(back.topic());
