@@ -397,3 +397,68 @@ async fn an_awaited_producer_failed_for_good_is_replaced_and_the_record_goes_on_
         ("hopper-id", Some(&b"the-id"[..]))
     );
 }
+
+/// The record produced again after the replacement is the one that met the
+/// failure, whatever it holds: no key, a payload that is not UTF-8 and near
+/// the producer's 1,000,000-byte limit, no timestamp of its own, a header
+/// without a value and one with an empty value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_awaited_producer_produces_an_extreme_record_again_unchanged() {
+    use rdkafka::message::{Header, Headers, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    init_tracing();
+    let out = format!("{}.out", rand_name("awaited-extreme"));
+    create_topics_with(&[&out], 1).await;
+    let cluster = Cluster::of(&KafkaConfig {
+        brokers: Some(brokers()),
+        ..KafkaConfig::default()
+    })
+    .unwrap();
+    let producer = AwaitedProducer::new(cluster.producer_config(), "the test's").unwrap();
+    let payload: Vec<u8> = (0..999_000u32).map(|i| 0x80 | (i % 0x80) as u8).collect();
+    assert!(std::str::from_utf8(&payload).is_err());
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "no-value",
+            value: None::<&[u8]>,
+        })
+        .insert(Header {
+            key: "empty",
+            value: Some(&b""[..]),
+        });
+
+    producer.raise_fatal("sequence desynchronization, raised by the test");
+    assert!(
+        producer.fatal_error().is_some(),
+        "the fatal state is raised"
+    );
+    producer
+        .send(
+            FutureRecord::<[u8], [u8]>::to(&out)
+                .payload(&payload)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .expect("produced on a new producer");
+    assert_eq!(
+        producer.fatal_error(),
+        None,
+        "the failed producer is replaced"
+    );
+
+    let record = consume(&out, 1, PATIENCE).await.remove(0);
+    assert_eq!(record.key(), None);
+    assert_eq!(record.payload(), Some(&payload[..]));
+    assert!(record.timestamp().to_millis().is_some());
+    let got = record.headers().unwrap();
+    assert_eq!(got.count(), 2);
+    assert_eq!(
+        (got.get(0).key, got.get(0).value),
+        ("no-value", None::<&[u8]>)
+    );
+    assert_eq!(
+        (got.get(1).key, got.get(1).value),
+        ("empty", Some(&b""[..]))
+    );
+}
