@@ -30,7 +30,7 @@
 //! - a producer that librdkafka has failed for good (a fatal error: the
 //!   idempotent producer and the broker no longer agree on a partition's
 //!   sequence numbers, which librdkafka does not repair) is replaced by a
-//!   new one ([`HopProducer::renew`]), and every hop it had not delivered
+//!   new one ([`Renewable::renew`]), and every hop it had not delivered
 //!   is produced again on the new one. The hop was never the problem: it
 //!   is not dead-lettered, and the pipeline goes on. The producers that
 //!   await their records one by one outside a pipeline, the delay relay's
@@ -391,7 +391,9 @@ impl HopProducer {
                 Err(failed) => failed,
             };
             if is_fatal(&e) {
-                self.renew();
+                // Whatever the old producer had not delivered is reported
+                // failed when it is dropped (purged), and produced again.
+                self.producer.renew();
             }
             self.room.free();
             hop = back.delivery_opaque;
@@ -422,18 +424,9 @@ impl HopProducer {
         }
     }
 
-    /// Replaces the producer with a new one if librdkafka has failed it for
-    /// good, and logs why. Whatever the old one had not delivered is
-    /// reported failed when it is dropped (purged) and produced again on
-    /// the new one. Called by every hop that fails for that reason; the
-    /// first replaces it, the rest find a producer that works.
-    fn renew(&self) {
-        self.producer.renew();
-    }
-
     /// Raises a fatal error in the current producer through librdkafka's
-    /// test interface, as a broker's answers can. For tests of
-    /// [`HopProducer::renew`].
+    /// test interface, as a broker's answers can. For tests of the
+    /// replacement.
     #[doc(hidden)]
     pub fn raise_fatal(&self, reason: &str) {
         self.producer.raise_fatal(reason);
@@ -531,7 +524,7 @@ async fn produce_again(
         let producer = producer.clone();
         tokio::spawn(async move {
             if fatal && let Some(producer) = producer.upgrade() {
-                producer.renew();
+                producer.producer.renew();
             }
             if refused.is_none() {
                 tokio::time::sleep(backoff(hop.failures)).await;
