@@ -270,6 +270,9 @@ pub struct Hopper {
     engine: plugin::EngineWatch,
     /// The delay relay's cancellation table, followed until shutdown.
     cancels: Option<Arc<delay::CancelTable>>,
+    /// The delay relay's producer of the entries it awaits; weak, so that
+    /// it goes with the relay's pipeline.
+    relay_entries: Option<std::sync::Weak<renewable::AwaitedProducer>>,
 }
 
 impl Hopper {
@@ -338,6 +341,7 @@ impl Hopper {
         };
         let mut slots = HashMap::new();
         let mut cancels: Option<Arc<delay::CancelTable>> = None;
+        let mut relay_entries = None;
         let mut reload_targets = Vec::new();
         for (route, handler) in config.routes.iter().zip(handlers) {
             let route = Arc::new(route.clone());
@@ -377,18 +381,21 @@ impl Hopper {
             )
             .await
             .context("loading the delay relay's cancellation table")?;
-            let entries = renewable::AwaitedProducer::new(
-                cluster.producer_config(),
-                "the delay relay's cancellation entries",
-            )
-            .context("creating the delay relay's cancellation producer")?;
+            let entries = Arc::new(
+                renewable::AwaitedProducer::new(
+                    cluster.producer_config(),
+                    "the delay relay's cancellation entries",
+                )
+                .context("creating the delay relay's cancellation producer")?,
+            );
             let processor = delay::DelayProcessor::new(
                 Arc::new(relay.clone()),
                 metadata,
                 telemetry.clone(),
                 table.clone(),
-                entries,
+                entries.clone(),
             );
+            relay_entries = Some(Arc::downgrade(&entries));
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
             let gate: Arc<dyn produce::Gate> = table.clone();
@@ -462,12 +469,20 @@ impl Hopper {
             supervision,
             engine,
             cancels,
+            relay_entries,
         })
     }
 
     /// The delay relay's cancellation table, when a relay runs.
     pub fn cancellations(&self) -> Option<Arc<delay::CancelTable>> {
         self.cancels.clone()
+    }
+
+    /// The delay relay's producer of the cancellation entries it awaits,
+    /// while a relay runs. For tests of its replacement.
+    #[doc(hidden)]
+    pub fn relay_entries(&self) -> Option<Arc<renewable::AwaitedProducer>> {
+        self.relay_entries.as_ref()?.upgrade()
     }
 
     /// Whether this hopper's WebAssembly engine is alive. It is freed, with

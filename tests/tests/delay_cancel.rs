@@ -251,6 +251,60 @@ async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
     hopper.stop().await;
 }
 
+/// A replace too close for any tier waits in memory, so the relay writes
+/// its entry first and awaits it, on a producer of its own. When librdkafka
+/// has failed that producer for good, it is replaced and the entry written
+/// on the new one: the replace arrives once, at its new time, and the old
+/// copy is held, as beside a twin that nobody replaced, which arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_good() {
+    init_tracing();
+    let (config, inbox) = relay(1, "");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let producer = producer();
+    let base = now_ms() + 6_000;
+    schedule(&producer, &inbox, &target, "twin", base, "twin", &[]).await;
+    schedule(&producer, &inbox, &target, "moved", base, "old", &[]).await;
+
+    let entries = hopper.relay_entries().expect("the relay runs");
+    entries.raise_fatal("sequence desynchronization, raised by the test");
+    assert!(
+        entries.fatal_error().is_some(),
+        "the relay's entry producer is failed for good"
+    );
+    // Half a second away: below the 1s tier, so it waits in memory.
+    let sooner = now_ms() + 500;
+    let replace = [("hopper-replace", "true")];
+    schedule(&producer, &inbox, &target, "moved", sooner, "new", &replace).await;
+
+    let seen = watch(&target, base + 2_000, |_| true).await;
+    let seen = by_id(&seen);
+    let twin = &seen["twin"];
+    assert_eq!(twin.len(), 1, "the twin arrives once");
+    assert!(timestamp(twin[0]) >= base, "the twin is not early");
+    let moved = &seen["moved"];
+    assert_eq!(
+        moved.iter().map(|m| m.payload()).collect::<Vec<_>>(),
+        [Some(&b"new"[..])],
+        "only the replacement arrives"
+    );
+    let ts = timestamp(moved[0]);
+    assert!(ts >= sooner, "delivered {} ms early", sooner - ts);
+    assert!(ts < base, "delivered at the old time, not the new one");
+    assert_eq!(
+        entries.fatal_error(),
+        None,
+        "the failed producer is replaced"
+    );
+    let counters = hopper.telemetry().counters();
+    assert_eq!(counters["hopper_delay_replaced_total{}"], 1);
+    assert_eq!(counters["hopper_delay_cancels_total{kind=replace}"], 1);
+    drop(entries);
+    hopper.stop().await;
+}
+
 /// A cancel for an id never scheduled and one after the delivery are
 /// harmless, counted, and their entries expire; a storm of 100,000 cancels
 /// is taken in and forgotten the same way.

@@ -155,7 +155,7 @@ pub struct DelayProcessor {
     table: Arc<CancelTable>,
     /// Writes the entry of a replace whose new time is too close for a
     /// tier, before the replace waits in memory (see `process`).
-    entries: AwaitedProducer,
+    entries: Arc<AwaitedProducer>,
     telemetry: Telemetry,
 }
 
@@ -167,7 +167,7 @@ impl DelayProcessor {
         metadata: BaseConsumer,
         telemetry: Telemetry,
         table: Arc<CancelTable>,
-        entries: AwaitedProducer,
+        entries: Arc<AwaitedProducer>,
     ) -> DelayProcessor {
         DelayProcessor {
             table,
