@@ -274,8 +274,9 @@ async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_
         entries.fatal_error().is_some(),
         "the relay's entry producer is failed for good"
     );
-    // Half a second away: below the 1s tier, so it waits in memory.
-    let sooner = now_ms() + 500;
+    // 1.2 s away: within the 1s tier's wait plus its 250 ms margin, so it
+    // waits in memory, unless the relay takes over 1.2 s to read it.
+    let sooner = now_ms() + 1_200;
     let replace = [("hopper-replace", "true")];
     schedule(&producer, &inbox, &target, "moved", sooner, "new", &replace).await;
 
