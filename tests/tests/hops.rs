@@ -334,6 +334,20 @@ async fn a_producer_failed_for_good_is_replaced_and_every_hop_it_held_is_produce
     }
 }
 
+/// A fresh one-partition `.out` topic named from `prefix`, and an
+/// [`AwaitedProducer`] on the test broker to write to it.
+async fn awaited_producer(prefix: &str) -> (String, AwaitedProducer) {
+    let out = format!("{}.out", rand_name(prefix));
+    create_topics_with(&[&out], 1).await;
+    let cluster = Cluster::of(&KafkaConfig {
+        brokers: Some(brokers()),
+        ..KafkaConfig::default()
+    })
+    .unwrap();
+    let producer = AwaitedProducer::new(cluster.producer_config(), "the test's").unwrap();
+    (out, producer)
+}
+
 /// The delay relay's cancellation entries and DLQ replays produce one
 /// record at a time and await it, on a producer of their own; it is
 /// replaced the same way, and the record that met the failure is produced
@@ -343,14 +357,7 @@ async fn an_awaited_producer_failed_for_good_is_replaced_and_the_record_goes_on_
     use rdkafka::message::{Header, Headers, OwnedHeaders};
     use rdkafka::producer::FutureRecord;
     init_tracing();
-    let out = format!("{}.out", rand_name("awaited"));
-    create_topics_with(&[&out], 1).await;
-    let cluster = Cluster::of(&KafkaConfig {
-        brokers: Some(brokers()),
-        ..KafkaConfig::default()
-    })
-    .unwrap();
-    let producer = AwaitedProducer::new(cluster.producer_config(), "the test's").unwrap();
+    let (out, producer) = awaited_producer("awaited").await;
     let record = |n: i64| {
         FutureRecord::<str, str>::to(&out)
             .key("the-id")
@@ -407,14 +414,7 @@ async fn an_awaited_producer_produces_an_extreme_record_again_unchanged() {
     use rdkafka::message::{Header, Headers, OwnedHeaders};
     use rdkafka::producer::FutureRecord;
     init_tracing();
-    let out = format!("{}.out", rand_name("awaited-extreme"));
-    create_topics_with(&[&out], 1).await;
-    let cluster = Cluster::of(&KafkaConfig {
-        brokers: Some(brokers()),
-        ..KafkaConfig::default()
-    })
-    .unwrap();
-    let producer = AwaitedProducer::new(cluster.producer_config(), "the test's").unwrap();
+    let (out, producer) = awaited_producer("awaited-extreme").await;
     let payload: Vec<u8> = (0..999_000u32).map(|i| 0x80 | (i % 0x80) as u8).collect();
     assert!(std::str::from_utf8(&payload).is_err());
     let headers = OwnedHeaders::new()
