@@ -62,11 +62,20 @@ const HTTP_TYPES: &str = "wasi:http/types@0.2.12";
 /// The world every handler must target.
 pub const WORLD: &str = "hopper:handler/handler@0.1.2";
 
-/// How often the engine's epoch advances. Deadlines are counted in ticks.
-const EPOCH_TICK: Duration = Duration::from_millis(1);
-/// A running guest yields to the async runtime every this many ticks, so a
-/// spinning guest never starves the other partitions.
-const YIELD_EVERY_TICKS: u64 = 10;
+/// How often the engine's epoch advances. At each tick a running guest
+/// checks its deadline and yields to the async runtime, so a call is
+/// stopped within a tick of its timeout and a spinning guest never starves
+/// the other partitions. The thread that ticks wakes whether or not a guest
+/// runs: at 1 ms it woke 1,000 times a second, a quarter of a context
+/// switch per HTTP request on the clients' CPU (BENCHMARKS.md, "The HTTP
+/// path's context switches").
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// A running guest yields to the async runtime every this many ticks.
+const YIELD_EVERY_TICKS: u64 = 1;
+/// How long past its timeout a call that waits on a host call is given
+/// before it is stopped from outside: guest code is stopped by the epoch
+/// first.
+const TIMEOUT_GRACE: Duration = Duration::from_millis(50);
 
 /// One delivery of a message, borrowed from wherever it lives: the WIT
 /// `message` record, field for field, which a call lowers straight into the

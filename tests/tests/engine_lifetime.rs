@@ -4,7 +4,7 @@
 //! Regression: health held a closure over the handler slots, the slots held
 //! the handlers and their engine, the handlers' grants held the telemetry,
 //! and the telemetry held health. That cycle kept every stopped hopper's
-//! engine alive (8 TiB of reserved address space each, and a 1 kHz thread),
+//! engine alive (8 TiB of reserved address space each, and an epoch thread),
 //! so a process that started ~18 hoppers failed with `mmap failed to
 //! reserve`.
 

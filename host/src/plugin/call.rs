@@ -7,7 +7,7 @@ use super::grants::RouteGrants;
 use super::instance::{Guest, Pool};
 use super::output::LineBudget;
 use super::state::GuestState;
-use super::{Delivery, EPOCH_TICK, EpochTicker, Header, Message, Verdict};
+use super::{Delivery, EpochTicker, Header, Message, TIMEOUT_GRACE, Verdict};
 use crate::config::{InstancePolicy, Route, Secrets};
 use crate::headers::Reason;
 use crate::per_thread::PerThread;
@@ -194,7 +194,7 @@ impl Handler {
             match futures::poll!(call.as_mut()) {
                 Poll::Ready(result) => Ok(result),
                 Poll::Pending => {
-                    let limit = started + inner.timeout + EPOCH_TICK * 50;
+                    let limit = started + inner.timeout + TIMEOUT_GRACE;
                     tokio::time::timeout_at(limit.into(), call).await
                 }
             }
