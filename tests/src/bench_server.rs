@@ -147,6 +147,37 @@ pub fn cpu_seconds() -> f64 {
     ticks / 100.0
 }
 
+/// Context switches so far of this process's live threads, voluntary
+/// (a thread parked, waiting to be woken) and not, by thread name: on a
+/// machine whose wake-ups cost an interrupt each, what a request costs
+/// beyond its own work. A thread that ended takes its count with it.
+pub fn context_switches() -> std::collections::BTreeMap<String, u64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return by_name;
+    };
+    for task in tasks.flatten() {
+        let Ok(status) = std::fs::read_to_string(task.path().join("status")) else {
+            continue;
+        };
+        let mut name = String::new();
+        let mut switches = 0;
+        for line in status.lines() {
+            if let Some(n) = line.strip_prefix("Name:") {
+                name = n.trim().to_string();
+            } else if line.contains("ctxt_switches:") {
+                switches += line
+                    .split_whitespace()
+                    .nth(1)
+                    .and_then(|n| n.parse::<u64>().ok())
+                    .unwrap_or(0);
+            }
+        }
+        *by_name.entry(name).or_insert(0) += switches;
+    }
+    by_name
+}
+
 /// With `BENCH_WINDOWS` set, the boot clock now (`/proc/uptime`, seconds),
 /// which `perf record -k CLOCK_MONOTONIC` matches on a machine that never
 /// slept: a benchmark prints each contender's timed window with it, for
