@@ -39,7 +39,8 @@
 //! With `--service-ms`, the server answers each request after MS
 //! milliseconds, like a service doing work, instead of at once.
 //!
-//! Each row gives msg/s, this process's CPU µs per message, and the
+//! Each row gives msg/s, this process's CPU µs per message, its context
+//! switches per message (by thread, with `BENCH_SWITCHES` set), and the
 //! connections the server accepted per 10,000 messages. Rounds run the
 //! contenders in the same order, with the bare client first and again
 //! last; the round's bare figure is the mean of the two, so a drift during
