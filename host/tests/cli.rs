@@ -70,6 +70,61 @@ timeout = "0s"
     }
 }
 
+/// The largest durations TOML can carry: a call's deadline and a retry's
+/// due time are computed from them, so each is refused at load with its
+/// bound, and the smallest that is not zero is accepted.
+#[test]
+fn a_timeout_or_retry_rung_past_its_bound_is_refused_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    let handler = plugin("noop");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+brokers = "127.0.0.1:1"
+
+[[route]]
+name = "huge"
+topics = ["huge"]
+handler = "{handler}"
+retry = ["1s", "18446744073709551615s"]
+timeout = "18446744073709551615s"
+
+[[route]]
+name = "tiny"
+topics = ["tiny"]
+handler = "{handler}"
+retry = ["1ns"]
+timeout = "1ns"
+"#,
+            handler = handler.display()
+        ),
+    )
+    .unwrap();
+    let out = hopper()
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for expected in [
+        "has 2 problem(s)",
+        "route `huge`: timeout must be at most 1h, not ",
+        "route `huge`: invalid retry ladder: a rung of ",
+        "rungs may be at most 30days",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("route `tiny`"), "{stderr}");
+}
+
 #[test]
 fn a_config_with_a_typo_names_the_field() {
     let dir = tempfile::tempdir().unwrap();

@@ -204,6 +204,14 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 /// load, short enough that a hung service holds a partition for seconds,
 /// not minutes; the retry ladder is the place to wait longer.
 pub const DEFAULT_IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Upper bound of `timeout`: a call that long holds its partition's
+/// place for an hour, and a deadline past it is only arithmetic that can
+/// overflow (a call's deadline is its start plus the timeout).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Upper bound of a retry rung: a message's due time is computed in
+/// milliseconds from it, and a tier must keep its messages longer than its
+/// wait (docs/scaling.md): a month is past any retention set for retries.
+pub const MAX_RETRY_RUNG: Duration = Duration::from_secs(30 * 24 * 3600);
 /// Upper bound of `max_instances`, and of all routes' together: the
 /// runtime's instance slots.
 pub const MAX_INSTANCES: usize = 1000;
@@ -319,6 +327,15 @@ pub(super) fn resolve_route(
     if ladder.iter().any(|d| d.is_zero()) {
         problems.push(format!("{label}: invalid retry ladder: a rung of 0s"));
     }
+    if let Some(&longest) = ladder.iter().max()
+        && longest > MAX_RETRY_RUNG
+    {
+        problems.push(format!(
+            "{label}: invalid retry ladder: a rung of {}; rungs may be at most {}",
+            compact_duration(longest),
+            compact_duration(MAX_RETRY_RUNG)
+        ));
+    }
     let max_attempts = raw.max_attempts.unwrap_or(ladder.len() as u32 + 1);
     if max_attempts == 0 {
         problems.push(format!("{label}: max_attempts must be at least 1"));
@@ -335,6 +352,13 @@ pub(super) fn resolve_route(
     });
     if timeout.is_zero() {
         problems.push(format!("{label}: timeout must be more than 0s"));
+    }
+    if timeout > MAX_TIMEOUT {
+        problems.push(format!(
+            "{label}: timeout must be at most {}, not {}",
+            compact_duration(MAX_TIMEOUT),
+            compact_duration(timeout)
+        ));
     }
     let max_instances = raw.max_instances.unwrap_or(DEFAULT_MAX_INSTANCES);
     if max_instances == 0 || max_instances > MAX_INSTANCES {
