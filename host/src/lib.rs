@@ -115,8 +115,29 @@ pub struct Options {
     /// Where compiled handlers are cached (`None`: compile every time).
     pub cache_dir: Option<PathBuf>,
     /// How long [`Hopper::stop`] may take to drain: finish the calls in
-    /// flight, have their hops acknowledged and commit. Default 30 s.
+    /// flight, have their hops acknowledged and commit. Default 30 s, at
+    /// most [`MAX_SHUTDOWN_TIMEOUT`].
     pub shutdown_timeout: std::time::Duration,
+}
+
+/// The longest drain [`Options::shutdown_timeout`] may ask for: a day, far
+/// past a route's longest call (an hour). The drain's end is computed as
+/// now plus the timeout, which a larger value could overflow.
+pub const MAX_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+impl Options {
+    /// Checks the options on their own: the shutdown timeout is at most
+    /// [`MAX_SHUTDOWN_TIMEOUT`].
+    pub fn validate(&self) -> anyhow::Result<()> {
+        if self.shutdown_timeout > MAX_SHUTDOWN_TIMEOUT {
+            anyhow::bail!(
+                "the shutdown timeout must be at most {}, not {}",
+                humantime::format_duration(MAX_SHUTDOWN_TIMEOUT),
+                humantime::format_duration(self.shutdown_timeout)
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for Options {
@@ -280,6 +301,7 @@ impl Hopper {
     /// route. Nothing starts unless all of that succeeds; a failure names
     /// every handler that could not be loaded.
     pub async fn start(config: Config, options: Options) -> anyhow::Result<Hopper> {
+        options.validate()?;
         let cluster = Cluster::of(&config.kafka)?;
         let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
         let telemetry = Telemetry::for_config(&config, metrics_on)

@@ -126,6 +126,41 @@ timeout = "1ns"
 }
 
 #[test]
+fn a_shutdown_timeout_past_its_bound_is_refused_by_name() {
+    // A config that fails to load, so that an accepted flag shows as the
+    // config's error and a refused one as the flag's.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    std::fs::write(&config, "[kafka]\nbrokers = \"127.0.0.1:1\"\n").unwrap();
+    let run = |timeout: &str| {
+        let out = hopper()
+            .args(["run", "--config"])
+            .arg(&config)
+            .args(["--shutdown-timeout", timeout])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for refused in ["18446744073709551615s", "24h 1s"] {
+        let (code, stderr) = run(refused);
+        assert_eq!(code, Some(2), "{refused}: {stderr}");
+        assert!(
+            stderr.contains(&format!(
+                "invalid value '{refused}' for '--shutdown-timeout"
+            )) && stderr.contains("must be at most 1day"),
+            "{refused}: {stderr}"
+        );
+    }
+    let (code, stderr) = run("24h");
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(!stderr.contains("--shutdown-timeout"), "{stderr}");
+    assert!(stderr.contains("route"), "{stderr}");
+}
+
+#[test]
 fn a_config_with_a_typo_names_the_field() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("hopper.toml");

@@ -64,9 +64,9 @@ enum Command {
         embedded: bool,
         /// How long the drain after SIGTERM or Ctrl-C may take (humantime:
         /// 30s, 2m). What is not done by then is re-delivered after a
-        /// restart.
-        #[arg(long, env = "HOPPER_SHUTDOWN_TIMEOUT", default_value = "30s")]
-        shutdown_timeout: humantime::Duration,
+        /// restart. At most 24h.
+        #[arg(long, env = "HOPPER_SHUTDOWN_TIMEOUT", default_value = "30s", value_parser = shutdown_timeout)]
+        shutdown_timeout: std::time::Duration,
     },
     /// Runs the order-timeout demo on the embedded broker: sample orders
     /// that succeed, retry, and land in the dead-letter topic.
@@ -179,7 +179,7 @@ async fn main() -> ExitCode {
         } => {
             let options = Options {
                 cache_dir,
-                shutdown_timeout: shutdown_timeout.into(),
+                shutdown_timeout,
             };
             match run(config, brokers, embedded, options).await {
                 Ok(code) => return code,
@@ -238,6 +238,21 @@ fn init_logs(format: LogFormat, default_filter: &str) {
 }
 
 /// `$XDG_CACHE_HOME/hopper/components`, else `~/.cache/hopper/components`.
+/// Parses `--shutdown-timeout`: a humantime duration, refused by clap with
+/// its bound when it is longer than [`hopper::MAX_SHUTDOWN_TIMEOUT`].
+fn shutdown_timeout(text: &str) -> Result<std::time::Duration, String> {
+    let timeout: std::time::Duration = text
+        .parse::<humantime::Duration>()
+        .map_err(|e| e.to_string())?
+        .into();
+    let options = Options {
+        shutdown_timeout: timeout,
+        ..Default::default()
+    };
+    options.validate().map_err(|e| e.to_string())?;
+    Ok(timeout)
+}
+
 fn default_cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
