@@ -147,6 +147,14 @@ pub struct KillReport {
     /// after it, as when a retry hop was duplicated and both copies then
     /// went down the ladder).
     pub oldest_ms: i64,
+    /// First hops off the input topic (the `ok` emit, the `fatal`
+    /// dead letter, the `retryable` first retry) made again after the kill:
+    /// the ones whose lag is judged.
+    pub judged: usize,
+    /// How long, at most, a judged duplicate's whole partition prefix had
+    /// been done before the kill without being committed: 0 when each was
+    /// behind an offset still in flight. [`commit_lags`].
+    pub commit_lag_ms: i64,
 }
 
 /// What the run found.
@@ -214,12 +222,22 @@ impl fmt::Display for Summary {
         }
         writeln!(
             f,
-            "  per kill: fates done by then, fates in the {COMMIT_WINDOW_MS} ms before it; extra copies after it = first copies made in those {COMMIT_WINDOW_MS} ms (since the last commit) + older ones (behind an offset in flight); oldest first copy (ms before the kill)"
+            "  commit lag at the kills: {} ms at most, over {} first hops off the input topic made again (the promise: the in-flight window + {COMMIT_WINDOW_MS} ms)",
+            self.kills
+                .iter()
+                .map(|k| k.commit_lag_ms)
+                .max()
+                .unwrap_or(0),
+            self.kills.iter().map(|k| k.judged).sum::<usize>()
+        )?;
+        writeln!(
+            f,
+            "  per kill: fates done by then, fates in the {COMMIT_WINDOW_MS} ms before it; extra copies after it = first copies made in those {COMMIT_WINDOW_MS} ms (since the last commit) + older ones (behind an offset in flight); oldest first copy (ms before the kill); first hops off the input topic made again, and the commit lag they show (how long the longest done prefix had waited uncommitted; 0: each was behind an offset in flight)"
         )?;
         for (n, k) in self.kills.iter().enumerate() {
             writeln!(
                 f,
-                "    kill {:>2}: {:>7} done, {:>5} in the last {COMMIT_WINDOW_MS} ms; duplicates {:>5} = {:>5} since the last commit + {:>5} behind in flight; oldest {:>6} ms{}",
+                "    kill {:>2}: {:>7} done, {:>5} in the last {COMMIT_WINDOW_MS} ms; duplicates {:>5} = {:>5} since the last commit + {:>5} behind in flight; oldest {:>6} ms; first hops again {:>5}, commit lag {:>5} ms{}",
                 n + 1,
                 k.fates_before,
                 k.window,
@@ -227,6 +245,8 @@ impl fmt::Display for Summary {
                 k.since_commit,
                 k.behind_in_flight,
                 k.oldest_ms,
+                k.judged,
+                k.commit_lag_ms,
                 if k.idle {
                     " (idle: every message done)"
                 } else {
@@ -256,6 +276,9 @@ impl fmt::Display for Summary {
 
 struct Topics {
     input: String,
+    /// The route's first retry tier, where a `retryable` message's first
+    /// hop off the input topic lands.
+    tier1: String,
     done: String,
     dlq: String,
     inbox: String,
@@ -270,12 +293,13 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
     let name = rand_name("crash");
     let t = Topics {
         input: format!("{name}.in"),
+        tier1: format!("{name}.retry.1s"),
         done: format!("{name}.done"),
         dlq: format!("{name}.dlq"),
         inbox: format!("{name}.delay"),
         sink: format!("{name}.later"),
     };
-    create_topics_with(&[&t.input, &t.done, &t.dlq, &t.inbox, &t.sink], 6).await;
+    create_topics_with(&[&t.input, &t.tier1, &t.done, &t.dlq, &t.inbox, &t.sink], 6).await;
     let file = TestConfig::with_partitions(
         6,
         &format!(
@@ -294,7 +318,15 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
         ),
     );
     let (dir, config) = (&file.dir, &file.path);
-    let ledger = Ledger::start(&[t.done.clone(), t.dlq.clone(), t.sink.clone()]);
+    // The input topic and the first tier too: where each message was, and
+    // when its first hop was done (for the commit lag).
+    let ledger = Ledger::start(&[
+        t.done.clone(),
+        t.dlq.clone(),
+        t.sink.clone(),
+        t.input.clone(),
+        t.tier1.clone(),
+    ]);
     let say = |line: String| {
         if params.progress {
             eprintln!("[{:>6.1}s] {line}", started.elapsed().as_secs_f64());
@@ -521,6 +553,91 @@ fn fate(r: &Seen, t: &Topics) -> Option<Kind> {
     }
 }
 
+/// Every message's place on the input topic, `(partition, offset)`, with
+/// the timestamps of every copy of its first hop off it: the `ok` emit, the
+/// `fatal` dead letter, the `retryable` record on the first tier. The
+/// offset is done once that hop is acknowledged, a few ms after the copy's
+/// timestamp.
+fn first_hops(records: &[Seen], t: &Topics) -> BTreeMap<(i32, i64), Vec<i64>> {
+    let mut at: HashMap<&str, (i32, i64)> = HashMap::new();
+    let mut hops = BTreeMap::new();
+    for r in records.iter().filter(|r| r.topic == t.input) {
+        at.insert(&r.id, (r.partition, r.offset));
+        hops.insert((r.partition, r.offset), Vec::new());
+    }
+    for r in records {
+        let first_hop = (r.topic == t.done && r.id.ends_with("/emit/0"))
+            || (r.topic == t.dlq && r.reason.as_deref() == Some("FATAL") && r.attempt == Some(1))
+            || r.topic == t.tier1;
+        if let Some(place) = first_hop.then(|| at.get(fate_id(r))).flatten() {
+            hops.entry(*place)
+                .or_insert_with(Vec::new)
+                .push(r.timestamp);
+        }
+    }
+    hops
+}
+
+/// For each kill (epoch ms, in order): how many first hops were made again
+/// after it, and the longest any of them had been done, with every offset
+/// before it on its partition, without being committed.
+///
+/// The killed process's work is what it did between the kill before and
+/// this one. On each partition it started at the offset it was handed (its
+/// lowest copy; everything below was done before: a process is killed only
+/// after 1.5 s of work, so an offset it was handed and left in flight all
+/// that time would be a stall the run reports anyway) and went up. A message
+/// made again after the kill was either behind an offset the process had
+/// not done (in flight: lag 0), or its whole prefix was done at the latest
+/// of their copies, `D`, and not committed by the kill: lag `kill - D`. The
+/// promise is a lag within the commit window (in-flight window + 200 ms).
+pub fn commit_lags(hops: &BTreeMap<(i32, i64), Vec<i64>>, kills: &[i64]) -> Vec<(usize, i64)> {
+    let mut partitions: BTreeMap<i32, Vec<&Vec<i64>>> = BTreeMap::new();
+    for (&(p, _), copies) in hops {
+        partitions.entry(p).or_default().push(copies);
+    }
+    let mut out = Vec::with_capacity(kills.len());
+    for (k, &kill) in kills.iter().enumerate() {
+        let before = if k == 0 { i64::MIN } else { kills[k - 1] };
+        let after = kills.get(k + 1).copied().unwrap_or(i64::MAX);
+        let own = |copies: &[i64]| {
+            copies
+                .iter()
+                .filter(|&&c| c >= before && c < kill)
+                .min()
+                .copied()
+        };
+        let (mut judged, mut lag) = (0, 0);
+        for offsets in partitions.values() {
+            // Where the process started on this partition: its lowest copy.
+            // Below it, an offset counts as done at its latest copy by an
+            // earlier process. A partition it made no copy on at all, it
+            // had not got going on: everything there was in flight.
+            let start = offsets.iter().position(|c| own(c).is_some());
+            // The latest done time of the prefix so far; `None` once an
+            // offset was not done at the kill.
+            let mut prefix = start.map(|_| i64::MIN);
+            for (i, copies) in offsets.iter().enumerate() {
+                let done = if start.is_some_and(|s| i >= s) {
+                    own(copies)
+                } else {
+                    copies.iter().filter(|&&c| c < before).max().copied()
+                };
+                prefix = prefix.zip(done).map(|(latest, done)| latest.max(done));
+                let again = copies.iter().any(|&c| c >= kill && c < after);
+                if again && copies.iter().any(|&c| c < kill) {
+                    judged += 1;
+                    if let Some(latest) = prefix {
+                        lag = lag.max(kill - latest);
+                    }
+                }
+            }
+        }
+        out.push((judged, lag));
+    }
+    out
+}
+
 fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillReport>) -> Summary {
     let mut s = Summary {
         messages: params.messages,
@@ -534,6 +651,9 @@ fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillR
     let mut extra: Vec<(&Seen, &Seen)> = Vec::new();
     let mut lateness = Vec::new();
     for r in records {
+        if r.topic == t.input || r.topic == t.tier1 {
+            continue;
+        }
         let id = fate_id(r);
         let i = id
             .strip_prefix('c')
@@ -626,6 +746,14 @@ fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillR
             k.oldest_ms = 0;
         }
     }
+    let at: Vec<i64> = kills.iter().map(|k| k.at).collect();
+    for (k, (judged, lag)) in kills
+        .iter_mut()
+        .zip(commit_lags(&first_hops(records, t), &at))
+    {
+        k.judged = judged;
+        k.commit_lag_ms = lag;
+    }
     for (kind, ids) in dup_ids {
         s.duplicates.insert(
             format!("{kind:?}"),
@@ -634,4 +762,56 @@ fn summarise(params: &Params, records: &[Seen], t: &Topics, mut kills: Vec<KillR
     }
     s.kills = kills;
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::commit_lags;
+    use std::collections::BTreeMap;
+
+    fn hops(list: &[((i32, i64), &[i64])]) -> BTreeMap<(i32, i64), Vec<i64>> {
+        list.iter().map(|(at, c)| (*at, c.to_vec())).collect()
+    }
+
+    #[test]
+    fn a_done_prefix_made_again_shows_how_long_it_waited() {
+        // Kill at 1,000: offsets 0-2 done at 100, 700, 900, all made again
+        // after it. Offset 0 had been done, uncommitted, for 900 ms.
+        let h = hops(&[
+            ((0, 0), &[100, 1_200]),
+            ((0, 1), &[700, 1_200]),
+            ((0, 2), &[900, 1_200]),
+        ]);
+        assert_eq!(commit_lags(&h, &[1_000]), vec![(3, 900)]);
+    }
+
+    #[test]
+    fn a_message_behind_one_in_flight_has_no_lag() {
+        // Offset 1 was not done at the kill: offset 2, done long before,
+        // waited behind it.
+        let h = hops(&[
+            ((0, 0), &[100]),
+            ((0, 1), &[1_500]),
+            ((0, 2), &[200, 1_500]),
+        ]);
+        assert_eq!(commit_lags(&h, &[1_000]), vec![(1, 0)]);
+    }
+
+    #[test]
+    fn each_kill_judges_its_own_process_from_where_it_started() {
+        // Process 1 (to 1,000) did 0-2; after its kill, 1 and 2 are made
+        // again (lags 100 and 50). Process 2 (1,000 to 3,000) was handed
+        // offset 1 and did 1-2 again, then 3; after its kill, 3 is made
+        // again: done at 2,000 with 1-2 (2,100 at the latest), so lag 900.
+        // Offset 0, done by process 1 and never again, counts as done.
+        let h = hops(&[
+            ((0, 0), &[100]),
+            ((0, 1), &[900, 2_100]),
+            ((0, 2), &[950, 1_500]),
+            ((0, 3), &[2_000, 3_500]),
+            // Another partition, where process 2 made no copy: in flight.
+            ((1, 0), &[400, 3_600]),
+        ]);
+        assert_eq!(commit_lags(&h, &[1_000, 3_000]), vec![(2, 100), (2, 900)]);
+    }
 }
