@@ -237,7 +237,6 @@ fn init_logs(format: LogFormat, default_filter: &str) {
     }
 }
 
-/// `$XDG_CACHE_HOME/hopper/components`, else `~/.cache/hopper/components`.
 /// Parses `--shutdown-timeout`: a humantime duration, refused by clap with
 /// its bound when it is longer than [`hopper::MAX_SHUTDOWN_TIMEOUT`].
 fn shutdown_timeout(text: &str) -> Result<std::time::Duration, String> {
@@ -253,6 +252,7 @@ fn shutdown_timeout(text: &str) -> Result<std::time::Duration, String> {
     Ok(timeout)
 }
 
+/// `$XDG_CACHE_HOME/hopper/components`, else `~/.cache/hopper/components`.
 fn default_cache_dir() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .filter(|v| !v.is_empty())
