@@ -8,6 +8,21 @@ fn hopper() -> Command {
     Command::new(env!("CARGO_BIN_EXE_hopper"))
 }
 
+/// `hopper run --config CONFIG ARGS...`: its exit code and its stderr.
+fn run(config: &Path, args: &[&str]) -> (Option<i32>, String) {
+    let out = hopper()
+        .arg("run")
+        .arg("--config")
+        .arg(config)
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
 fn plugin(name: &str) -> PathBuf {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../plugins/dist")
@@ -45,14 +60,8 @@ timeout = "0s"
 "#,
     )
     .unwrap();
-    let out = hopper()
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, stderr) = run(&config, &[]);
+    assert_eq!(code, Some(2));
     for expected in [
         "has 7 problem(s)",
         "kafka.properties.\"enable.auto.commit\" is set by hopper itself",
@@ -103,14 +112,8 @@ timeout = "1ns"
         ),
     )
     .unwrap();
-    let out = hopper()
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, stderr) = run(&config, &[]);
+    assert_eq!(code, Some(2));
     for expected in [
         "has 2 problem(s)",
         "route `huge`: timeout must be at most 1h, not ",
@@ -132,20 +135,9 @@ fn a_shutdown_timeout_past_its_bound_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("hopper.toml");
     std::fs::write(&config, "[kafka]\nbrokers = \"127.0.0.1:1\"\n").unwrap();
-    let run = |timeout: &str| {
-        let out = hopper()
-            .args(["run", "--config"])
-            .arg(&config)
-            .args(["--shutdown-timeout", timeout])
-            .output()
-            .unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    };
+    let with_timeout = |timeout: &str| run(&config, &["--shutdown-timeout", timeout]);
     for refused in ["18446744073709551615s", "24h 1s"] {
-        let (code, stderr) = run(refused);
+        let (code, stderr) = with_timeout(refused);
         assert_eq!(code, Some(2), "{refused}: {stderr}");
         assert!(
             stderr.contains(&format!(
@@ -154,7 +146,7 @@ fn a_shutdown_timeout_past_its_bound_is_refused_by_name() {
             "{refused}: {stderr}"
         );
     }
-    let (code, stderr) = run("24h");
+    let (code, stderr) = with_timeout("24h");
     assert_eq!(code, Some(2), "{stderr}");
     assert!(!stderr.contains("--shutdown-timeout"), "{stderr}");
     assert!(stderr.contains("route"), "{stderr}");
@@ -169,14 +161,8 @@ fn a_config_with_a_typo_names_the_field() {
         "[[route]]\nname = \"a\"\ntopic = [\"a\"]\nhandler = \"h.wasm\"\n",
     )
     .unwrap();
-    let out = hopper()
-        .arg("run")
-        .arg("--config")
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (code, stderr) = run(&config, &[]);
+    assert_eq!(code, Some(2));
     assert!(stderr.contains("unknown field `topic`"), "{stderr}");
     assert!(stderr.contains("hopper.toml"), "{stderr}");
 }
