@@ -1,0 +1,161 @@
+//! The HTTP path's instructions, for a profiler that counts them: N GETs
+//! to the benchmarks' loopback server (in a child process) made one way,
+//! on a current-thread runtime, with the requests inside one function,
+//! [`measured`], so that `valgrind --tool=callgrind
+//! --toggle-collect='*measured*'` counts those and nothing of the set-up.
+//!
+//! ```text
+//! profile-http bare|transport|call|denied N
+//! ```
+//!
+//! - **bare**: hyper-util's pooled client, as `bench-http`'s bare client;
+//! - **transport**: hopper's own client for a route, without a handler;
+//! - **call**: the `fetch` fixture called warm through `hopper::plugin`,
+//!   no broker, one GET per call;
+//! - **denied**: the same without `allowed_hosts`, every request refused.
+//!
+//! Prints the wall time and this process's CPU per request; asserts every
+//! request answered (or, denied, every call `ok`).
+
+use bytes::Bytes;
+use hopper::plugin::{Delivery, Runtime, Verdict};
+use hopper_tests::bench_server::{Server, bare_gets, cpu_seconds};
+use hopper_tests::{plugin, resolve_route};
+use http_body_util::{BodyExt, Empty};
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+/// The allocator of the `hopper` binary, so both sides are measured alike.
+#[global_allocator]
+static ALLOCATOR: hopper::Allocator = hopper::Allocator;
+
+/// Requests made before the counted ones: the connection, the instance,
+/// the first page faults.
+const WARM_UP: u64 = 50;
+
+fn main() {
+    if std::env::args().nth(1).as_deref() == Some("--serve") {
+        hopper_tests::bench_server::serve();
+        return;
+    }
+    hopper::tune_allocator();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let (mode, n) = match args.as_slice() {
+        [mode, n] => (mode.clone(), n.parse::<u64>().expect("N is a number")),
+        _ => {
+            eprintln!("usage: profile-http bare|transport|call|denied N");
+            std::process::exit(2);
+        }
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = Server::start(0, None);
+    let (started, cpu) = match mode.as_str() {
+        "bare" => {
+            runtime.block_on(bare_gets(&server.url, WARM_UP, 1));
+            let at = (Instant::now(), cpu_seconds());
+            measured(&runtime, bare_gets(&server.url, n, 1));
+            at
+        }
+        "transport" => {
+            let transport = transport(&server);
+            runtime.block_on(transport_gets(&transport, &server.url, WARM_UP));
+            let at = (Instant::now(), cpu_seconds());
+            measured(&runtime, transport_gets(&transport, &server.url, n));
+            at
+        }
+        "call" | "denied" => {
+            let grants = match mode.as_str() {
+                "call" => format!("allowed_hosts = [\"{}\"]\n", server.origin),
+                _ => String::new(),
+            };
+            let route = resolve_route(
+                &plugin("fetch"),
+                &format!(
+                    "timeout = \"5s\"\ninstance = \"warm\"\n{grants}\n[route.config]\nurl = \"{}\"\nok-on-error = \"true\"",
+                    server.url
+                ),
+            );
+            // The compiled artifact is cached, so a run under a profiler
+            // does not compile the component under it.
+            // One instance slot: a profiler's address space holds less
+            // than the standalone pool reserves.
+            let hopper = Runtime::sized(64 << 20, 1)
+                .unwrap()
+                .with_cache(hopper_tests::cache_dir())
+                .unwrap();
+            let handler = runtime.block_on(async { hopper.load(&plugin("fetch"), &route) });
+            let handler = handler.unwrap();
+            let calls = |n: u64| {
+                let handler = &handler;
+                async move {
+                    let message = delivery();
+                    for _ in 0..n {
+                        let verdict = handler.call(message.clone()).await;
+                        assert_eq!(verdict, Verdict::Ok);
+                    }
+                }
+            };
+            runtime.block_on(calls(WARM_UP));
+            let at = (Instant::now(), cpu_seconds());
+            measured(&runtime, calls(n));
+            at
+        }
+        other => panic!("no mode {other:?}: bare, transport, call or denied"),
+    };
+    let (elapsed, cpu) = (started.elapsed(), cpu_seconds() - cpu);
+    println!(
+        "{mode}: {n} requests, {:.1} µs each, cpu {:.1} µs each",
+        elapsed.as_secs_f64() * 1e6 / n as f64,
+        cpu * 1e6 / n as f64
+    );
+}
+
+/// Runs `work` to its end: the counted part.
+#[inline(never)]
+fn measured(runtime: &tokio::runtime::Runtime, work: impl Future<Output = ()>) {
+    runtime.block_on(work);
+}
+
+fn transport(server: &Server) -> hopper::egress::Transport<Empty<Bytes>> {
+    let allow = hopper::egress::AllowList::parse(&[server.origin.as_str()]).unwrap();
+    let settings = hopper::egress::TransportSettings {
+        connect_timeout: Duration::from_secs(2),
+        max_idle_per_host: 16,
+        idle_timeout: Duration::from_secs(30),
+        ca_file: None,
+        resolver: None,
+    };
+    hopper::egress::Transport::new(allow, &settings).unwrap()
+}
+
+async fn transport_gets(transport: &hopper::egress::Transport<Empty<Bytes>>, url: &str, n: u64) {
+    let uri: http::Uri = url.parse().unwrap();
+    for _ in 0..n {
+        let request = http::Request::get(uri.clone()).body(Empty::new()).unwrap();
+        let response = transport
+            .send(request, Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+        let body = hopper::egress::LimitedBody::new(response.into_body(), 1 << 20, None);
+        body.collect().await.unwrap();
+    }
+}
+
+fn delivery() -> Delivery {
+    Delivery {
+        id: "profile".into(),
+        topic: "direct.in".into(),
+        partition: 0,
+        offset: 0,
+        key: None,
+        payload: Some(b"x".to_vec()),
+        headers: vec![("hopper-id".into(), b"profile".to_vec())],
+        timestamp: Some(0),
+        attempt: 1,
+        route: "direct".into(),
+    }
+}
