@@ -1,21 +1,23 @@
-//! The HTTP path's instructions, for a profiler that counts them: N GETs
-//! to the benchmarks' loopback server (in a child process) made one way,
-//! on a current-thread runtime, with the requests inside one function,
-//! [`measured`], so that `valgrind --tool=callgrind
-//! --toggle-collect='*measured*'` counts those and nothing of the set-up.
+//! A handler call's instructions, for a profiler that counts them: N calls
+//! (or N bare GETs) made one way, on a current-thread runtime, all inside
+//! one function, [`measured`], so that `valgrind --tool=callgrind
+//! --toggle-collect='*profile_call*measured*'` counts those and nothing of
+//! the set-up. The GETs go to the benchmarks' loopback server, in a child
+//! process.
 //!
 //! ```text
-//! profile-http bare|transport|call|denied N
+//! profile-call bare|transport|call|denied|fresh N
 //! ```
 //!
 //! - **bare**: hyper-util's pooled client, as `bench-http`'s bare client;
 //! - **transport**: hopper's own client for a route, without a handler;
 //! - **call**: the `fetch` fixture called warm through `hopper::plugin`,
 //!   no broker, one GET per call;
-//! - **denied**: the same without `allowed_hosts`, every request refused.
+//! - **denied**: the same without `allowed_hosts`, every request refused;
+//! - **fresh**: the no-op fixture in a fresh instance per call.
 //!
-//! Prints the wall time and this process's CPU per request; asserts every
-//! request answered (or, denied, every call `ok`).
+//! Prints the wall time and this process's CPU per call; asserts every
+//! request answered (or every call `ok`).
 
 use bytes::Bytes;
 use hopper::plugin::{Delivery, Runtime, Verdict};
@@ -29,8 +31,8 @@ use std::time::{Duration, Instant};
 #[global_allocator]
 static ALLOCATOR: hopper::Allocator = hopper::Allocator;
 
-/// Requests made before the counted ones: the connection, the instance,
-/// the first page faults.
+/// Calls made before the counted ones: the connection, the instance, the
+/// first page faults.
 const WARM_UP: u64 = 50;
 
 fn main() {
@@ -43,7 +45,7 @@ fn main() {
     let (mode, n) = match args.as_slice() {
         [mode, n] => (mode.clone(), n.parse::<u64>().expect("N is a number")),
         _ => {
-            eprintln!("usage: profile-http bare|transport|call|denied N");
+            eprintln!("usage: profile-call bare|transport|call|denied|fresh N");
             std::process::exit(2);
         }
     };
@@ -66,15 +68,19 @@ fn main() {
             measured(&runtime, transport_gets(&transport, &server.url, n));
             at
         }
-        "call" | "denied" => {
+        "call" | "denied" | "fresh" => {
             let grants = match mode.as_str() {
                 "call" => format!("allowed_hosts = [\"{}\"]\n", server.origin),
                 _ => String::new(),
             };
+            let (fixture, instance) = match mode.as_str() {
+                "fresh" => ("noop", "fresh"),
+                _ => ("fetch", "warm"),
+            };
             let route = resolve_route(
-                &plugin("fetch"),
+                &plugin(fixture),
                 &format!(
-                    "timeout = \"5s\"\ninstance = \"warm\"\n{grants}\n[route.config]\nurl = \"{}\"\nok-on-error = \"true\"",
+                    "timeout = \"5s\"\ninstance = \"{instance}\"\n{grants}\n[route.config]\nurl = \"{}\"\nok-on-error = \"true\"",
                     server.url
                 ),
             );
@@ -86,7 +92,7 @@ fn main() {
                 .unwrap()
                 .with_cache(hopper_tests::cache_dir())
                 .unwrap();
-            let handler = runtime.block_on(async { hopper.load(&plugin("fetch"), &route) });
+            let handler = runtime.block_on(async { hopper.load(&plugin(fixture), &route) });
             let handler = handler.unwrap();
             let calls = |n: u64| {
                 let handler = &handler;
@@ -103,11 +109,11 @@ fn main() {
             measured(&runtime, calls(n));
             at
         }
-        other => panic!("no mode {other:?}: bare, transport, call or denied"),
+        other => panic!("no mode {other:?}: bare, transport, call, denied or fresh"),
     };
     let (elapsed, cpu) = (started.elapsed(), cpu_seconds() - cpu);
     println!(
-        "{mode}: {n} requests, {:.1} µs each, cpu {:.1} µs each",
+        "{mode}: {n} calls, {:.1} µs each, cpu {:.1} µs each",
         elapsed.as_secs_f64() * 1e6 / n as f64,
         cpu * 1e6 / n as f64
     );
