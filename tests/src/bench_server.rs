@@ -259,3 +259,37 @@ pub async fn bare_gets(url: &str, n: u64, loops: u64) {
         task.await.unwrap();
     }
 }
+
+/// A route's own HTTP client (`hopper::egress::Transport`) allowed to reach
+/// `origin` only, with the settings the HTTP benchmarks use.
+pub fn transport(origin: &str) -> hopper::egress::Transport<http_body_util::Empty<bytes::Bytes>> {
+    let allow = hopper::egress::AllowList::parse(&[origin]).unwrap();
+    let settings = hopper::egress::TransportSettings {
+        connect_timeout: std::time::Duration::from_secs(2),
+        max_idle_per_host: 16,
+        idle_timeout: std::time::Duration::from_secs(30),
+        ca_file: None,
+        resolver: None,
+    };
+    hopper::egress::Transport::new(allow, &settings).unwrap()
+}
+
+/// `n` GETs of `uri` one after another through `transport`, reading every
+/// body: hopper's transport alone, without a handler.
+pub async fn transport_gets(
+    transport: &hopper::egress::Transport<http_body_util::Empty<bytes::Bytes>>,
+    uri: &http::Uri,
+    n: u64,
+) {
+    use http_body_util::{BodyExt, Empty};
+    for _ in 0..n {
+        let request = http::Request::get(uri.clone()).body(Empty::new()).unwrap();
+        let response = transport
+            .send(request, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert!(response.status().is_success());
+        let body = hopper::egress::LimitedBody::new(response.into_body(), 1 << 20, None);
+        body.collect().await.unwrap();
+    }
+}

@@ -52,14 +52,12 @@
 //! `perf report --time` on a run recorded with `perf record -k
 //! CLOCK_MONOTONIC`.
 
-use bytes::Bytes;
 use hopper::Hopper;
 use hopper_tests::bench_server::{
     Server, allowed_cpus, bare_gets, context_switches, cpu_seconds, pin_process, preload,
-    window_clock,
+    transport, transport_gets, window_clock,
 };
 use hopper_tests::*;
-use http_body_util::{BodyExt, Empty};
 use std::time::{Duration, Instant};
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
@@ -337,17 +335,7 @@ async fn bare_client(server: &mut Server, n: u64, loops: u64) -> Figures {
 /// Like [`bare_client`], through a route's `Transport` instead of a plain
 /// hyper-util client.
 async fn transport_alone(server: &mut Server, n: u64, loops: u64) -> Figures {
-    let allow = hopper::egress::AllowList::parse(&[server.origin.as_str()]).unwrap();
-    let settings = hopper::egress::TransportSettings {
-        connect_timeout: Duration::from_secs(2),
-        max_idle_per_host: 16,
-        idle_timeout: Duration::from_secs(30),
-        ca_file: None,
-        resolver: None,
-    };
-    let transport = std::sync::Arc::new(
-        hopper::egress::Transport::<Empty<Bytes>>::new(allow, &settings).unwrap(),
-    );
+    let transport = std::sync::Arc::new(transport(&server.origin));
     let uri: http::Uri = server.url.parse().unwrap();
     let (connections, requests) = server.stats();
     let meter = Meter::start();
@@ -355,19 +343,7 @@ async fn transport_alone(server: &mut Server, n: u64, loops: u64) -> Figures {
         .map(|i| {
             let (transport, uri) = (transport.clone(), uri.clone());
             let share = n / loops + u64::from(i < n % loops);
-            tokio::spawn(async move {
-                for _ in 0..share {
-                    let request = http::Request::get(uri.clone()).body(Empty::new()).unwrap();
-                    let response = transport
-                        .send(request, Duration::from_secs(5))
-                        .await
-                        .unwrap();
-                    assert!(response.status().is_success());
-                    let body =
-                        hopper::egress::LimitedBody::new(response.into_body(), 1 << 20, None);
-                    body.collect().await.unwrap();
-                }
-            })
+            tokio::spawn(async move { transport_gets(&transport, &uri, share).await })
         })
         .collect();
     for task in tasks {

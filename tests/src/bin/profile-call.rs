@@ -19,13 +19,11 @@
 //! Prints the wall time and this process's CPU per call; asserts every
 //! request answered (or every call `ok`).
 
-use bytes::Bytes;
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::bench_server::{Server, bare_gets, cpu_seconds};
+use hopper_tests::bench_server::{Server, bare_gets, cpu_seconds, transport, transport_gets};
 use hopper_tests::{plugin, resolve_route};
-use http_body_util::{BodyExt, Empty};
 use std::future::Future;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The allocator of the `hopper` binary, so both sides are measured alike.
 #[global_allocator]
@@ -62,10 +60,11 @@ fn main() {
             at
         }
         "transport" => {
-            let transport = transport(&server);
-            runtime.block_on(transport_gets(&transport, &server.url, WARM_UP));
+            let transport = transport(&server.origin);
+            let uri: http::Uri = server.url.parse().unwrap();
+            runtime.block_on(transport_gets(&transport, &uri, WARM_UP));
             let at = (Instant::now(), cpu_seconds());
-            measured(&runtime, transport_gets(&transport, &server.url, n));
+            measured(&runtime, transport_gets(&transport, &uri, n));
             at
         }
         "call" | "denied" | "fresh" => {
@@ -123,32 +122,6 @@ fn main() {
 #[inline(never)]
 fn measured(runtime: &tokio::runtime::Runtime, work: impl Future<Output = ()>) {
     runtime.block_on(work);
-}
-
-fn transport(server: &Server) -> hopper::egress::Transport<Empty<Bytes>> {
-    let allow = hopper::egress::AllowList::parse(&[server.origin.as_str()]).unwrap();
-    let settings = hopper::egress::TransportSettings {
-        connect_timeout: Duration::from_secs(2),
-        max_idle_per_host: 16,
-        idle_timeout: Duration::from_secs(30),
-        ca_file: None,
-        resolver: None,
-    };
-    hopper::egress::Transport::new(allow, &settings).unwrap()
-}
-
-async fn transport_gets(transport: &hopper::egress::Transport<Empty<Bytes>>, url: &str, n: u64) {
-    let uri: http::Uri = url.parse().unwrap();
-    for _ in 0..n {
-        let request = http::Request::get(uri.clone()).body(Empty::new()).unwrap();
-        let response = transport
-            .send(request, Duration::from_secs(5))
-            .await
-            .unwrap();
-        assert!(response.status().is_success());
-        let body = hopper::egress::LimitedBody::new(response.into_body(), 1 << 20, None);
-        body.collect().await.unwrap();
-    }
 }
 
 fn delivery() -> Delivery {
