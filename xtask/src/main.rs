@@ -13,6 +13,8 @@
 //!   counts every message's fate (`--messages N --kills K`).
 //! - `promtool`: unpacks Debian's promtool (for the alert-rules test) and
 //!   prints its path.
+//! - `check-deploy`: lints and validates `deploy/` offline, and checks the
+//!   README's handler example (see `deploy.rs`); `test` runs it too.
 
 use anyhow::{Context, Result, bail};
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -20,6 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+mod deploy;
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
@@ -53,9 +56,10 @@ fn main() -> Result<()> {
         "bench" => bench(rest),
         "fuzz" => fuzz(rest),
         "crash-loop" => crash_loop(rest),
+        "check-deploy" => deploy::check(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)\n  check-deploy   lint the Dockerfile, validate the Kubernetes manifests and the systemd unit, check the README's handler"
             );
             if command == "help" {
                 Ok(())
@@ -267,6 +271,7 @@ fn test(rest: &[String]) -> Result<()> {
         "warnings",
     ]);
     run(clippy, "cargo clippy")?;
+    deploy::check()?;
     // The demo builds hopper with this same selection (`fn demo`), so the
     // two commands share one build.
     step("building the tests");
@@ -285,6 +290,8 @@ fn test(rest: &[String]) -> Result<()> {
     tests
         .current_dir(root())
         .env("HOPPER_TEST_BROKERS", &broker.address)
+        // The secured-cluster tests start brokers of their own.
+        .env("HOPPER_NISSHI", &nisshi)
         .env("HOPPER_PROMTOOL", &promtool)
         .args(["test", "--workspace", "--no-fail-fast"])
         .args(rest)
