@@ -331,6 +331,22 @@ impl Task {
             if let Some(indexes) = self.files.get(path).cloned() {
                 indexes.into_iter().for_each(|i| self.touch(i));
             }
+            // Kubernetes updates a ConfigMap or Secret volume by renaming a
+            // new `..data` link into place; the handler's own name stays a
+            // link through it, and no event names it. Any `..` entry that
+            // changes may change every handler of its directory.
+            let dotdot = path
+                .file_name()
+                .is_some_and(|n| n.as_encoded_bytes().starts_with(b".."));
+            if dotdot && let Some(dir) = path.parent() {
+                let indexes: Vec<usize> = self
+                    .files
+                    .iter()
+                    .filter(|(file, _)| file.parent() == Some(dir))
+                    .flat_map(|(_, indexes)| indexes.iter().copied())
+                    .collect();
+                indexes.into_iter().for_each(|i| self.touch(i));
+            }
         }
     }
 
@@ -414,10 +430,65 @@ impl Task {
     }
 }
 
+/// The most bytes a reload reads from a handler file (a Python component
+/// is 18-35 MB).
+pub const MAX_HANDLER_BYTES: u64 = 256 << 20;
+
+/// Reads a handler file for a reload, safely: it must resolve, through any
+/// links, to a regular file inside the handler's own directory (a
+/// Kubernetes ConfigMap's `NAME -> ..data/NAME -> ..2026_../NAME` does), of
+/// at most [`MAX_HANDLER_BYTES`]. So a link swapped to `/dev/zero`, a FIFO
+/// or a file elsewhere is refused by name, and the serving version stays.
+pub fn read_handler(handler: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read as _};
+    let real = handler.canonicalize()?;
+    let dir = match handler.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.canonicalize()?,
+        _ => std::env::current_dir()?,
+    };
+    if !real.starts_with(&dir) {
+        return Err(Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "it resolves to {}, outside its directory {}: a link may point only within it",
+                real.display(),
+                dir.display()
+            ),
+        ));
+    }
+    let metadata = std::fs::metadata(&real)?;
+    if !metadata.is_file() {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{} is not a regular file", real.display()),
+        ));
+    }
+    if metadata.len() > MAX_HANDLER_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "it is {} bytes, more than the {MAX_HANDLER_BYTES} a handler may have",
+                metadata.len()
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    std::fs::File::open(&real)?
+        .take(MAX_HANDLER_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_HANDLER_BYTES {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("it grew past the {MAX_HANDLER_BYTES} bytes a handler may have"),
+        ));
+    }
+    Ok(bytes)
+}
+
 /// Reads the file and, when it is neither the serving version nor the
 /// content that failed last, loads it.
 fn load(runtime: &Runtime, route: &Route, serving: &str, failed: Option<&str>) -> Outcome {
-    let bytes = match std::fs::read(&route.handler) {
+    let bytes = match read_handler(&route.handler) {
         Ok(bytes) => bytes,
         Err(source) => {
             let error = LoadError::Read {

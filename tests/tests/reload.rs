@@ -286,6 +286,112 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
     hopper.stop().await;
 }
 
+/// Swaps `dir/..data` to a new directory holding `bytes` as `handler.wasm`,
+/// exactly as the kubelet updates a ConfigMap volume: the new timestamped
+/// directory, a `..data_tmp` link to it renamed over `..data`, the old
+/// directory removed.
+fn kubelet_swap(dir: &Path, generation: u32, bytes: &[u8]) {
+    let new = dir.join(format!("..2026_12_05_00_00_0{generation}.000000000"));
+    std::fs::create_dir(&new).unwrap();
+    std::fs::write(new.join("handler.wasm"), bytes).unwrap();
+    let old = std::fs::read_link(dir.join("..data")).ok();
+    std::os::unix::fs::symlink(new.file_name().unwrap(), dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    if let Some(old) = old {
+        std::fs::remove_dir_all(dir.join(old)).unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_rolled_out_through_a_configmap_is_reloaded_and_links_stay_inside() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let v1 = std::fs::read(plugin("scripted")).unwrap();
+    let v2 = with_custom_section(&v1, "hopper-test", b"configmap v2");
+    kubelet_swap(dir.path(), 1, &v1);
+    let path = dir.path().join("handler.wasm");
+    std::os::unix::fs::symlink("..data/handler.wasm", &path).unwrap();
+    let route = TestRoute::new(&path, "");
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    assert_eq!(hopper.status()[0].version, sha256_hex(&v1));
+
+    kubelet_swap(dir.path(), 2, &v2);
+    let (old, new) = next_matching(
+        &mut events,
+        |_: &Event| {},
+        |e| match e {
+            Event::HandlerReloaded(events::HandlerReloaded {
+                old_version,
+                new_version,
+                ..
+            }) => Some((old_version.clone(), new_version.clone())),
+            Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
+                panic!("the swap failed to load: {error}")
+            }
+            _ => None,
+        },
+    )
+    .await;
+    assert_eq!((old, new), (sha256_hex(&v1), sha256_hex(&v2)));
+
+    // A link swapped to a file outside the directory, or to a device, is
+    // refused by name, and v2 keeps serving.
+    let outside = tempfile::tempdir().unwrap();
+    let elsewhere = outside.path().join("handler.wasm");
+    std::fs::write(
+        &elsewhere,
+        with_custom_section(&v1, "hopper-test", b"outside"),
+    )
+    .unwrap();
+    for (target, expected) in [
+        (elsewhere.as_path(), "outside its directory"),
+        (Path::new("/dev/zero"), "outside its directory"),
+    ] {
+        let tmp = dir.path().join("handler.wasm.tmp");
+        std::os::unix::fs::symlink(target, &tmp).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        let error = next_matching(
+            &mut events,
+            |_: &Event| {},
+            |e| match e {
+                Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
+                    Some(error.clone())
+                }
+                Event::HandlerReloaded(_) => panic!("a link out of the directory was loaded"),
+                _ => None,
+            },
+        )
+        .await;
+        assert!(error.contains(expected), "{error}");
+        assert_eq!(hopper.status()[0].version, sha256_hex(&v2));
+    }
+    // A FIFO inside the directory: refused without opening it (which would
+    // block), and the stop is not held up.
+    let fifo = dir.path().join("..2026_12_05_00_00_02.000000000/pipe");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let tmp = dir.path().join("handler.wasm.tmp");
+    std::os::unix::fs::symlink("..data/pipe", &tmp).unwrap();
+    std::fs::rename(&tmp, &path).unwrap();
+    let error = next_matching(
+        &mut events,
+        |_: &Event| {},
+        |e| match e {
+            Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
+                Some(error.clone())
+            }
+            _ => None,
+        },
+    )
+    .await;
+    assert!(error.contains("not a regular file"), "{error}");
+    hopper.stop().await;
+}
+
 #[test]
 fn a_corrupt_cache_entry_is_a_miss_and_is_replaced() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,17 +9,40 @@ use serde::Deserialize;
 pub struct Limits {
     /// The most linear memory every route's handler instances may take
     /// together, in MiB: the sum over routes of `max_instances ×
-    /// memory_mib` must not exceed it. Default: the machine's memory
+    /// memory_mib` must not exceed it. Default: the memory hopper may use,
+    /// the container's limit (cgroup v2 `memory.max`, or v1
+    /// `memory.limit_in_bytes`) where it is lower than the machine's
     /// (`MemTotal` in /proc/meminfo), else 8192.
     pub instance_memory_mib: Option<u64>,
 }
 
-/// The machine's memory in MiB, when /proc/meminfo says.
+/// The memory this process may use, in MiB: its cgroup's limit under
+/// `cgroup_root` (`/sys/fs/cgroup`), v2 or v1, where it is lower than
+/// `meminfo`'s `MemTotal`; `None` when neither says.
+pub fn available_memory_mib(cgroup_root: &std::path::Path, meminfo: &str) -> Option<u64> {
+    let total = meminfo
+        .lines()
+        .find(|l| l.starts_with("MemTotal:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map(|kib| kib / 1024);
+    let read = |path: &str| {
+        let text = std::fs::read_to_string(cgroup_root.join(path)).ok()?;
+        // "max" (v2) and a near-`i64::MAX` page-rounded value (v1) mean no
+        // limit.
+        let bytes: u64 = text.trim().parse().ok()?;
+        (bytes < 1 << 60).then_some(bytes >> 20)
+    };
+    let limit = read("memory.max").or_else(|| read("memory/memory.limit_in_bytes"));
+    match (limit, total) {
+        (Some(limit), Some(total)) => Some(limit.min(total)),
+        (limit, total) => limit.or(total),
+    }
+}
+
+/// The memory this process may use, in MiB, read now.
 fn machine_memory_mib() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
+    let meminfo = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    available_memory_mib(std::path::Path::new("/sys/fs/cgroup"), &meminfo)
 }
 
 impl Limits {
@@ -101,5 +124,42 @@ mod tests {
             "{}",
             problems[0]
         );
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::available_memory_mib;
+
+    const MEMINFO: &str = "MemTotal:       24576000 kB\nMemFree:        1000 kB\n";
+
+    fn root(files: &[(&str, &str)]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for (path, text) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        }
+        dir
+    }
+
+    #[test]
+    fn the_containers_limit_wins_when_it_is_lower_than_the_machines_memory() {
+        let v2 = root(&[("memory.max", "536870912\n")]);
+        assert_eq!(available_memory_mib(v2.path(), MEMINFO), Some(512));
+        let v1 = root(&[("memory/memory.limit_in_bytes", "1073741824\n")]);
+        assert_eq!(available_memory_mib(v1.path(), MEMINFO), Some(1024));
+        // No limit: v2's `max`, v1's page-rounded i64::MAX.
+        let unlimited = root(&[("memory.max", "max\n")]);
+        assert_eq!(available_memory_mib(unlimited.path(), MEMINFO), Some(24000));
+        let unlimited = root(&[("memory/memory.limit_in_bytes", "9223372036854771712\n")]);
+        assert_eq!(available_memory_mib(unlimited.path(), MEMINFO), Some(24000));
+        // A limit above the machine's memory: the machine's.
+        let above = root(&[("memory.max", "68719476736\n")]);
+        assert_eq!(available_memory_mib(above.path(), MEMINFO), Some(24000));
+        // Neither says: the caller's default.
+        let none = root(&[]);
+        assert_eq!(available_memory_mib(none.path(), ""), None);
+        assert_eq!(available_memory_mib(v2.path(), ""), Some(512));
     }
 }
