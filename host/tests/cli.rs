@@ -203,3 +203,124 @@ fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
     assert!(both.contains("exports: greet"), "{both}");
     assert!(both.contains("missing: export `handle`"), "{both}");
 }
+
+/// `hopper ARGS --help`, as text.
+fn help(args: &[&str]) -> String {
+    // clap shows an option's environment variable's value when it is set.
+    let mut command = hopper();
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("HOPPER_") {
+            command.env_remove(name);
+        }
+    }
+    let out = command.args(args).arg("--help").output().unwrap();
+    assert!(out.status.success(), "hopper {args:?} --help failed");
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// The subcommands a help text lists, `help` aside.
+fn subcommands(help: &str) -> Vec<String> {
+    let Some((_, rest)) = help.split_once("Commands:\n") else {
+        return Vec::new();
+    };
+    rest.lines()
+        .take_while(|l| l.starts_with("  "))
+        // A command's name is indented by two; its description, in the
+        // long help, further.
+        .filter(|l| !l.starts_with("   "))
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|c| *c != "help")
+        .map(str::to_string)
+        .collect()
+}
+
+/// docs/cli.md as the clap definitions make it: every command's `--help`.
+fn cli_reference() -> String {
+    let mut doc = String::from(
+        "# The `hopper` command line\n\nEvery command's `--help`, generated from its clap definitions by\n`host/tests/cli.rs::docs_cli_md_is_the_help_of_every_command`, which fails\nwhen this file and the binary disagree; `HOPPER_WRITE_CLI_DOCS=1 cargo test\n-p hopper --test cli docs_cli_md` writes it again.\n",
+    );
+    let mut queue: Vec<Vec<String>> = vec![Vec::new()];
+    while let Some(path) = queue.pop() {
+        let args: Vec<&str> = path.iter().map(String::as_str).collect();
+        let text = help(&args);
+        let title = if path.is_empty() {
+            "hopper".to_string()
+        } else {
+            format!("hopper {}", path.join(" "))
+        };
+        doc.push_str(&format!(
+            "\n## `{title}`\n\n```text\n{}\n```\n",
+            text.trim_end()
+        ));
+        let mut children: Vec<Vec<String>> = subcommands(&text)
+            .into_iter()
+            .map(|c| path.iter().cloned().chain([c]).collect())
+            .collect();
+        children.reverse();
+        queue.extend(children);
+    }
+    doc
+}
+
+#[test]
+fn docs_cli_md_is_the_help_of_every_command() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/cli.md");
+    let expected = cli_reference();
+    if std::env::var_os("HOPPER_WRITE_CLI_DOCS").is_some() {
+        std::fs::write(&path, &expected).unwrap();
+    }
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        written == expected,
+        "docs/cli.md is not the binary's help: run `HOPPER_WRITE_CLI_DOCS=1 cargo test -p hopper --test cli docs_cli_md`"
+    );
+}
+
+#[test]
+fn every_flag_and_argument_has_help_text() {
+    let reference = cli_reference();
+    let lines: Vec<&str> = reference.lines().collect();
+    let mut bare = Vec::new();
+    let mut section = "";
+    for (i, line) in lines.iter().enumerate() {
+        if line.starts_with("## ") {
+            section = line;
+        }
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        let is_item = indent == 2
+            && (trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('['));
+        // With help, an item has text after it on its line, or on the
+        // lines below it, indented further.
+        let beside = trimmed.contains("  ");
+        let below = lines.get(i + 1).is_some_and(|next| {
+            let text = next.trim_start();
+            !text.is_empty() && next.len() - text.len() > indent
+        });
+        if is_item && !beside && !below {
+            bare.push(format!("{section}: {trimmed}"));
+        }
+    }
+    assert!(
+        bare.is_empty(),
+        "flags without help text:\n{}",
+        bare.join("\n")
+    );
+    // The test would see one: `send --key` had none.
+    assert!(reference.contains("--key <KEY>"), "{reference}");
+}
+
+#[test]
+fn the_long_version_names_the_commit_the_wit_and_the_libraries() {
+    let out = hopper().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    for part in [
+        concat!("hopper ", env!("CARGO_PKG_VERSION"), " (commit "),
+        "handler WIT: hopper:handler/handler@0.1.2",
+        "wasmtime 50.",
+        "librdkafka 2.",
+    ] {
+        assert!(text.contains(part), "{part:?} not in {text}");
+    }
+}
