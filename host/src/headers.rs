@@ -110,10 +110,15 @@ pub enum Reason {
     /// A delayed message's `hopper-target` is one of hopper's own topics, or
     /// not in the delay relay's `targets`.
     InvalidTarget,
+    /// The consumer could not decode the batch that held these offsets (a
+    /// corrupt batch, or a codec this build lacks), and an operator skipped
+    /// it (`hopper skip`). The record has no key or payload: none could be
+    /// read. `hopper-last-error` names the offsets skipped.
+    Undecodable,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 13] = [
+    pub const ALL: [Reason; 14] = [
         Reason::Retryable,
         Reason::Fatal,
         Reason::RetriesExhausted,
@@ -127,6 +132,7 @@ impl Reason {
         Reason::HopFailed,
         Reason::RecordTooLarge,
         Reason::InvalidTarget,
+        Reason::Undecodable,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -144,6 +150,7 @@ impl Reason {
             Reason::HopFailed => "HOP_FAILED",
             Reason::RecordTooLarge => "RECORD_TOO_LARGE",
             Reason::InvalidTarget => "INVALID_TARGET",
+            Reason::Undecodable => "UNDECODABLE",
         }
     }
 

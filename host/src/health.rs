@@ -10,8 +10,31 @@
 
 use crate::breaker::BreakerState;
 use crate::clock::now_ms;
+use crate::kafka::ConnectionWatch;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
+
+/// An undecodable partition is logged at most this often.
+const UNDECODABLE_LOG_EVERY_MS: i64 = 60_000;
+
+/// A partition whose next batch the consumer cannot decode (a corrupt
+/// compressed batch, a codec this build lacks): it reads nothing more until
+/// an operator skips the batch (`hopper skip`, docs/connecting.md).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Undecodable {
+    pub pipeline: String,
+    pub topic: String,
+    pub partition: i32,
+    /// The first offset not done here, when the partition read anything
+    /// since it was assigned; else the group's committed offset is.
+    pub at: Option<i64>,
+    /// librdkafka's error.
+    pub error: String,
+    pub since_ms: i64,
+    #[serde(skip)]
+    logged_ms: i64,
+}
 
 pub use crate::types::TopicPartition;
 
@@ -36,8 +59,12 @@ pub struct HandlerInfo {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
 pub enum PipelineState {
-    /// Running, but its consumer has no partition assigned (yet).
+    /// Running, but its consumer has not joined its group yet.
     Starting,
+    /// Joined its group, and given no partition: another process of the
+    /// group holds them all. A ready standby, which takes partitions over
+    /// when a member leaves (docs/scaling.md).
+    Standby,
     /// Running with `partitions` assigned.
     Consuming { partitions: usize },
     /// Not consuming, for `reason`.
@@ -47,6 +74,14 @@ pub enum PipelineState {
 impl PipelineState {
     pub fn is_consuming(&self) -> bool {
         matches!(self, PipelineState::Consuming { .. })
+    }
+
+    /// Consuming, or a standby: what `/ready` asks of every pipeline.
+    pub fn is_ready(&self) -> bool {
+        matches!(
+            self,
+            PipelineState::Consuming { .. } | PipelineState::Standby
+        )
     }
 }
 
@@ -85,6 +120,8 @@ pub struct PipelineHealth {
     breaker: OnceLock<BreakerProbe>,
     stopped: Mutex<Option<String>>,
     heads: HeldHeads,
+    /// Its consumer took part in a rebalance: it is in its group.
+    joined: std::sync::atomic::AtomicBool,
 }
 
 /// Messages waiting in one topic for one pipeline's group.
@@ -113,6 +150,9 @@ pub struct Health {
     pipelines: Mutex<BTreeMap<String, Arc<PipelineHealth>>>,
     pending: Mutex<PendingSample>,
     handlers: OnceLock<Box<dyn Fn() -> Vec<HandlerInfo> + Send + Sync>>,
+    connection: OnceLock<Arc<ConnectionWatch>>,
+    undecodable: Mutex<BTreeMap<(String, TopicPartition), Undecodable>>,
+    undecodable_errors: AtomicU64,
 }
 
 impl Health {
@@ -158,12 +198,88 @@ impl Health {
             .collect()
     }
 
+    /// `name`'s consumer was given an assignment, maybe empty: it joined
+    /// its group.
+    pub fn joined(&self, name: &str) {
+        self.pipeline(name).joined.store(true, Relaxed);
+    }
+
     /// Marks `name` as no longer consuming, for `reason` (its loop ended, or
     /// a hop it cannot make stopped it). Readiness fails from now on.
     pub fn stop(&self, name: &str, reason: impl Into<String>) {
         let reason = reason.into();
         tracing::warn!(pipeline = name, reason, "Pipeline stopped consuming.");
         *self.pipeline(name).stopped.lock().unwrap() = Some(reason);
+    }
+
+    /// Follows the connection that `watch` reports on; set once, at start.
+    pub fn set_connection(&self, watch: Arc<ConnectionWatch>) {
+        let _ = self.connection.set(watch);
+    }
+
+    /// What the clients report about the connection to Kafka.
+    pub fn connection(&self) -> Arc<ConnectionWatch> {
+        self.connection.get_or_init(Default::default).clone()
+    }
+
+    /// The consumer of `pipeline` could not decode what `tp` holds at `at`:
+    /// counted, shown, and logged at most once a minute per partition.
+    pub fn undecodable(&self, pipeline: &str, tp: &TopicPartition, at: Option<i64>, error: &str) {
+        self.undecodable_errors.fetch_add(1, Relaxed);
+        let now = now_ms();
+        let mut all = self.undecodable.lock().unwrap();
+        let entry = all
+            .entry((pipeline.to_string(), tp.clone()))
+            .or_insert_with(|| Undecodable {
+                pipeline: pipeline.to_string(),
+                topic: tp.topic.clone(),
+                partition: tp.partition,
+                at,
+                error: error.to_string(),
+                since_ms: now,
+                logged_ms: 0,
+            });
+        entry.at = at.or(entry.at);
+        entry.error = error.to_string();
+        if entry.logged_ms == 0 || now - entry.logged_ms >= UNDECODABLE_LOG_EVERY_MS {
+            entry.logged_ms = now;
+            let at = entry
+                .at
+                .map_or("the group's committed offset".to_string(), |a| {
+                    format!("offset {a}")
+                });
+            tracing::error!(
+                pipeline,
+                topic = tp.topic,
+                partition = tp.partition,
+                error,
+                "A batch at {at} cannot be decoded: this partition reads nothing more until it is skipped (`hopper skip`, docs/connecting.md). Logged at most once a minute."
+            );
+        }
+    }
+
+    /// `pipeline` read a record of `tp` again (or let it go): it is no
+    /// longer stuck.
+    pub fn decoded(&self, pipeline: &str, tp: &TopicPartition) {
+        let key = (pipeline.to_string(), tp.clone());
+        if self.undecodable.lock().unwrap().remove(&key).is_some() {
+            tracing::info!(
+                pipeline,
+                topic = tp.topic,
+                partition = tp.partition,
+                "The partition reads again."
+            );
+        }
+    }
+
+    /// Every partition stuck on a batch it cannot decode.
+    pub fn undecodables(&self) -> Vec<Undecodable> {
+        self.undecodable.lock().unwrap().values().cloned().collect()
+    }
+
+    /// How often a consumer reported a batch it could not decode.
+    pub fn undecodable_errors(&self) -> u64 {
+        self.undecodable_errors.load(Relaxed)
     }
 
     /// Every pipeline's state, by name.
@@ -177,6 +293,7 @@ impl Health {
                 } else {
                     match p.assigned.get().map(|probe| probe()) {
                         Some(n) if n > 0 => PipelineState::Consuming { partitions: n },
+                        _ if p.joined.load(Relaxed) => PipelineState::Standby,
                         _ => PipelineState::Starting,
                     }
                 };
@@ -185,14 +302,16 @@ impl Health {
             .collect()
     }
 
-    /// Ready: at least one pipeline, and every one consuming. An open
+    /// Ready: at least one pipeline, and every one consuming or a standby. An open
     /// circuit breaker does not make a route unready: the route still holds
     /// its partitions and is doing what it should while the service it calls
     /// is down; restarting hopper, or sending its traffic elsewhere, would
     /// not bring that service back.
     pub fn ready(&self) -> bool {
         let states = self.states();
-        !states.is_empty() && states.iter().all(|(_, s)| s.is_consuming())
+        !states.is_empty()
+            && states.iter().all(|(_, s)| s.is_ready())
+            && self.connection().failing().is_none()
     }
 
     /// Every held tier partition: (pipeline, partition, due at epoch ms).

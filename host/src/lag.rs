@@ -8,7 +8,7 @@
 
 use crate::config::Config;
 use crate::health::Pending;
-use crate::kafka::Cluster;
+use crate::kafka::{Cluster, WatchedContext};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::{Offset, TopicPartitionList};
 use std::time::Duration;
@@ -85,7 +85,7 @@ pub fn watched(config: &Config) -> Vec<Watched> {
 /// Reads lag, keeping one client per consumer group between samples.
 #[derive(Default)]
 pub struct Sampler {
-    clients: std::collections::HashMap<String, BaseConsumer>,
+    clients: std::collections::HashMap<String, BaseConsumer<WatchedContext>>,
 }
 
 impl Sampler {
@@ -117,18 +117,21 @@ impl Sampler {
         group: &str,
         topic: &str,
     ) -> Result<i64, LagError> {
-        let consumer = match self.clients.entry(group.to_string()) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let mut config = cluster.consumer_config(group);
-                // Reads committed offsets without joining the group.
-                config.set("enable.auto.commit", "false");
-                e.insert(config.create().map_err(|source| LagError::Client {
-                    group: group.to_string(),
-                    source,
-                })?)
-            }
-        };
+        let consumer =
+            match self.clients.entry(group.to_string()) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let mut config = cluster.consumer_config(group);
+                    // Reads committed offsets without joining the group.
+                    config.set("enable.auto.commit", "false");
+                    e.insert(config.create_with_context(cluster.watched("lag")).map_err(
+                        |source| LagError::Client {
+                            group: group.to_string(),
+                            source,
+                        },
+                    )?)
+                }
+            };
         let partitions = partitions(consumer, topic)?;
         let mut tpl = TopicPartitionList::new();
         for p in &partitions {
@@ -156,14 +159,13 @@ impl Sampler {
 
 /// Records in `topic` now: the sum of high less low watermarks.
 pub fn topic_size(cluster: &Cluster, topic: &str) -> Result<i64, LagError> {
-    let consumer: BaseConsumer =
-        cluster
-            .consumer_config("hopper-status")
-            .create()
-            .map_err(|source| LagError::Client {
-                group: "hopper-status".into(),
-                source,
-            })?;
+    let consumer: BaseConsumer<WatchedContext> = cluster
+        .consumer_config("hopper-status")
+        .create_with_context(cluster.watched("status"))
+        .map_err(|source| LagError::Client {
+            group: "hopper-status".into(),
+            source,
+        })?;
     let mut size = 0;
     for p in partitions(&consumer, topic)? {
         let (low, high) = watermarks(&consumer, topic, p)?;
@@ -173,7 +175,10 @@ pub fn topic_size(cluster: &Cluster, topic: &str) -> Result<i64, LagError> {
 }
 
 /// The partitions of `topic`.
-pub fn partitions(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>, LagError> {
+pub fn partitions(
+    consumer: &BaseConsumer<WatchedContext>,
+    topic: &str,
+) -> Result<Vec<i32>, LagError> {
     let metadata = consumer
         .fetch_metadata(Some(topic), TIMEOUT)
         .map_err(|source| LagError::Metadata {
@@ -192,7 +197,7 @@ pub fn partitions(consumer: &BaseConsumer, topic: &str) -> Result<Vec<i32>, LagE
 
 /// (low, high) watermarks of one partition.
 pub fn watermarks(
-    consumer: &BaseConsumer,
+    consumer: &BaseConsumer<WatchedContext>,
     topic: &str,
     partition: i32,
 ) -> Result<(i64, i64), LagError> {

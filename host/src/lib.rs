@@ -205,8 +205,12 @@ fn start_pipeline<P: hop::Processor>(
         consumer,
         rebalances: rx,
         trackers,
-    } = pipeline::connect(&cluster.consumer_config(group), processor.name())
-        .context("creating the consumer")?;
+    } = pipeline::connect(
+        &cluster.consumer_config(group),
+        processor.name(),
+        cluster.watch().clone(),
+    )
+    .context("creating the consumer")?;
     let subscription: Vec<&str> = topics.iter().map(String::as_str).collect();
     consumer.subscribe(&subscription).context("subscribing")?;
     let name = processor.name().to_string();
@@ -303,11 +307,16 @@ impl Hopper {
     pub async fn start(config: Config, options: Options) -> anyhow::Result<Hopper> {
         options.validate()?;
         let cluster = Cluster::of(&config.kafka)?;
+        // Nothing starts unless a broker answers and takes the credentials:
+        // a wrong password or CA fails here, by name, within seconds.
+        let check = cluster.clone();
+        tokio::task::spawn_blocking(move || check.check_connection()).await??;
         let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
         let telemetry = Telemetry::for_config(&config, metrics_on)
             .with_tracing(config.tracing.as_ref())
             .map_err(anyhow::Error::msg)
             .context("starting span export")?;
+        telemetry.health().set_connection(cluster.watch().clone());
         let mut runtime = plugin::Runtime::for_routes(&config.routes)
             .context("starting the WebAssembly runtime")?
             .with_telemetry(telemetry.clone());
@@ -390,7 +399,7 @@ impl Hopper {
         if let Some(relay) = &config.delay {
             let metadata = cluster
                 .consumer_config(&relay.group)
-                .create()
+                .create_with_context(cluster.watched("the delay relay's metadata"))
                 .context("creating the delay relay's metadata client")?;
             // Read to its end before the relay forwards anything, so a
             // cancel recorded before a crash or a rebalance still holds.
@@ -432,6 +441,7 @@ impl Hopper {
             );
         }
         loops.close();
+        cluster.follow_recovery(shutdown.clone());
         let reloader = reload::Reloader::start(runtime, reload_targets, telemetry.clone());
         let reloader = match reloader {
             Ok(reloader) => reloader,

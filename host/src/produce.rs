@@ -188,7 +188,19 @@ impl Room {
     }
 }
 
-impl ClientContext for HopContext {}
+impl ClientContext for HopContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.telemetry
+            .health()
+            .connection()
+            .log(level, fac, message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        let watch = self.telemetry.health().connection();
+        watch.error(&self.pipeline, &error, reason);
+    }
+}
 
 impl ProducerContext for HopContext {
     type DeliveryOpaque = Box<InFlight>;

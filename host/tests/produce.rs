@@ -22,14 +22,14 @@ use tokio_util::task::TaskTracker;
 async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     let mock = MockCluster::new(1).unwrap();
     mock.create_topic("out", 1, 1).unwrap();
-    let cluster = Cluster {
-        brokers: mock.bootstrap_servers(),
-        kafka: KafkaConfig {
+    let cluster = Cluster::new(
+        mock.bootstrap_servers(),
+        KafkaConfig {
             // A produce the broker never answers fails after 500 ms.
             properties: [("message.timeout.ms".to_string(), "500".to_string())].into(),
             ..Default::default()
         },
-    };
+    );
     let telemetry = Telemetry::new();
     let mut events = telemetry.subscribe();
     let pending = TaskTracker::new();
@@ -174,16 +174,16 @@ impl Bench {
         let mock = MockCluster::new(1).unwrap();
         mock.create_topic("out", 1, 1).unwrap();
         mock.create_topic("out.dlq", 1, 1).unwrap();
-        let cluster = Cluster {
-            brokers: mock.bootstrap_servers(),
-            kafka: KafkaConfig {
+        let cluster = Cluster::new(
+            mock.bootstrap_servers(),
+            KafkaConfig {
                 properties: properties
                     .iter()
                     .map(|(k, v)| (k.to_string(), v.to_string()))
                     .collect(),
                 ..Default::default()
             },
-        };
+        );
         let telemetry = Telemetry::new();
         let pending = TaskTracker::new();
         let halt = Arc::new(Halt::default());

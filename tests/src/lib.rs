@@ -10,6 +10,7 @@ pub mod crash_loop;
 pub mod fleet;
 pub mod http_server;
 pub mod logs;
+pub mod secured;
 pub mod track_server;
 
 use hopper::config::Config;
@@ -583,13 +584,13 @@ pub async fn create_topics(topics: &[&str]) {
 
 /// Creates topics of `partitions` partitions on the test broker.
 pub async fn create_topics_with(topics: &[&str], partitions: i32) {
-    let cluster = Cluster {
-        brokers: brokers(),
-        kafka: hopper::config::KafkaConfig {
+    let cluster = Cluster::new(
+        brokers(),
+        hopper::config::KafkaConfig {
             partitions,
             ..Default::default()
         },
-    };
+    );
     let wanted = topics.iter().map(|t| t.to_string()).collect();
     cluster
         .ensure_topics(&wanted)

@@ -132,7 +132,12 @@ async fn run(topic: &str, group: &str, processor: PanicsAt, stop_at: Option<i64>
         ..KafkaConfig::default()
     })
     .unwrap();
-    let connected = pipeline::connect(&cluster.consumer_config(group), processor.name()).unwrap();
+    let connected = pipeline::connect(
+        &cluster.consumer_config(group),
+        processor.name(),
+        cluster.watch().clone(),
+    )
+    .unwrap();
     connected.consumer.subscribe(&[topic]).unwrap();
     let (acks, halt) = (TaskTracker::new(), Arc::new(Halt::default()));
     let producer = HopProducer::new(

@@ -32,10 +32,7 @@ fn fix(route: &TestRoute) {
 }
 
 fn cluster() -> Cluster {
-    Cluster {
-        brokers: brokers(),
-        kafka: Default::default(),
-    }
+    Cluster::new(brokers(), Default::default())
 }
 
 fn size(topic: &str) -> i64 {

@@ -431,3 +431,83 @@ async fn wait_until_for(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_on_two_partitions_are_all_ready_and_spread_the_route() {
+    init_tracing();
+    let input = rand_name("standby-in");
+    let route = format!("standby-{}", &input[input.len() - 6..]);
+    let logs = tempfile::tempdir().unwrap();
+    let mut procs = Vec::new();
+    let mut admins = Vec::new();
+    for n in 0..3 {
+        let admin = hopper_tests::secured::free_port();
+        // One partition for the input and one for its one tier: a
+        // subscription of two partitions for three processes.
+        let config = TestConfig::raw(&format!(
+            "{}\n{}\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n",
+            kafka_table(1),
+            route_table(&route, &input, &plugin("scripted"), "retry = [\"1s\"]")
+        ));
+        procs.push((
+            HopperProcess::spawn(&format!("standby-{n}"), &config.path, logs.path()),
+            config,
+        ));
+        admins.push(std::net::SocketAddr::from(([127, 0, 0, 1], admin)));
+    }
+    let ready = |addr: std::net::SocketAddr| async move {
+        let Ok(stream) = tokio::net::TcpStream::connect(addr).await else {
+            return None;
+        };
+        drop(stream);
+        let (status, body) = http(addr, "GET", "/ready", None, None).await;
+        Some((
+            status,
+            serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        ))
+    };
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let states = loop {
+        let mut all = Vec::new();
+        for addr in &admins {
+            all.push(ready(*addr).await);
+        }
+        let states: Vec<String> = all
+            .iter()
+            .flatten()
+            .filter(|(status, _)| *status == 200)
+            .map(|(_, body)| body["pipelines"][0]["status"].to_string())
+            .collect();
+        let consuming = states.iter().filter(|s| s.contains("consuming")).count();
+        if states.len() == 3 && consuming == 2 {
+            break states;
+        }
+        if tokio::time::Instant::now() > deadline {
+            let tails: Vec<String> = procs.iter().map(|(p, _)| p.log_tail(20)).collect();
+            panic!(
+                "not all ready and spread: {all:?}\n{}",
+                tails.join("\n---\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The input and its tier are on two processes, one partition each; the
+    // third is a ready standby.
+    assert_eq!(
+        states
+            .iter()
+            .filter(|s| s.contains("\"partitions\":1"))
+            .count(),
+        2,
+        "{states:?}"
+    );
+    assert_eq!(
+        states.iter().filter(|s| s.contains("standby")).count(),
+        1,
+        "{states:?}"
+    );
+    for (proc, _) in &mut procs {
+        let status = proc.stop(STOP_DEADLINE).await;
+        assert!(status.is_ok_and(|s| s.success()), "{}", proc.log_tail(20));
+    }
+}

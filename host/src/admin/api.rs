@@ -81,9 +81,17 @@ pub(super) async fn ready(
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
+    // Why the connection fails, while it does: an authentication or TLS
+    // failure after start (the cause names no secret).
+    let kafka = health.connection().failing();
     (
         status,
-        Json(json!({ "ready": ready, "pipelines": pipelines })),
+        Json(json!({
+            "ready": ready,
+            "pipelines": pipelines,
+            "kafka": kafka,
+            "undecodable": health.undecodables(),
+        })),
     )
 }
 

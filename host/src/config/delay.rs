@@ -54,8 +54,13 @@ pub struct DelayConfig {
     pub cancel_grace: Duration,
 }
 
+impl DelayConfig {
+    /// The inbox when the config names none.
+    pub const DEFAULT_INBOX: &str = "hopper.delay";
+}
+
 fn default_inbox() -> String {
-    "hopper.delay".into()
+    DelayConfig::DEFAULT_INBOX.into()
 }
 fn default_cancel_grace() -> Duration {
     Duration::from_secs(60 * 60)

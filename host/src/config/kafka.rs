@@ -1,8 +1,10 @@
 //! `[kafka]`: how hopper reaches Kafka, and the client properties it
 //! guards.
 
+use super::secrets::{Secrets, is_source, read_source};
 use serde::Deserialize;
 use std::collections::BTreeMap;
+use std::path::Path;
 
 /// Properties hopper sets itself; a config that sets them is rejected,
 /// because changing them would break the delivery guarantees (with
@@ -24,8 +26,18 @@ pub const PROTECTED_PROPERTIES: [&str; 8] = [
 /// as many, and takes at most `i32::MAX`.
 pub const MAX_HOPS_HELD: u64 = i32::MAX as u64 / 2;
 
+/// Whether a librdkafka property holds a secret: a password, a client
+/// secret, a private key or a passphrase. Its value is never shown; one
+/// written into the file itself is warned about at startup.
+pub fn is_secret_property(key: &str) -> bool {
+    [".password", ".secret", ".passphrase", ".key.pem"]
+        .iter()
+        .any(|end| key.ends_with(end))
+        || key == "sasl.oauthbearer.config"
+}
+
 /// How hopper reaches Kafka.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct KafkaConfig {
     /// Bootstrap servers. Required, unless `embedded` is set (or `hopper
@@ -49,9 +61,43 @@ pub struct KafkaConfig {
     pub replication: i32,
     /// Extra librdkafka properties for every client, for example
     /// `"security.protocol" = "ssl"`. Hopper's own delivery guarantees
-    /// (acks, idempotence, manual offset storage) cannot be overridden.
+    /// (acks, idempotence, manual offset storage) cannot be overridden. A
+    /// value may be `env:NAME` or `file:PATH`, read at startup
+    /// ([`KafkaConfig::resolve`]).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// The values of secret properties ([`is_secret_property`]) and of
+    /// every value read from `env:` or `file:`: kept out of every log line,
+    /// error and answer ([`KafkaConfig::redact`]).
+    #[serde(skip)]
+    pub secrets: Secrets,
+}
+
+/// Shows every property, with each secret's value replaced: a config
+/// printed for debugging leaks nothing.
+impl std::fmt::Debug for KafkaConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let properties: BTreeMap<&str, &str> = self
+            .properties
+            .iter()
+            .map(|(key, value)| {
+                let shown = if self.is_secret(key, value) {
+                    "[secret]"
+                } else {
+                    value.as_str()
+                };
+                (key.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("KafkaConfig")
+            .field("brokers", &self.brokers)
+            .field("embedded", &self.embedded)
+            .field("create_topics", &self.create_topics)
+            .field("partitions", &self.partitions)
+            .field("replication", &self.replication)
+            .field("properties", &properties)
+            .finish()
+    }
 }
 
 impl Default for KafkaConfig {
@@ -63,6 +109,7 @@ impl Default for KafkaConfig {
             partitions: default_partitions(),
             replication: default_replication(),
             properties: BTreeMap::new(),
+            secrets: Secrets::default(),
         }
     }
 }
@@ -78,6 +125,45 @@ fn default_replication() -> i32 {
 }
 
 impl KafkaConfig {
+    /// This table with every `env:NAME` and `file:PATH` value read (a path
+    /// relative to `base`, the config file's directory), and the secrets
+    /// noted for redaction. A value that cannot be read is a problem that
+    /// names the property and where it was to come from, never a value.
+    pub(super) fn resolve(&self, base: &Path, problems: &mut Vec<String>) -> KafkaConfig {
+        let mut resolved = self.clone();
+        for (key, value) in &self.properties {
+            let secret = is_secret_property(key);
+            if is_source(value) {
+                match read_source(value, base) {
+                    Ok(read) => {
+                        resolved.secrets.insert(key, read.clone());
+                        resolved.properties.insert(key.clone(), read);
+                    }
+                    Err(e) => problems.push(format!("kafka.properties.\"{key}\": {e}")),
+                }
+            } else if secret {
+                tracing::warn!(
+                    property = key.as_str(),
+                    "A secret is written into the config file: set kafka.properties.\"{key}\" to env:NAME or file:PATH instead."
+                );
+                resolved.secrets.insert(key, value.clone());
+            }
+        }
+        resolved.check(problems);
+        resolved
+    }
+
+    /// Whether the value of `key` must not be shown.
+    fn is_secret(&self, key: &str, value: &str) -> bool {
+        is_secret_property(key) || is_source(value) || self.secrets.get(key).is_some()
+    }
+
+    /// `text` with every secret of this table replaced by `[secret KEY]`:
+    /// for librdkafka's log lines and errors, which hopper passes on.
+    pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
+        self.secrets.redact(text)
+    }
+
     /// Adds every problem of this table to `problems`.
     pub(super) fn check(&self, problems: &mut Vec<String>) {
         if self.partitions < 1 {

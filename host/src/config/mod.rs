@@ -21,7 +21,7 @@ pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
 pub use breaker::{BreakerConfig, BreakerSettings};
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
 pub use grants::{CancelIds, DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
-pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES};
+pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES, is_secret_property};
 pub use limits::Limits;
 pub use route::{
     Concurrency, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_INSTANCES,
@@ -153,7 +153,7 @@ impl ConfigFile {
         if self.routes.is_empty() && self.delay.is_none() {
             problems.push("nothing to run: add a [[route]] table or a [delay] table".to_string());
         }
-        self.kafka.check(&mut problems);
+        let kafka = self.kafka.resolve(base, &mut problems);
         let mut routes = Vec::new();
         let mut names: HashMap<&str, usize> = HashMap::new();
         for (index, raw) in self.routes.iter().enumerate() {
@@ -229,7 +229,7 @@ impl ConfigFile {
             return Err(problems);
         }
         Ok(Config {
-            kafka: self.kafka.clone(),
+            kafka,
             routes,
             delay,
             admin,

@@ -36,7 +36,7 @@ impl Secrets {
         self.0.is_empty()
     }
 
-    pub(super) fn insert(&mut self, name: &str, value: String) {
+    pub(crate) fn insert(&mut self, name: &str, value: String) {
         self.0.insert(name.to_string(), Secret(value.into()));
     }
 
@@ -187,6 +187,19 @@ pub(super) fn read_secret(name: &str, source: &str, base: &Path) -> Result<Strin
     {
         return Err("a secret name has only ASCII letters, digits, `-`, `_` and `.`".into());
     }
+    read_source(source, base)
+}
+
+/// Whether `value` names where a value is read from (`env:` or `file:`)
+/// rather than being the value itself.
+pub(super) fn is_source(value: &str) -> bool {
+    value.starts_with("env:") || value.starts_with("file:")
+}
+
+/// Reads a value from `env:VARIABLE` or `file:PATH` (relative to `base`),
+/// without its file's last newline. A problem names the variable or file,
+/// never the value.
+pub(super) fn read_source(source: &str, base: &Path) -> Result<String, String> {
     let value = if let Some(var) = source.strip_prefix("env:") {
         match std::env::var(var) {
             Ok(value) => value,

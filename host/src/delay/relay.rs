@@ -81,7 +81,7 @@ impl Lookup {
 
 /// Target topics and when each was last found to exist.
 struct KnownTopics {
-    metadata: Arc<BaseConsumer>,
+    metadata: Arc<BaseConsumer<crate::kafka::WatchedContext>>,
     // std Mutex: no .await while it is held.
     known: Mutex<HashMap<String, Instant>>,
     telemetry: Telemetry,
@@ -164,7 +164,7 @@ impl DelayProcessor {
     /// forwards anything.
     pub fn new(
         relay: Arc<DelayRelay>,
-        metadata: BaseConsumer,
+        metadata: BaseConsumer<crate::kafka::WatchedContext>,
         telemetry: Telemetry,
         table: Arc<CancelTable>,
         entries: Arc<AwaitedProducer>,

@@ -24,7 +24,6 @@ use crate::types::{CancelKind, InboxPosition};
 use anyhow::Context;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::Message;
@@ -46,16 +45,21 @@ const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The table reader's client: it asks for end-of-partition events to know
 /// when it has read the whole topic, which are no error.
-struct ReaderContext;
+struct ReaderContext(Arc<crate::kafka::ConnectionWatch>);
 
 impl ClientContext for ReaderContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.0.log(level, fac, message);
+    }
+
     fn error(&self, error: KafkaError, reason: &str) {
         let end_of_partition = matches!(
             error,
             KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
         );
         if !end_of_partition {
-            tracing::error!(error = %error, reason, "Cancellation table reader error.");
+            self.0
+                .error("the cancellation table's reader", &error, reason);
         }
     }
 }
@@ -302,9 +306,9 @@ impl CancelTable {
         if !cluster.kafka.create_topics || cluster.existing_topics()?.contains(topic) {
             return Ok(false);
         }
-        let admin: AdminClient<DefaultClientContext> = cluster
+        let admin: AdminClient<crate::kafka::WatchedContext> = cluster
             .producer_config()
-            .create()
+            .create_with_context(cluster.watched("admin"))
             .context("creating an admin client")?;
         let retention = lifetime.as_millis().to_string();
         let new = NewTopic::new(
@@ -377,7 +381,7 @@ fn reader(cluster: &Cluster, topic: &str) -> anyhow::Result<StreamConsumer<Reade
         .set("enable.partition.eof", "true")
         .set("fetch.wait.max.ms", "10");
     let consumer: StreamConsumer<ReaderContext> = config
-        .create_with_context(ReaderContext)
+        .create_with_context(ReaderContext(cluster.watch().clone()))
         .with_context(|| format!("creating the reader of `{topic}`"))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)

@@ -10,7 +10,7 @@
 use super::record::{DlqRecord, DlqSummary, RecordRef};
 use crate::config::{Config, RELAY_ROUTE, replay_journal};
 use crate::headers::Reason;
-use crate::kafka::Cluster;
+use crate::kafka::{Cluster, WatchedContext};
 use crate::lag::{self, LagError};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
@@ -284,15 +284,17 @@ fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> DlqError {
 }
 
 /// A consumer that reads by assignment and never commits.
-fn reader(cluster: &Cluster, topic: &str) -> Result<BaseConsumer, DlqError> {
+fn reader(cluster: &Cluster, topic: &str) -> Result<BaseConsumer<WatchedContext>, DlqError> {
     let mut config = cluster.consumer_config("hopper-dlq-reader");
     config
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
-    config.create().map_err(|source| DlqError::Client {
-        topic: topic.to_string(),
-        source,
-    })
+    config
+        .create_with_context(cluster.watched("dead-letter reader"))
+        .map_err(|source| DlqError::Client {
+            topic: topic.to_string(),
+            source,
+        })
 }
 
 /// Reads `topic` from its low to its high watermarks (as they are now),

@@ -5,15 +5,19 @@
 //! stored in the background, every 100 ms, and on shutdown. Together with "store after the
 //! hop's produce is acknowledged" this gives at-least-once delivery.
 
+pub mod watch;
+
+pub use watch::{CONNECT_DEADLINE, ConnectionWatch, WatchedContext};
+
 use crate::config::KafkaConfig;
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::producer::FutureProducer;
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The prefetched bytes (in KiB) librdkafka keeps, at most, per assigned
 /// partition: a partition's queue is its own once split off, and the
@@ -32,6 +36,9 @@ pub const QUEUED_MIN_MESSAGES: usize = 20_000;
 /// handled the whole batch.
 pub const HOPS_HELD: usize = 5_000;
 
+/// How often a failing connection is tried again, for `/ready`.
+pub const RECOVERY_PROBE_EVERY: Duration = Duration::from_secs(5);
+
 /// How long metadata and admin calls may take before startup gives up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -40,9 +47,139 @@ const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Cluster {
     pub brokers: String,
     pub kafka: KafkaConfig,
+    watch: Arc<ConnectionWatch>,
+}
+
+impl std::fmt::Debug for ConnectionWatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ConnectionWatch")
+            .field("failures", &self.failures())
+            .field("failing", &self.failing())
+            .finish()
+    }
 }
 
 impl Cluster {
+    /// The cluster at `brokers`, reached with the `[kafka]` table's
+    /// properties (`kafka.brokers` is not read).
+    pub fn new(brokers: impl Into<String>, kafka: KafkaConfig) -> Cluster {
+        let watch = Arc::new(ConnectionWatch::default());
+        watch.set_secrets(kafka.secrets.clone());
+        Cluster {
+            brokers: brokers.into(),
+            kafka,
+            watch,
+        }
+    }
+
+    /// What this cluster's clients report about the connection.
+    pub fn watch(&self) -> &Arc<ConnectionWatch> {
+        &self.watch
+    }
+
+    /// The context of a short-lived client called `name`.
+    pub fn watched(&self, name: &'static str) -> WatchedContext {
+        WatchedContext {
+            name,
+            watch: self.watch.clone(),
+            quiet: false,
+        }
+    }
+
+    /// Checks that a broker answers and accepts hopper's credentials, before
+    /// anything starts. Fails at once on an authentication or TLS failure,
+    /// and after [`CONNECT_DEADLINE`] when no broker answers, with the cause
+    /// in words an operator can act on. Blocks: call it off the runtime.
+    pub fn check_connection(&self) -> anyhow::Result<()> {
+        let failure: Arc<Mutex<Option<watch::Failure>>> = Arc::default();
+        let last: Arc<Mutex<Option<String>>> = Arc::default();
+        let probe = Probe {
+            failure: failure.clone(),
+            closed_early: Default::default(),
+            last: last.clone(),
+            watch: self.watch.clone(),
+        };
+        let client: BaseConsumer<Probe> = self
+            .base()
+            // Its broker failures are logged at info (a connection closed
+            // during the first request), not reported as errors.
+            .set_log_level(rdkafka::config::RDKafkaLogLevel::Info)
+            .create_with_context(probe)
+            .map_err(|e| {
+                self.cannot_connect(format!(
+                    "the client settings are refused: {e}; check kafka.properties (sasl.mechanism is one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI)"
+                ))
+            })?;
+        let started = Instant::now();
+        loop {
+            let answer = client.fetch_metadata(None, Duration::from_millis(500));
+            // A consumer's errors reach its context only when it is polled.
+            while client.poll(Duration::ZERO).is_some() {}
+            if let Some(failure) = failure.lock().unwrap().take() {
+                return Err(self.cannot_connect(failure.cause));
+            }
+            match answer {
+                Ok(_) => return Ok(()),
+                Err(e) if started.elapsed() >= CONNECT_DEADLINE => {
+                    let last = last
+                        .lock()
+                        .unwrap()
+                        .clone()
+                        .unwrap_or_else(|| e.to_string());
+                    return Err(self.cannot_connect(format!(
+                        "no broker answered within {}s: {last}; check kafka.brokers and that the brokers are reachable",
+                        CONNECT_DEADLINE.as_secs()
+                    )));
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// While the clients report a failing connection, tries one every
+    /// [`RECOVERY_PROBE_EVERY`] with a client of its own, and tells the
+    /// watch when one succeeds: `/ready` is true again. Ends on `shutdown`.
+    pub fn follow_recovery(&self, shutdown: tokio_util::sync::CancellationToken) {
+        let cluster = self.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(RECOVERY_PROBE_EVERY) => {}
+                }
+                if cluster.watch.failing().is_none() {
+                    continue;
+                }
+                let probe = cluster.clone();
+                let answered = tokio::task::spawn_blocking(move || probe.answers())
+                    .await
+                    .unwrap_or(false);
+                if answered {
+                    cluster.watch.recovered();
+                }
+            }
+        });
+    }
+
+    /// Whether a new client reads the cluster's metadata: it connected and
+    /// authenticated. Blocks.
+    fn answers(&self) -> bool {
+        let Ok(client) = self
+            .base()
+            .create_with_context::<_, BaseConsumer<WatchedContext>>(
+                self.watched("connection probe"),
+            )
+        else {
+            return false;
+        };
+        client.fetch_metadata(None, Duration::from_secs(5)).is_ok()
+    }
+
+    fn cannot_connect(&self, cause: String) -> anyhow::Error {
+        let cause = self.kafka.redact(&cause).into_owned();
+        anyhow::anyhow!("cannot connect to Kafka at {}: {cause}", self.brokers)
+    }
+
     /// The cluster `kafka.brokers` names. Fails when it names none: the
     /// embedded broker is started only when asked for
     /// ([`crate::embedded::EmbeddedBroker::serve`]).
@@ -54,10 +191,7 @@ impl Cluster {
             .ok_or_else(|| {
                 anyhow::anyhow!("no brokers: set kafka.brokers in the config or pass --brokers")
             })?;
-        Ok(Cluster {
-            brokers,
-            kafka: kafka.clone(),
-        })
+        Ok(Cluster::new(brokers, kafka.clone()))
     }
 
     fn base(&self) -> ClientConfig {
@@ -135,12 +269,24 @@ impl Cluster {
                 config.set(key, default.to_string());
             }
         }
+        // Round-robin spreads a route's input and tiers over the members
+        // (range gives partition 0 of every topic to the same one);
+        // `range` second, so a group still running an older hopper agrees
+        // on it until the last of those leaves (docs/scaling.md).
+        if !self
+            .kafka
+            .properties
+            .contains_key("partition.assignment.strategy")
+        {
+            config.set("partition.assignment.strategy", "roundrobin,range");
+        }
         config
     }
 
     /// Topics that exist on the cluster.
     pub fn existing_topics(&self) -> anyhow::Result<BTreeSet<String>> {
-        let consumer: BaseConsumer = self.base().create()?;
+        let consumer: BaseConsumer<WatchedContext> =
+            self.base().create_with_context(self.watched("metadata"))?;
         let metadata = consumer.fetch_metadata(None, ADMIN_TIMEOUT).map_err(|e| {
             anyhow::anyhow!("cannot read topic metadata from {}: {e}", self.brokers)
         })?;
@@ -167,7 +313,8 @@ impl Cluster {
                 missing.join(", ")
             );
         }
-        let admin: AdminClient<DefaultClientContext> = self.base().create()?;
+        let admin: AdminClient<WatchedContext> =
+            self.base().create_with_context(self.watched("admin"))?;
         let new: Vec<NewTopic<'_>> = missing
             .iter()
             .map(|name| {
@@ -227,6 +374,56 @@ impl Cluster {
     }
 }
 
+/// The context of [`Cluster::check_connection`]'s client: it keeps the
+/// first failure that retrying does not heal, and the last error of any
+/// kind, for the line that says why it could not connect.
+struct Probe {
+    failure: Arc<Mutex<Option<watch::Failure>>>,
+    /// Connections the broker closed at the first request.
+    closed_early: std::sync::atomic::AtomicU32,
+    last: Arc<Mutex<Option<String>>>,
+    watch: Arc<ConnectionWatch>,
+}
+
+impl rdkafka::ClientContext for Probe {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        // The failure is told once, by the check's error; what librdkafka
+        // logs about it meanwhile would say it again. A broker's failure
+        // that librdkafka only logs (a plaintext client on a TLS listener)
+        // is kept as the last error, and classified as one.
+        if fac != "FAIL" {
+            self.watch.log(level, fac, message);
+            return;
+        }
+        let message = self.watch.redact(message);
+        tracing::debug!(fac, "{message}");
+        *self.last.lock().unwrap() = Some(message.to_string());
+        let transport = rdkafka::error::KafkaError::Global(
+            rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure,
+        );
+        // Twice: a broker that is starting may close one connection early.
+        if let Some(failure) = watch::failure_of(&transport, &message)
+            && self
+                .closed_early
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                >= 1
+        {
+            self.failure.lock().unwrap().get_or_insert(failure);
+        }
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        let reason = self.watch.redact(reason);
+        tracing::debug!(error = %error, "{reason}");
+        *self.last.lock().unwrap() = Some(reason.to_string());
+        if let Some(failure) = watch::failure_of(&error, &reason) {
+            self.failure.lock().unwrap().get_or_insert(failure);
+        }
+    }
+}
+
+impl rdkafka::consumer::ConsumerContext for Probe {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -236,10 +433,7 @@ mod tests {
         for (key, value) in properties {
             kafka.properties.insert(key.to_string(), value.to_string());
         }
-        Cluster {
-            brokers: "127.0.0.1:9092".into(),
-            kafka,
-        }
+        Cluster::new("127.0.0.1:9092", kafka)
     }
 
     #[test]

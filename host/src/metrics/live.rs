@@ -86,6 +86,20 @@ impl Collector for Live {
             "1 when the pipeline's consumer has partitions and is not stopped.",
             &states,
         )?;
+        let standby: Vec<_> = health
+            .states()
+            .into_iter()
+            .map(|(pipeline, state)| {
+                let standby = state == crate::health::PipelineState::Standby;
+                (vec![("pipeline", pipeline)], standby as i64)
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_pipeline_standby",
+            "1 when the pipeline's consumer is in its group with no partition: a ready standby while other processes hold them.",
+            &standby,
+        )?;
 
         let breakers: Vec<_> = health
             .breakers()
@@ -97,6 +111,43 @@ impl Collector for Live {
             "hopper_breaker_state",
             "A route's circuit breaker: 0 closed, 1 open (retry tiers paused), 2 half-open (probing).",
             &breakers,
+        )?;
+
+        let failures = health.connection().failures();
+        let mut family = encoder.encode_descriptor(
+            "hopper_kafka_auth_failures",
+            "Authentication and TLS failures the Kafka clients reported since start (a wrong or rotated credential, a certificate not verified or expired).",
+            None,
+            MetricType::Counter,
+        )?;
+        family
+            .encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&failures, None)?;
+
+        let errors = health.undecodable_errors();
+        let mut family = encoder.encode_descriptor(
+            "hopper_undecodable_batches",
+            "Times a consumer reported a batch it could not decode (corrupt, or a codec this build lacks).",
+            None,
+            MetricType::Counter,
+        )?;
+        family.encode_counter::<prometheus_client::encoding::NoLabelSet, _, u64>(&errors, None)?;
+        let stuck: Vec<_> = health
+            .undecodables()
+            .into_iter()
+            .map(|u| {
+                let labels = vec![
+                    ("pipeline", u.pipeline),
+                    ("topic", u.topic),
+                    ("partition", u.partition.to_string()),
+                ];
+                (labels, 1i64)
+            })
+            .collect();
+        gauge(
+            &mut encoder,
+            "hopper_partition_undecodable",
+            "1 while a partition is stuck on a batch it cannot decode; `hopper skip` gets past it.",
+            &stuck,
         )?;
 
         let handlers = health.handlers();

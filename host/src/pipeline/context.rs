@@ -37,6 +37,8 @@ pub struct PipelineContext {
     /// The consumer this context belongs to, for the splits: set once it
     /// exists, weak so that the context does not keep it alive.
     consumer: OnceLock<Weak<PipelineConsumer>>,
+    /// Where the consumer's errors and log lines go.
+    watch: Arc<crate::kafka::ConnectionWatch>,
 }
 
 /// A pipeline's consumer, its rebalance events, and the offset trackers
@@ -50,7 +52,11 @@ pub struct Connected {
 /// Creates a pipeline's consumer from `config` (see
 /// [`crate::kafka::Cluster::consumer_config`]); `name` is the pipeline's,
 /// for logs.
-pub fn connect(config: &ClientConfig, name: &str) -> rdkafka::error::KafkaResult<Connected> {
+pub fn connect(
+    config: &ClientConfig,
+    name: &str,
+    watch: Arc<crate::kafka::ConnectionWatch>,
+) -> rdkafka::error::KafkaResult<Connected> {
     let (tx, rebalances) = mpsc::unbounded_channel();
     let trackers = Trackers::default();
     let consumer: PipelineConsumer = config.create_with_context(PipelineContext {
@@ -58,6 +64,7 @@ pub fn connect(config: &ClientConfig, name: &str) -> rdkafka::error::KafkaResult
         rebalances: tx,
         trackers: trackers.clone(),
         consumer: OnceLock::new(),
+        watch,
     })?;
     let consumer = Arc::new(consumer);
     let _ = consumer.context().consumer.set(Arc::downgrade(&consumer));
@@ -68,7 +75,15 @@ pub fn connect(config: &ClientConfig, name: &str) -> rdkafka::error::KafkaResult
     })
 }
 
-impl ClientContext for PipelineContext {}
+impl ClientContext for PipelineContext {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
+        self.watch.log(level, fac, message);
+    }
+
+    fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
+        self.watch.error(&self.name, &error, reason);
+    }
+}
 
 impl ConsumerContext for PipelineContext {
     /// On a revoke, commits each revoked partition's done prefix there and

@@ -279,6 +279,7 @@ impl<P: Processor> Loop<P> {
             keys: self.keys.clone(),
             scheduler: self.scheduler.clone(),
             held: self.held_tx.clone(),
+            stuck: Default::default(),
         };
         let previous = match self.partitions.remove(&tp) {
             // Assigned again without a revoke: the old task ends first.
@@ -349,6 +350,7 @@ impl<P: Processor> Loop<P> {
                 self.retired.retain(|_, task| !task.is_finished());
             }
             Rebalanced::Assigned(assigned) => {
+                self.shared.telemetry.health().joined(&self.name);
                 tracing::info!(
                     pipeline = self.name,
                     partitions = assigned.len(),

@@ -97,6 +97,8 @@ pub(super) struct Partition<P> {
     pub keys: KeyHasher,
     pub scheduler: mpsc::UnboundedSender<Scheduled>,
     pub held: mpsc::UnboundedSender<Held>,
+    /// The last thing read was a batch that cannot be decoded.
+    pub stuck: std::sync::atomic::AtomicBool,
 }
 
 /// How a call ended.
@@ -211,6 +213,11 @@ pub(super) async fn run<P: Processor>(
                     closed = true;
                     gate.clear();
                     waiting_bytes = 0;
+                    // Whoever reads it next reports it, if it is still stuck.
+                    if partition.stuck.swap(false, std::sync::atomic::Ordering::Relaxed) {
+                        let health = partition.shared.telemetry.health();
+                        health.decoded(partition.shared.processor.name(), &partition.tp);
+                    }
                 }
             },
             Some(called) = calls.next(), if !calls.is_empty() => {
@@ -252,16 +259,35 @@ fn read<P: Processor>(
     let message = match next {
         Ok(message) => message,
         Err(e) => {
-            tracing::warn!(
-                pipeline = partition.shared.processor.name(),
-                topic = partition.tp.topic,
-                partition = partition.tp.partition,
-                error = %e,
-                "Consumer error."
-            );
+            let pipeline = partition.shared.processor.name();
+            if crate::dlq::is_undecodable(&e) {
+                // librdkafka fetches the batch again and again: the
+                // partition is stuck until an operator skips it.
+                partition
+                    .stuck
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                let at = partition.tracker.lock().unwrap().position();
+                let health = partition.shared.telemetry.health();
+                health.undecodable(pipeline, &partition.tp, at, &e.to_string());
+            } else {
+                tracing::warn!(
+                    pipeline,
+                    topic = partition.tp.topic,
+                    partition = partition.tp.partition,
+                    error = %e,
+                    "Consumer error."
+                );
+            }
             return false;
         }
     };
+    if partition
+        .stuck
+        .swap(false, std::sync::atomic::Ordering::Relaxed)
+    {
+        let health = partition.shared.telemetry.health();
+        health.decoded(partition.shared.processor.name(), &partition.tp);
+    }
     let offset = message.offset();
     if let Some(due_ms) = partition.shared.processor.due_at(&message)
         && due_ms > now_ms()

@@ -1,7 +1,7 @@
 //! The `hopper` command: a thin layer over the library.
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 use hopper::config::Config;
 use hopper::embedded::EmbeddedBroker;
 use hopper::kafka::Cluster;
@@ -104,6 +104,12 @@ enum Command {
     /// topic, and, when hopper's admin server answers, readiness and handler
     /// versions.
     Status(ops::Target),
+    /// Gets a partition past a batch its consumer cannot decode (corrupt,
+    /// or compressed with a codec this build lacks): records the skipped
+    /// offsets in the dead-letter topic (reason UNDECODABLE) and commits
+    /// the first readable offset. Every hopper of the pipeline must be
+    /// stopped first.
+    Skip(ops::SkipArgs),
 }
 
 #[derive(Args)]
@@ -117,6 +123,7 @@ struct SendArgs {
     /// When to deliver: RFC 3339 (2026-12-01T09:00:00Z) or epoch ms.
     #[arg(long)]
     at: Option<String>,
+    /// The message key, delivered with the message.
     #[arg(long)]
     key: Option<String>,
     /// A header to deliver with the message, `name=value`; repeatable.
@@ -125,14 +132,21 @@ struct SendArgs {
     /// Message id (`hopper-id`); by default derived from the inbox offset.
     #[arg(long)]
     id: Option<String>,
+    /// The message payload, as text; read from stdin when not given.
     #[arg(long)]
     payload: Option<String>,
-    /// Bootstrap servers.
-    #[arg(long, env = "HOPPER_BROKERS")]
-    brokers: String,
-    /// The delay relay's inbox topic.
-    #[arg(long, default_value = "hopper.delay")]
-    inbox: String,
+    /// A config file whose `[kafka]` table (brokers, TLS, SASL) and
+    /// `[delay]` inbox to use.
+    #[arg(short, long)]
+    config: Option<PathBuf>,
+    /// Bootstrap servers; overrides the config's `kafka.brokers`. Required
+    /// without --config.
+    #[arg(long, env = "HOPPER_BROKERS", required_unless_present = "config")]
+    brokers: Option<String>,
+    /// The delay relay's inbox topic. Default: the config's `[delay]`
+    /// inbox, else `hopper.delay`.
+    #[arg(long)]
+    inbox: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -157,7 +171,10 @@ enum PluginCommand {
 #[tokio::main]
 async fn main() -> ExitCode {
     hopper::tune_allocator();
-    let cli = Cli::parse();
+    // Built once, for the life of the process (clap takes a `&'static str`).
+    let long_version: &'static str = Box::leak(long_version().into_boxed_str());
+    let cli = Cli::command().long_version(long_version).get_matches();
+    let cli = Cli::from_arg_matches(&cli).unwrap_or_else(|e| e.exit());
     // The demo prints its own live view; by default it shows only what the
     // handler logs, and problems.
     let default_filter = match cli.command {
@@ -201,6 +218,7 @@ async fn main() -> ExitCode {
         Command::Dlq { command } => ops::dlq(command).await,
         Command::Delay { command } => ops::delay(command).await,
         Command::Status(target) => ops::status(target).await,
+        Command::Skip(args) => ops::skip(args).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -209,6 +227,19 @@ async fn main() -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// What `hopper --version` prints: the version and commit, the handler
+/// WIT it accepts, and the wasmtime and librdkafka it was built with.
+fn long_version() -> String {
+    let (_, librdkafka) = rdkafka::util::get_rdkafka_version();
+    let world = hopper::plugin::WORLD;
+    format!(
+        "{} (commit {})\nhandler WIT: {world} (components built against hopper:handler@0.1.0 or later 0.1.x run unchanged)\nwasmtime {}\nlibrdkafka {librdkafka} (TLS, SASL PLAIN/SCRAM/OAUTHBEARER, gzip, snappy, lz4, zstd)",
+        env!("CARGO_PKG_VERSION"),
+        env!("HOPPER_COMMIT"),
+        env!("HOPPER_WASMTIME"),
+    )
 }
 
 /// Logs to stderr: text (coloured only on a terminal, so files and pipes
@@ -419,14 +450,24 @@ async fn send(args: SendArgs) -> anyhow::Result<()> {
         payload: Some(payload),
         headers,
     };
-    let cluster = Cluster {
-        brokers: args.brokers,
-        kafka: Default::default(),
-    };
-    let (partition, offset) = message.send(&cluster.producer()?, &args.inbox).await?;
+    let (mut kafka, mut inbox) = (hopper::config::KafkaConfig::default(), None);
+    if let Some(path) = &args.config {
+        let config = Config::load(path).with_context(|| format!("loading {}", path.display()))?;
+        inbox = config.delay.map(|d| d.inbox);
+        kafka = config.kafka;
+    }
+    if let Some(brokers) = args.brokers {
+        kafka.brokers = Some(brokers);
+    }
+    let inbox = args
+        .inbox
+        .or(inbox)
+        .unwrap_or_else(|| hopper::config::DelayConfig::DEFAULT_INBOX.to_string());
+    let cluster = ops::connected(Cluster::of(&kafka)?)?;
+    let (partition, offset) = message.send(&cluster.producer()?, &inbox).await?;
     println!(
-        "Scheduled for {} via {}[{partition}]@{offset}.",
-        args.topic, args.inbox
+        "Scheduled for {} via {inbox}[{partition}]@{offset}.",
+        args.topic
     );
     Ok(())
 }

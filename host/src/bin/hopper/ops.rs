@@ -31,9 +31,16 @@ impl Target {
         if let Some(brokers) = &self.brokers {
             config.kafka.brokers = Some(brokers.clone());
         }
-        let cluster = Cluster::of(&config.kafka)?;
+        let cluster = connected(Cluster::of(&config.kafka)?)?;
         Ok((config, cluster))
     }
+}
+
+/// `cluster`, once a broker answered and took the credentials: a command
+/// against a cluster it cannot reach fails within seconds, naming why.
+pub(crate) fn connected(cluster: Cluster) -> anyhow::Result<Cluster> {
+    tokio::task::block_in_place(|| cluster.check_connection())?;
+    Ok(cluster)
 }
 
 /// Which dead-letter records a command selects.
@@ -634,6 +641,57 @@ pub async fn delay(command: DelayCommand) -> anyhow::Result<()> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct SkipArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The route (or `delay` for the delay relay) whose partition is stuck.
+    #[arg(long)]
+    route: String,
+    /// The topic of the stuck partition.
+    #[arg(long)]
+    topic: String,
+    /// The stuck partition.
+    #[arg(long)]
+    partition: i32,
+    /// Find and print the undecodable offsets; write and commit nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// `hopper skip`: past an undecodable batch (docs/connecting.md).
+pub async fn skip(args: SkipArgs) -> anyhow::Result<()> {
+    let (config, cluster) = args.target.load()?;
+    let skipped = tokio::task::block_in_place(|| {
+        hopper::dlq::skip_undecodable(
+            &cluster,
+            &config,
+            &args.route,
+            &args.topic,
+            args.partition,
+            args.dry_run,
+        )
+    })?;
+    let range = format!(
+        "{}[{}] offsets {} to {}",
+        args.topic,
+        args.partition,
+        skipped.from,
+        skipped.to - 1
+    );
+    match &skipped.dead_letter {
+        None => println!(
+            "Would skip {range} ({}); group `{}` would resume at {}.",
+            skipped.error, skipped.group, skipped.to
+        ),
+        Some(dead) => println!(
+            "Skipped {range} ({}): recorded as {dead}; group `{}` resumes at {}.",
+            skipped.error, skipped.group, skipped.to
+        ),
     }
     Ok(())
 }
