@@ -697,9 +697,12 @@ async fn records_of_every_codec_are_read_and_hops_are_compressed_byte_for_byte()
     hopper_tests::init_tracing();
     let input = rand_name("codecs");
     let route = format!("codecs-{}", &input[input.len() - 6..]);
-    // The route's own hops (its dead letters here) are compressed too.
+    let (inbox, target) = (rand_name("codec-inbox"), rand_name("codec-target"));
+    hopper_tests::create_topics(&[&target]).await;
+    // The route's own hops (its dead letters here) and the relay's are
+    // compressed too.
     let config = hopper_tests::TestConfig::new(&format!(
-        "{}\n[kafka.properties]\n\"compression.type\" = \"zstd\"\n",
+        "{}\n[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n\n[kafka.properties]\n\"compression.type\" = \"zstd\"\n",
         hopper_tests::route_table(&route, &input, &plugin("fatal"), "max_attempts = 1")
     ));
     let hopper_run = config.start().await;
@@ -712,9 +715,30 @@ async fn records_of_every_codec_are_read_and_hops_are_compressed_byte_for_byte()
         let mut payload = format!("{codec} ").repeat(200).into_bytes();
         payload.extend((0..=255u8).rev());
         produce(&producer, &input, codec, &payload).await;
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "hopper-target",
+                value: Some(target.as_str()),
+            })
+            .insert(Header {
+                key: "hopper-delay",
+                value: Some("1s"),
+            });
+        producer
+            .send(
+                FutureRecord::to(&inbox)
+                    .key(codec)
+                    .payload(&payload)
+                    .headers(headers),
+                Duration::from_secs(30),
+            )
+            .await
+            .map_err(|(e, _)| e)
+            .unwrap();
         sent.push((codec.to_string(), payload));
     }
     let dead = hopper_tests::consume(&format!("{route}.dlq"), 4, PATIENCE).await;
+    let delivered = hopper_tests::consume(&target, 4, PATIENCE).await;
     for (codec, payload) in &sent {
         let record = dead
             .iter()
@@ -722,6 +746,15 @@ async fn records_of_every_codec_are_read_and_hops_are_compressed_byte_for_byte()
             .unwrap_or_else(|| panic!("no dead letter of {codec}"));
         assert_eq!(record.payload(), Some(&payload[..]), "{codec}");
         assert_eq!(header_map(record).0["hopper-reason"], "FATAL");
+        let forwarded = delivered
+            .iter()
+            .find(|m| m.key() == Some(codec.as_bytes()))
+            .unwrap_or_else(|| panic!("the relay delivered nothing of {codec}"));
+        assert_eq!(
+            forwarded.payload(),
+            Some(&payload[..]),
+            "{codec} through the relay"
+        );
     }
     hopper_run.stop().await;
 }
