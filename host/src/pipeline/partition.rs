@@ -281,9 +281,11 @@ fn read<P: Processor>(
             return false;
         }
     };
-    if partition
-        .stuck
-        .swap(false, std::sync::atomic::Ordering::Relaxed)
+    // A load first: no read-modify-write on every message's path.
+    if partition.stuck.load(std::sync::atomic::Ordering::Relaxed)
+        && partition
+            .stuck
+            .swap(false, std::sync::atomic::Ordering::Relaxed)
     {
         let health = partition.shared.telemetry.health();
         health.decoded(partition.shared.processor.name(), &partition.tp);
