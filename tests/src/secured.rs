@@ -209,13 +209,12 @@ impl SecuredBroker {
             storage,
             broker: None,
         };
-        secured.serve();
+        secured.serve(free_port());
         secured
     }
 
-    /// Starts (again) the broker with TLS and SCRAM on a new port.
-    fn serve(&mut self) {
-        let port = free_port();
+    /// Starts (again) the broker with TLS and SCRAM on `port`.
+    fn serve(&mut self, port: u16) {
         let cert = self.pki.server_cert.to_str().unwrap().to_string();
         let key = self.pki.server_key.to_str().unwrap().to_string();
         self.broker = Some(Nisshi::start(
@@ -241,15 +240,7 @@ impl SecuredBroker {
                 &["delete", "--mechanism", mechanism, user],
             );
         }
-        let cert = self.pki.server_cert.to_str().unwrap().to_string();
-        let key = self.pki.server_key.to_str().unwrap().to_string();
-        self.broker = Some(Nisshi::start(
-            self.dir.path(),
-            port,
-            port,
-            &self.storage,
-            &["--authentication", "--cert", &cert, "--key", &key],
-        ));
+        self.serve(port);
     }
 
     /// librdkafka properties of a SCRAM-SHA-512 client of this broker.
