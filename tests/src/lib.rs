@@ -226,7 +226,34 @@ pub fn cache_dir() -> PathBuf {
 pub fn client_config() -> ClientConfig {
     let mut config = ClientConfig::new();
     config.set("bootstrap.servers", brokers());
+    for (key, value) in client_properties() {
+        config.set(key, value);
+    }
     config
+}
+
+/// librdkafka properties that every client of the test broker needs, and
+/// every hopper the harness starts gets in `[kafka.properties]`: none,
+/// unless [`set_client_properties`] named some (a benchmark over TLS).
+pub fn client_properties() -> &'static [(String, String)] {
+    CLIENT_PROPERTIES
+        .get()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+}
+
+static CLIENT_PROPERTIES: OnceLock<Vec<(String, String)>> = OnceLock::new();
+
+/// Sets [`client_properties`] for the rest of the process, before any
+/// client is made.
+///
+/// # Panics
+///
+/// If they were set already.
+pub fn set_client_properties(properties: Vec<(String, String)>) {
+    CLIENT_PROPERTIES
+        .set(properties)
+        .expect("the client properties are set once, before any client");
 }
 
 /// A plain producer, configured like any application's.
@@ -482,6 +509,10 @@ fn load_config(path: &Path) -> Config {
     let mut config = Config::load(path).unwrap();
     config.kafka.brokers = Some(brokers());
     config
+        .kafka
+        .properties
+        .extend(client_properties().iter().cloned());
+    config
 }
 
 /// A one-route config around `handler`, with `extra` inside the route
@@ -588,6 +619,7 @@ pub async fn create_topics_with(topics: &[&str], partitions: i32) {
         brokers(),
         hopper::config::KafkaConfig {
             partitions,
+            properties: client_properties().iter().cloned().collect(),
             ..Default::default()
         },
     );

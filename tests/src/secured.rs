@@ -165,6 +165,11 @@ impl Nisshi {
     pub fn log(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
+
+    /// The broker's process id, for reading its CPU time.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
 }
 
 impl Drop for Nisshi {
@@ -290,6 +295,50 @@ fn user_command(dir: &Path, broker: &Nisshi, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A Nisshi that serves only TLS, with no authentication and in-memory
+/// storage, like the plaintext test broker: the same broker, encrypted.
+pub struct TlsBroker {
+    pub pki: Pki,
+    pub address: String,
+    pub broker: Nisshi,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsBroker {
+    pub fn start() -> TlsBroker {
+        let pki = Pki::new();
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let broker = Nisshi::start(
+            dir.path(),
+            port,
+            port,
+            "memory://nisshi/",
+            &[
+                "--cert",
+                pki.server_cert.to_str().unwrap(),
+                "--key",
+                pki.server_key.to_str().unwrap(),
+            ],
+        );
+        TlsBroker {
+            address: format!("127.0.0.1:{port}"),
+            pki,
+            broker,
+            _dir: dir,
+        }
+    }
+
+    /// librdkafka properties of a client of this broker: TLS, verified
+    /// against the test CA.
+    pub fn client_properties(&self) -> Vec<(String, String)> {
+        vec![
+            ("security.protocol".into(), "ssl".into()),
+            ("ssl.ca.location".into(), self.pki.ca.display().to_string()),
+        ]
+    }
 }
 
 /// A plaintext Nisshi whose only way in is a TLS proxy, which may demand a

@@ -76,6 +76,51 @@ impl Secrets {
         encoded.map_or(out, std::borrow::Cow::Owned)
     }
 
+    /// `text` redacted and cut to at most `max` bytes, marked `…` where it
+    /// is cut, without reading more of it than `max` and room for a secret
+    /// that starts before the cut: a guest's text may be as long as its
+    /// memory, and redaction allocates per byte it reads. What the host
+    /// holds of it is therefore bounded by `max` plus three times the
+    /// longest secret (percent-encoding triples a secret), whatever its
+    /// length.
+    pub fn redact_within<'a>(&self, text: &'a str, max: usize) -> std::borrow::Cow<'a, str> {
+        let window = max.saturating_add(3 * self.longest());
+        let read = if text.len() > window {
+            let mut end = window;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            &text[..end]
+        } else {
+            text
+        };
+        let redacted = self.redact(read);
+        let redacted = if read.len() < text.len() {
+            // The window may end inside a secret, which redaction leaves
+            // as it is: its start goes.
+            let partial = self.partial_at_end(redacted.as_bytes());
+            match redacted {
+                std::borrow::Cow::Borrowed(r) => {
+                    std::borrow::Cow::Borrowed(&r[..r.len() - partial])
+                }
+                std::borrow::Cow::Owned(mut r) => {
+                    r.truncate(r.len() - partial);
+                    std::borrow::Cow::Owned(r)
+                }
+            }
+        } else {
+            redacted
+        };
+        if redacted.len() <= max && read.len() == text.len() {
+            return redacted;
+        }
+        let mut end = max.min(redacted.len()).saturating_sub('…'.len_utf8());
+        while !redacted.is_char_boundary(end) {
+            end -= 1;
+        }
+        std::borrow::Cow::Owned(format!("{}…", &redacted[..end]))
+    }
+
     /// Secrets, longest first, so a secret that contains another is
     /// replaced whole.
     fn longest_first(&self) -> Vec<(&String, &Secret)> {

@@ -12,7 +12,7 @@
 //! `*://*:*` allows everything. Names compare without case.
 
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 
 /// The hosts a route may call. Empty (the default) allows nothing.
@@ -371,29 +371,70 @@ impl Ports {
     }
 }
 
-/// Alibaba Cloud's instance-metadata address (outside the link-local range).
-const ALIBABA_METADATA: Ipv4Addr = Ipv4Addr::new(100, 100, 100, 200);
+/// Where a cloud VM's or a pod's credentials are served, each range with
+/// its source: link-local ranges and the metadata addresses outside them.
+/// A handler never reaches them through a wildcard or a name, only through
+/// an entry that names the address itself ([`is_guarded`]).
+pub const GUARDED: [(IpAddr, u8, &str); 7] = [
+    (
+        IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)),
+        16,
+        "IPv4 link-local (RFC 3927): AWS, GCP, Azure, Oracle, DigitalOcean and OpenStack serve metadata at 169.254.169.254",
+    ),
+    (
+        IpAddr::V4(Ipv4Addr::new(100, 100, 100, 200)),
+        32,
+        "Alibaba Cloud instance metadata",
+    ),
+    (
+        IpAddr::V4(Ipv4Addr::new(192, 0, 0, 192)),
+        32,
+        "Oracle Cloud instance metadata (the older address beside 169.254.169.254)",
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)),
+        10,
+        "IPv6 link-local (RFC 4291)",
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x0ec2, 0, 0, 0, 0, 0, 0)),
+        32,
+        "AWS over IPv6: instance metadata at fd00:ec2::254, the EKS Pod Identity agent at fd00:ec2::23",
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd20, 0x00ce, 0, 0, 0, 0, 0, 0x0254)),
+        128,
+        "GCP instance metadata over IPv6",
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0xfd00, 0x0042, 0, 0, 0, 0, 0, 0x0042)),
+        128,
+        "Scaleway instance metadata over IPv6",
+    ),
+];
 
-/// Link-local and cloud-metadata addresses: where a cloud VM's credentials
-/// are served. A handler never reaches them through a wildcard or a name,
-/// only through an entry that names the address itself.
-///
-/// - 169.254.0.0/16 (IPv4 link-local: AWS, GCP, Azure and others serve
-///   metadata at 169.254.169.254);
-/// - fe80::/10 (IPv6 link-local);
-/// - fd00:ec2::/32 (AWS over IPv6: instance metadata at fd00:ec2::254, the
-///   EKS Pod Identity agent at fd00:ec2::23);
-/// - 100.100.100.200 (Alibaba Cloud metadata);
-///
-/// each IPv4 one also in its IPv4-mapped (`::ffff:a.b.c.d`),
-/// IPv4-compatible (`::a.b.c.d`) and NAT64 (`64:ff9b::a.b.c.d`) forms.
+/// Whether `ip` is in one of the [`GUARDED`] ranges, each IPv4 one also in
+/// its IPv4-mapped (`::ffff:a.b.c.d`), IPv4-compatible (`::a.b.c.d`) and
+/// NAT64 (`64:ff9b::a.b.c.d`) forms.
 pub fn is_guarded(ip: IpAddr) -> bool {
-    match canonical(ip) {
-        IpAddr::V4(v4) => v4.is_link_local() || v4 == ALIBABA_METADATA,
-        IpAddr::V6(v6) => {
-            let s = v6.segments();
-            (s[0] & 0xffc0) == 0xfe80 || (s[0] == 0xfd00 && s[1] == 0x0ec2)
+    let ip = canonical(ip);
+    GUARDED
+        .iter()
+        .any(|&(net, bits, _)| in_prefix(ip, net, bits))
+}
+
+/// Whether `ip` lies in `net`/`bits` (false across address families).
+fn in_prefix(ip: IpAddr, net: IpAddr, bits: u8) -> bool {
+    match (ip, net) {
+        (IpAddr::V4(ip), IpAddr::V4(net)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(bits)).unwrap_or(0);
+            u32::from(ip) & mask == u32::from(net) & mask
         }
+        (IpAddr::V6(ip), IpAddr::V6(net)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(bits)).unwrap_or(0);
+            u128::from(ip) & mask == u128::from(net) & mask
+        }
+        _ => false,
     }
 }
 
@@ -497,6 +538,59 @@ mod tests {
     }
 
     #[test]
+    fn the_guarded_table_in_the_docs_is_this_one() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations.md");
+        let docs = std::fs::read_to_string(path).unwrap();
+        let table = docs
+            .split("<!-- guarded addresses: start -->")
+            .nth(1)
+            .and_then(|rest| rest.split("<!-- guarded addresses: end -->").next())
+            .expect("docs/operations.md has the guarded-addresses table");
+        let rows: Vec<&str> = table
+            .lines()
+            .filter(|l| l.starts_with("| ") && !l.starts_with("| range"))
+            .collect();
+        let expected: Vec<String> = GUARDED
+            .iter()
+            .map(|(net, bits, source)| format!("| {net}/{bits} | {source} |"))
+            .collect();
+        assert_eq!(rows, expected, "docs/operations.md, guarded addresses");
+    }
+
+    #[test]
+    fn every_guarded_range_is_guarded_at_both_ends_and_not_beside_them() {
+        for (net, bits, source) in GUARDED {
+            let (first, last, before, after) = match net {
+                IpAddr::V4(v4) => {
+                    let n = u32::from(v4);
+                    let size = 1u64 << (32 - bits);
+                    let last = (u64::from(n) + size - 1) as u32;
+                    (
+                        IpAddr::V4(n.into()),
+                        IpAddr::V4(last.into()),
+                        IpAddr::V4((n - 1).into()),
+                        IpAddr::V4((last + 1).into()),
+                    )
+                }
+                IpAddr::V6(v6) => {
+                    let n = u128::from(v6);
+                    let last = n | (u128::MAX.checked_shr(u32::from(bits)).unwrap_or(0));
+                    (
+                        IpAddr::V6(n.into()),
+                        IpAddr::V6(last.into()),
+                        IpAddr::V6((n - 1).into()),
+                        IpAddr::V6((last + 1).into()),
+                    )
+                }
+            };
+            assert!(is_guarded(first), "{first}: {source}");
+            assert!(is_guarded(last), "{last}: {source}");
+            assert!(!is_guarded(before), "{before}, before {source}");
+            assert!(!is_guarded(after), "{after}, after {source}");
+        }
+    }
+
+    #[test]
     fn metadata_and_link_local_addresses_need_an_entry_naming_them() {
         let wide = list(&["*://*:*"]);
         for guarded in [
@@ -517,6 +611,12 @@ mod tests {
             "64:ff9b::a9fe:a9fe",
             "::100.100.100.200",
             "64:ff9b::100.100.100.200",
+            // Regression: the GCP, Scaleway and Oracle addresses passed.
+            "fd20:ce::254",
+            "fd00:42::42",
+            "192.0.0.192",
+            "::ffff:192.0.0.192",
+            "64:ff9b::192.0.0.192",
         ] {
             let ip: IpAddr = guarded.parse().unwrap();
             assert!(is_guarded(ip), "{guarded}");
@@ -532,6 +632,10 @@ mod tests {
             "64:ff9b::8.8.8.8",
             "64:ff9b:1::169.254.169.254",
             "8.8.8.8",
+            "fd20:ce::255",
+            "fd00:42::43",
+            "192.0.0.193",
+            "169.255.0.1",
         ] {
             assert!(wide.allows_address(open.parse().unwrap()), "{open}");
         }

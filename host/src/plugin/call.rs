@@ -9,7 +9,7 @@ use super::output::LineBudget;
 use super::state::GuestState;
 use super::{Delivery, EpochTicker, Header, Message, TIMEOUT_GRACE, Verdict};
 use crate::config::{InstancePolicy, Route, Secrets};
-use crate::headers::Reason;
+use crate::headers::{MAX_ERROR_BYTES, Reason};
 use crate::per_thread::PerThread;
 use futures::FutureExt;
 use std::borrow::Cow;
@@ -298,9 +298,11 @@ fn classify(
 }
 
 /// The verdict of an outcome. A reason that quotes a secret's value gets
-/// the secret's name in its place: reasons go into logs and headers.
+/// the secret's name in its place: reasons go into logs and headers. It is
+/// cut to the header's [`MAX_ERROR_BYTES`] before it is redacted, so a
+/// guest's megabytes of reason cost the host no more than that.
 fn from_wit(outcome: types::Outcome, secrets: &Secrets) -> Verdict {
-    let redact = |reason: String| match secrets.redact(&reason) {
+    let redact = |reason: String| match secrets.redact_within(&reason, MAX_ERROR_BYTES) {
         Cow::Borrowed(_) => reason,
         Cow::Owned(redacted) => redacted,
     };

@@ -175,7 +175,7 @@ impl Emits {
             guest.grants.counters.emits_refused.inc();
             if guest.budget.take() {
                 let secrets = &guest.grants.config.secrets;
-                let cut = |text: &str| headers::shorten(&secrets.redact(text), MAX_LOGGED);
+                let cut = |text: &str| secrets.redact_within(text, MAX_LOGGED).into_owned();
                 let topic = subject.topic.map(cut);
                 let schedule = subject.id.map(cut);
                 let reason = cut(&format!("{error:?}"));

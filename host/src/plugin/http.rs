@@ -14,7 +14,8 @@
 //! Every request
 //! counts against `http.max_requests`, denied ones too, so a handler looping
 //! on a denied URL stops being served after that many. Logged URLs and
-//! reasons have secrets redacted, then are cut to [`MAX_LOGGED`] bytes.
+//! reasons are cut to [`MAX_LOGGED`] bytes (and room for a secret that
+//! starts before the cut), then have secrets redacted.
 //! Time waiting here counts against the call's `timeout`: a response head is
 //! awaited at most until the call's deadline.
 
@@ -539,10 +540,15 @@ fn method_of(
     })
 }
 
-/// `text` with the guest's secrets redacted, cut to [`MAX_LOGGED`] bytes.
+/// `text` with the guest's secrets redacted, cut to [`MAX_LOGGED`] bytes
+/// (cut first: [`crate::config::Secrets::redact_within`]).
 fn redacted(guest: &GuestInfo, text: &str) -> String {
-    let text = guest.grants.config.secrets.redact(text);
-    crate::headers::shorten(&text, MAX_LOGGED)
+    guest
+        .grants
+        .config
+        .secrets
+        .redact_within(text, MAX_LOGGED)
+        .into_owned()
 }
 
 impl Report {

@@ -258,7 +258,7 @@ impl wit_log::Host for GuestState {
         if !shown || !g.budget.take() {
             return;
         }
-        let message = crate::headers::shorten(&g.grants.config.secrets.redact(&message), 4096);
+        let message = g.grants.config.secrets.redact_within(&message, 4096);
         let (route, handler, version) = (&g.route, &g.handler, &g.short_version);
         match level {
             wit_log::Level::Trace => {

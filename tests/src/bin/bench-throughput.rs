@@ -1,12 +1,14 @@
 //! Throughput: hopper against a bare Kafka relay, side by side in one run.
 //!
 //! ```text
-//! bench-throughput [--mock] [--only NAME[,NAME...]] [--rounds ROUNDS] [MESSAGES]
+//! bench-throughput [--mock | --tls] [--only NAME[,NAME...]] [--rounds ROUNDS] [MESSAGES]
 //! ```
 //!
-//! On the broker in `HOPPER_TEST_BROKERS` (see `cargo xtask bench`), or with
+//! On the broker in `HOPPER_TEST_BROKERS` (see `cargo xtask bench`); with
 //! `--mock` on librdkafka's in-process mock cluster, so that a broker in
-//! another process is out of the picture. `--only` runs some contenders:
+//! another process is out of the picture; with `--tls` on a Nisshi of its
+//! own that serves only TLS (in-memory storage, like the plaintext broker),
+//! every client of both sides verifying it against a test CA. `--only` runs some contenders:
 //! `bare`, `noop`, `metrics`, `fresh`, `json`, `sized`, `hop`, `storm`,
 //! `traced`. `traced` is the `noop` route with `[tracing]` exporting 10% and
 //! 100% of traces to a loopback OTLP sink (it answers 200 and keeps
@@ -79,17 +81,18 @@ async fn main() {
     hopper::tune_allocator();
     let usage = || -> ! {
         eprintln!(
-            "usage: bench-throughput [--mock] [--only {}] [--rounds N] [MESSAGES >= 1000]",
+            "usage: bench-throughput [--mock | --tls] [--only {}] [--rounds N] [MESSAGES >= 1000]",
             CONTENDERS.join(",")
         );
         std::process::exit(2)
     };
     let mut args = std::env::args().skip(1);
-    let (mut mock, mut only, mut messages, mut rounds) =
-        (false, None::<Vec<String>>, 200_000u64, 5usize);
+    let (mut mock, mut tls, mut only, mut messages, mut rounds) =
+        (false, false, None::<Vec<String>>, 200_000u64, 5usize);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--mock" => mock = true,
+            "--tls" => tls = true,
             "--rounds" => match args.next().map(|r| r.parse()) {
                 Some(Ok(r)) if r >= 1 => rounds = r,
                 _ => usage(),
@@ -112,7 +115,10 @@ async fn main() {
             },
         }
     }
-    let bench = Bench::new(mock, only);
+    if mock && tls {
+        usage();
+    }
+    let bench = Bench::new(mock, tls, only);
     println!(
         "throughput on {}: {messages} messages per contender, {PARTITIONS} partitions, {rounds} rounds",
         bench.label()
@@ -127,6 +133,8 @@ async fn main() {
 struct Bench {
     /// The in-process mock cluster, with `--mock`.
     mock: Option<EmbeddedBroker>,
+    /// The TLS broker, with `--tls`.
+    tls: Option<hopper_tests::secured::TlsBroker>,
     broker_pid: Option<String>,
     only: Option<Vec<String>>,
 }
@@ -205,10 +213,24 @@ impl Meter {
 }
 
 impl Bench {
-    fn new(mock: bool, only: Option<Vec<String>>) -> Bench {
+    fn new(mock: bool, tls: bool, only: Option<Vec<String>>) -> Bench {
+        if tls {
+            let broker = hopper_tests::secured::TlsBroker::start();
+            hopper_tests::set_client_properties(broker.client_properties());
+            // SAFETY: set before any other thread reads the environment; the
+            // harness reads it once, on first use.
+            unsafe { std::env::set_var("HOPPER_TEST_BROKERS", &broker.address) };
+            return Bench {
+                mock: None,
+                broker_pid: Some(broker.broker.pid().to_string()),
+                tls: Some(broker),
+                only,
+            };
+        }
         if !mock {
             return Bench {
                 mock: None,
+                tls: None,
                 broker_pid: std::env::var("HOPPER_BENCH_BROKER_PID").ok(),
                 only,
             };
@@ -219,6 +241,7 @@ impl Bench {
         unsafe { std::env::set_var("HOPPER_TEST_BROKERS", broker.bootstrap_servers()) };
         Bench {
             mock: Some(broker),
+            tls: None,
             broker_pid: None,
             only,
         }
@@ -236,6 +259,7 @@ impl Bench {
                 "librdkafka's mock cluster, in this process, at {}",
                 m.bootstrap_servers()
             ),
+            None if self.tls.is_some() => format!("the TLS-only broker at {}", brokers()),
             None => format!("the broker at {}", brokers()),
         }
     }

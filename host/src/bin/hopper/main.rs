@@ -244,7 +244,9 @@ fn long_version() -> String {
 
 /// Logs to stderr: text (coloured only on a terminal, so files and pipes
 /// get no escape codes) or JSON lines whose fields (route, id, attempt,
-/// version, ...) sit at the top level of each object.
+/// version, ...) sit at the top level of each object. In both, a field's
+/// control characters are escaped, so no text from outside can start a
+/// line or move the cursor (`hopper::trace::logs`).
 fn init_logs(format: LogFormat, default_filter: &str) {
     use std::io::IsTerminal as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("HOPPER_LOG")
@@ -253,7 +255,10 @@ fn init_logs(format: LogFormat, default_filter: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Text => logs
+            .fmt_fields(hopper::trace::logs::EscapedFields)
+            .with_ansi(std::io::stderr().is_terminal())
+            .init(),
         LogFormat::Json => {
             let format = tracing_subscriber::fmt::format()
                 .json()
