@@ -195,10 +195,15 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
     } else {
         Envelope::from_input(&incoming)
     };
+    let tracer = shared.telemetry.tracer();
     let envelope = match envelope {
-        Ok(envelope) => envelope,
+        Ok(mut envelope) => {
+            tracer.decide(&mut envelope.trace);
+            envelope
+        }
         Err(problem) => {
-            let envelope = Envelope::fallback(&incoming);
+            let mut envelope = Envelope::fallback(&incoming);
+            tracer.decide(&mut envelope.trace);
             spans.read(
                 shared.telemetry.tracer(),
                 &envelope.trace,

@@ -100,6 +100,9 @@ pub fn sent(tracer: &Tracer, parent: Option<SpanId>, action: &Action) {
     let Some(written) = written_by(first) else {
         return;
     };
+    if written.flags & crate::traceparent::SAMPLED == 0 {
+        return;
+    }
     let all_one_topic = hops.iter().all(|h| h.record.topic == first.record.topic);
     let name = match all_one_topic {
         true => format!("send {}", first.record.topic),
@@ -151,7 +154,7 @@ fn written_by(hop: &PlannedHop) -> Option<crate::traceparent::Traceparent> {
 /// dead-letters it, or records a cancellation): its parent is the span that
 /// wrote the record read.
 pub fn relay_hop(tracer: &Tracer, trace: &Context, message: &OwnedMessage, action: &Action) {
-    if !tracer.samples(trace.trace_id) {
+    if !tracer.samples(trace) {
         return;
     }
     // A forward is reported when it is acknowledged (`forwarded`).
@@ -189,7 +192,7 @@ fn process_span(
 ) -> Option<Span> {
     // Before the name is formatted and an id drawn: with tracing off, or
     // the trace not sampled, a message pays one branch.
-    if !tracer.samples(trace.trace_id) {
+    if !tracer.samples(trace) {
         return None;
     }
     let mut span = tracer.span(

@@ -17,7 +17,7 @@ pub const TRACESTATE: &str = "tracestate";
 pub const TRACEPARENT_LEN: usize = 55;
 
 /// The sampled bit of the trace flags; the only flag hopper passes on.
-const SAMPLED: u8 = 0x01;
+pub const SAMPLED: u8 = 0x01;
 
 /// Whether a header name is `traceparent` or `tracestate`, in any case: a
 /// record never leaves hopper with a second one under another spelling.
@@ -198,6 +198,12 @@ impl Context {
             parent: Some(self.span_id),
             flags: self.flags,
         }
+    }
+
+    /// Whether this hop's trace is sampled: the flag it came with, or the
+    /// one [`crate::trace::Tracer::decide`] set on a new root.
+    pub fn sampled(&self) -> bool {
+        self.flags & SAMPLED != 0
     }
 
     /// Whether the record this hop read continued a trace (so its

@@ -189,14 +189,16 @@ impl DelayProcessor {
     /// the scheduling headers as the producer sent them, so once the cause is
     /// fixed it can be produced to the inbox again. Its id follows
     /// [`headers::Envelope::fallback`], as a route's does.
-    fn reject(&self, message: &OwnedMessage, rejected: Rejected) -> Action {
-        let envelope = headers::Envelope::fallback(&headers::Incoming {
+    fn reject(&self, message: &OwnedMessage, trace: &trace::Context, rejected: Rejected) -> Action {
+        let mut envelope = headers::Envelope::fallback(&headers::Incoming {
             topic: message.topic(),
             partition: message.partition(),
             offset: message.offset(),
             timestamp: message.timestamp().to_millis(),
             headers: message.headers(),
         });
+        // The hop's own trace, sampled or not as decided for it.
+        envelope.trace = *trace;
         Action::Hop(dlq::plan(
             message,
             dlq::DeadLetter {
@@ -293,7 +295,8 @@ impl Processor for DelayProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
-        let trace = trace::Context::continue_from(message.headers());
+        let mut trace = trace::Context::continue_from(message.headers());
+        self.telemetry.tracer().decide(&mut trace);
         let action = self.relay(message, &trace).await;
         crate::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
         action
@@ -321,7 +324,7 @@ impl DelayProcessor {
         let intent = match from_inbox {
             true => match parse_intent(message.headers()) {
                 Ok(intent) => intent,
-                Err(rejected) => return self.reject(message, rejected),
+                Err(rejected) => return self.reject(message, trace, rejected),
             },
             false => Intent::Schedule { replace: false },
         };
@@ -329,13 +332,13 @@ impl DelayProcessor {
             (Intent::Cancel, Some(at)) => {
                 return match cancelled_id(message.headers(), message.key(), CancelKind::Cancel) {
                     Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at, trace)),
-                    Err(rejected) => self.reject(message, rejected),
+                    Err(rejected) => self.reject(message, trace, rejected),
                 };
             }
             (Intent::Schedule { replace: true }, Some(at)) => {
                 match cancelled_id(message.headers(), message.key(), CancelKind::Replace) {
                     Ok(_) => Some(at),
-                    Err(rejected) => return self.reject(message, rejected),
+                    Err(rejected) => return self.reject(message, trace, rejected),
                 }
             }
             _ => None,
@@ -355,7 +358,7 @@ impl DelayProcessor {
             self.relay.max_delay,
         ) {
             Ok(schedule) => schedule,
-            Err(rejected) => return self.reject(message, rejected),
+            Err(rejected) => return self.reject(message, trace, rejected),
         };
         // A tier record a cancel read since covers, or an inbox record read
         // again after a restart: dropped here, before any further hop.
@@ -376,6 +379,7 @@ impl DelayProcessor {
         if let Err(why) = self.relay.check_target(&schedule.target) {
             return self.reject(
                 message,
+                trace,
                 Rejected {
                     reason: headers::Reason::InvalidTarget,
                     error: format!("header {}: {why}", headers::TARGET),
@@ -390,7 +394,7 @@ impl DelayProcessor {
         if from_inbox || !matches!(next, Step::Tier(_)) {
             if let Err(why) = self.topics.check(&schedule.target).await {
                 let error = format!("header {}: {why}", headers::TARGET);
-                return self.reject(message, invalid(error));
+                return self.reject(message, trace, invalid(error));
             }
             // The lookup may have waited for an answer: time has moved on.
             now = now_ms();
@@ -407,6 +411,7 @@ impl DelayProcessor {
                 {
                     return self.reject(
                         message,
+                        trace,
                         Rejected {
                             reason: headers::Reason::HopFailed,
                             error: why,

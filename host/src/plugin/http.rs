@@ -361,7 +361,8 @@ fn error_code(e: Error) -> ErrorCode {
 /// The request a guest built, as wasmtime-wasi-http's `handle` converts it
 /// (50.0.1): a `content-length` checked against the body, a missing scheme
 /// taken as https, a `host` header from the authority, then the guest's
-/// headers.
+/// headers. An authority with user information (`user:pass@host`) is
+/// refused with `HTTP-request-URI-invalid`.
 pub(super) fn outgoing(request: HostOutgoingRequest) -> Result<http::Request<WasiBody>, ErrorCode> {
     use wasmtime_wasi_http::p2::bindings::http::types::Scheme as WasiScheme;
     let length = content_length(&request.headers)?;
@@ -382,6 +383,11 @@ pub(super) fn outgoing(request: HostOutgoingRequest) -> Result<http::Request<Was
         }
     };
     let authority = request.authority.unwrap_or_default();
+    // `user:pass@host` would go out as the `host` header and into the
+    // logged URL; credentials belong in a header, which secrets redact.
+    if authority.contains('@') {
+        return Err(ErrorCode::HttpRequestUriInvalid);
+    }
     let mut uri = http::Uri::builder()
         .scheme(scheme)
         .authority(authority.as_str());
@@ -503,10 +509,13 @@ impl Target {
     /// then cut to [`MAX_LOGGED`] bytes: redacting first, so no cut leaves
     /// the start of a secret behind.
     fn url(&self, guest: &GuestInfo) -> String {
+        // Never user information: [`outgoing`] refuses it, and this would
+        // not show it.
+        let authority = self.uri.authority().map_or("", |a| a.as_str());
         let url = format!(
             "{}://{}{}",
             self.uri.scheme_str().unwrap_or(""),
-            self.uri.authority().map_or("", |a| a.as_str()),
+            authority.rsplit('@').next().unwrap_or_default(),
             self.uri.path()
         );
         redacted(guest, &url)
@@ -772,6 +781,15 @@ mod tests {
         ] {
             let bad = request(Method::Get, None, authority, path);
             assert!(bad.is_err(), "{authority:?} {path:?}: {bad:?}");
+        }
+        // Regression: user information reached the `host` header and the
+        // logged URL.
+        for authority in ["user:pass@h", "user@h:8080", "@h", "a@b@h"] {
+            let refused = request(Method::Get, None, authority, "/");
+            assert!(
+                matches!(refused, Err(ErrorCode::HttpRequestUriInvalid)),
+                "{authority:?}: {refused:?}"
+            );
         }
     }
 }

@@ -87,10 +87,27 @@ impl Tracer {
         self.0.is_some()
     }
 
-    /// Whether the trace `trace_id` is sampled: a fixed function of the id,
-    /// so every hop of a trace, in every hopper process with the same
-    /// ratio, makes the same choice.
-    pub fn samples(&self, trace_id: TraceId) -> bool {
+    /// Decides whether a trace this hop starts is sampled, as
+    /// OpenTelemetry's parent-based sampler does: a trace continued from a
+    /// record keeps the decision its writer made (the `traceparent`'s
+    /// sampled flag); a new root is sampled by `tracing.sampling` from its
+    /// id, and gets the flag, so every hop after it, in any process, reads
+    /// the same decision. With tracing off, a root is not sampled.
+    pub fn decide(&self, trace: &mut Context) {
+        if !trace.continued() && self.by_ratio(trace.trace_id) {
+            trace.flags |= super::context::SAMPLED;
+        }
+    }
+
+    /// Whether spans of `trace` are exported: tracing is on and the trace
+    /// is sampled ([`Tracer::decide`]).
+    pub fn samples(&self, trace: &Context) -> bool {
+        self.is_on() && trace.sampled()
+    }
+
+    /// Whether a new root of id `trace_id` is sampled: a fixed function of
+    /// the id's low 63 bits, like OpenTelemetry's `TraceIdRatioBased`.
+    fn by_ratio(&self, trace_id: TraceId) -> bool {
         let Some(on) = &self.0 else { return false };
         let low = u64::from_be_bytes(trace_id.0[8..].try_into().expect("8 bytes"));
         (low >> 1) < on.bound
@@ -107,9 +124,6 @@ impl Tracer {
         kind: SpanKind,
     ) -> Option<Span> {
         let on = self.0.as_ref()?;
-        if !self.samples(trace_id) {
-            return None;
-        }
         let now = SystemTime::now();
         Some(Span {
             data: Box::new(SpanData {
@@ -148,6 +162,9 @@ impl Tracer {
         name: impl Into<Cow<'static, str>>,
         kind: SpanKind,
     ) -> Option<Span> {
+        if !self.samples(trace) {
+            return None;
+        }
         self.span(
             trace.trace_id,
             trace.span_id,
@@ -360,6 +377,7 @@ pub fn replayed(tracer: &Tracer, trace: &Context, to: &str, from: &str, replays:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::traceparent::Traceparent;
 
     fn tracer(sampling: f64) -> (Tracer, Counter) {
         let config = TracingConfig {
@@ -374,27 +392,81 @@ mod tests {
         (Tracer::start(&config, dropped.clone()).unwrap(), dropped)
     }
 
+    /// New roots, decided by `tracer`.
+    fn roots(tracer: &Tracer, n: usize) -> Vec<Context> {
+        (0..n)
+            .map(|_| {
+                let mut root = Context::root();
+                tracer.decide(&mut root);
+                root
+            })
+            .collect()
+    }
+
     #[tokio::test]
-    async fn sampling_is_a_function_of_the_trace_id() {
-        assert!(!Tracer::default().samples(TraceId::random()));
+    async fn a_new_root_is_sampled_by_ratio_of_its_id_and_says_so_downstream() {
+        let off = Tracer::default();
+        assert!(
+            roots(&off, 100)
+                .iter()
+                .all(|r| !off.samples(r) && !r.sampled())
+        );
         let (all, _) = tracer(1.0);
         let (none, _) = tracer(0.0);
         let (tenth, _) = tracer(0.1);
-        let ids: Vec<TraceId> = (0..10_000).map(|_| TraceId::random()).collect();
-        assert!(ids.iter().all(|id| all.samples(*id)));
-        assert!(!ids.iter().any(|id| none.samples(*id)));
-        let sampled = ids.iter().filter(|id| tenth.samples(**id)).count();
-        assert!((800..1200).contains(&sampled), "{sampled}");
+        assert!(roots(&all, 10_000).iter().all(|r| all.samples(r)));
+        assert!(!roots(&none, 10_000).iter().any(|r| none.samples(r)));
+        let tenths = roots(&tenth, 10_000);
+        let sampled: Vec<&Context> = tenths.iter().filter(|r| tenth.samples(r)).collect();
+        assert!((800..1200).contains(&sampled.len()), "{}", sampled.len());
+        // The decision travels in the flag: the next hop, in any process,
+        // whatever its own ratio, reads it from the record.
+        for root in &tenths {
+            let next = Context::child_of(Traceparent {
+                trace_id: root.trace_id,
+                span_id: root.span_id,
+                flags: root.flags,
+            });
+            assert_eq!(all.samples(&next), tenth.samples(root));
+            assert_eq!(none.samples(&next), tenth.samples(root));
+        }
+    }
+
+    /// Regression: sampling read only the trace id, so a producer sending
+    /// ids whose low bits are small, with the sampled flag off, had every
+    /// hop of its messages exported under any `sampling`.
+    #[tokio::test]
+    async fn a_remote_parents_decision_is_kept_whatever_the_ratio() {
+        let (all, _) = tracer(1.0);
+        let (none, _) = tracer(0.0);
+        let mut low = [0u8; 16];
+        low[0] = 0xff;
+        let crafted = Traceparent {
+            trace_id: TraceId(low),
+            span_id: SpanId::random(),
+            flags: 0,
+        };
+        let mut unsampled = Context::child_of(crafted);
+        all.decide(&mut unsampled);
+        assert!(!all.samples(&unsampled), "a parent that did not sample");
         assert!(
-            ids.iter()
-                .all(|id| tenth.samples(*id) == tenth.samples(*id))
+            all.hop_span(&unsampled, None, "send t", SpanKind::Producer)
+                .is_none()
         );
+        let mut sampled = Context::child_of(Traceparent {
+            trace_id: TraceId(low),
+            span_id: SpanId::random(),
+            flags: 1,
+        });
+        none.decide(&mut sampled);
+        assert!(none.samples(&sampled), "a parent that sampled");
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_full_queue_drops_and_counts() {
         let (tracer, dropped) = tracer(1.0);
-        let trace = Context::root();
+        let mut trace = Context::root();
+        tracer.decide(&mut trace);
         // The export task has not run (time is paused, nothing yielded):
         // four spans fill the queue, the rest are dropped.
         for _ in 0..10 {
