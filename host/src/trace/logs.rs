@@ -199,21 +199,33 @@ mod tests {
         body.chars().filter(|&c| is_escaped(c)).collect()
     }
 
-    #[test]
-    fn no_field_of_a_text_line_can_start_a_line_or_move_the_cursor() {
+    /// What the subscriber `make` builds around a writer writes for one
+    /// event whose message and fields are [`FORGED`]; checked to be one
+    /// line without a raw control character.
+    fn log_forged<S>(make: impl FnOnce(Lines) -> S) -> String
+    where
+        S: Subscriber + Send + Sync + 'static,
+    {
         let lines = Lines::default();
-        let writer = lines.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .fmt_fields(EscapedFields)
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish();
+        let subscriber = make(lines.clone());
         tracing::subscriber::with_default(subscriber, || {
             tracing::info!(route = "orders", url = %FORGED, reason = FORGED, "{FORGED}");
         });
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 1, "{text}");
         assert_eq!(raw_controls(&text), Vec::<char>::new(), "{text:?}");
+        text
+    }
+
+    #[test]
+    fn no_field_of_a_text_line_can_start_a_line_or_move_the_cursor() {
+        let text = log_forged(|writer| {
+            tracing_subscriber::fmt()
+                .fmt_fields(EscapedFields)
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish()
+        });
         assert!(text.contains("done\\n2026"), "{text}");
         assert!(text.contains("\\u{1b}[2K\\r\\u{9b}31m"), "{text}");
         assert!(text.contains(" route=\"orders\""), "{text}");
@@ -222,20 +234,14 @@ mod tests {
 
     #[test]
     fn no_field_of_a_json_line_holds_a_raw_control_and_each_keeps_its_value() {
-        let lines = Lines::default();
-        let writer = lines.clone();
-        let format = tracing_subscriber::fmt::format().json().flatten_event(true);
-        let subscriber = tracing_subscriber::fmt()
-            .json()
-            .event_format(WithTrace(format))
-            .with_writer(move || writer.clone())
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
-            tracing::info!(route = "orders", url = %FORGED, reason = FORGED, "{FORGED}");
+        let text = log_forged(|writer| {
+            let format = tracing_subscriber::fmt::format().json().flatten_event(true);
+            tracing_subscriber::fmt()
+                .json()
+                .event_format(WithTrace(format))
+                .with_writer(move || writer.clone())
+                .finish()
         });
-        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(text.lines().count(), 1, "{text}");
-        assert_eq!(raw_controls(&text), Vec::<char>::new(), "{text:?}");
         let parsed: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
         for field in ["message", "url", "reason"] {
             assert_eq!(parsed[field], FORGED, "{field} in {text}");
