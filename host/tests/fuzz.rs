@@ -186,9 +186,11 @@ fn key() -> impl Strategy<Value = Option<Vec<u8>>> {
 }
 
 /// A cancellation-topic record: a key `<partition>:<id>` or not, a value
-/// `<partition>:<offset>` or not (or a tombstone), and a kind header.
-fn cancel_entry() -> impl Strategy<Value = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, i64)>
-{
+/// `<partition>:<offset>` or not (or a tombstone), a kind header, and a
+/// record time (0: now).
+type CancelEntry = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, i64);
+
+fn cancel_entry() -> impl Strategy<Value = CancelEntry> {
     let id = prop::sample::select(vec!["a", "b", "inv-42", "x:y", ""]);
     let key = prop_oneof![
         4 => (0i32..3, id.clone()).prop_map(|(p, id)| Some(format!("{p}:{id}").into_bytes())),
