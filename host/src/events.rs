@@ -105,6 +105,8 @@ events! {
     ScheduleCancelled,
     CancelTooLate,
     CancellationExpired,
+    CancelRefused,
+    CancellationNotKept,
 }
 
 /// A handler call finished. Counted and logged in route.rs through the
@@ -860,6 +862,64 @@ impl InternalEvent for CancelTooLate {
         );
         if let Some(relay) = metrics.relay() {
             relay.too_late.inc();
+        }
+    }
+}
+
+/// The delay relay refused a cancel (or a replace) of an id its
+/// cancellation table does not hold, the table being full: the record went
+/// to the relay's dead-letter topic as `CANCEL_TABLE_FULL`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelRefused {
+    pub id: String,
+    pub kind: CancelKind,
+    pub inbox: InboxPosition,
+    /// Entries in the table when it was refused.
+    pub entries: usize,
+    /// `[delay] max_cancellations`.
+    pub max: usize,
+}
+
+impl InternalEvent for CancelRefused {
+    fn record(&self, metrics: &Metrics) {
+        tracing::warn!(
+            id = self.id,
+            kind = self.kind.as_str(),
+            inbox = %self.inbox,
+            entries = self.entries,
+            max_cancellations = self.max,
+            "Cancellation refused: the cancellation table is full; dead-lettered as CANCEL_TABLE_FULL."
+        );
+        if let Some(relay) = metrics.relay() {
+            match self.kind {
+                CancelKind::Cancel => relay.cancels_refused.inc(),
+                CancelKind::Replace => relay.replaces_refused.inc(),
+            };
+        }
+    }
+}
+
+/// An entry read from the cancellation topic was not kept: the table held
+/// its ceiling (`max_cancellations` and a sixteenth more), which entries
+/// written by relays of this config do not reach. What it covers may be
+/// delivered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancellationNotKept {
+    pub id: String,
+    pub inbox: InboxPosition,
+    pub entries: usize,
+}
+
+impl InternalEvent for CancellationNotKept {
+    fn record(&self, metrics: &Metrics) {
+        tracing::error!(
+            id = self.id,
+            inbox = %self.inbox,
+            entries = self.entries,
+            "Cancellation table past its ceiling; entry not kept."
+        );
+        if let Some(relay) = metrics.relay() {
+            relay.not_kept.inc();
         }
     }
 }

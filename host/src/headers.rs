@@ -115,10 +115,14 @@ pub enum Reason {
     /// it (`hopper skip`). The record has no key or payload: none could be
     /// read. `hopper-last-error` names the offsets skipped.
     Undecodable,
+    /// A cancel or replace of an id the delay relay's cancellation table
+    /// does not hold, read while the table held `[delay]
+    /// max_cancellations` entries: nothing of it was applied.
+    CancelTableFull,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 14] = [
+    pub const ALL: [Reason; 15] = [
         Reason::Retryable,
         Reason::Fatal,
         Reason::RetriesExhausted,
@@ -133,6 +137,7 @@ impl Reason {
         Reason::RecordTooLarge,
         Reason::InvalidTarget,
         Reason::Undecodable,
+        Reason::CancelTableFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -151,6 +156,7 @@ impl Reason {
             Reason::RecordTooLarge => "RECORD_TOO_LARGE",
             Reason::InvalidTarget => "INVALID_TARGET",
             Reason::Undecodable => "UNDECODABLE",
+            Reason::CancelTableFull => "CANCEL_TABLE_FULL",
         }
     }
 

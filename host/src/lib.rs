@@ -407,6 +407,7 @@ impl Hopper {
                 &cluster,
                 &relay.cancels,
                 relay.cancel_lifetime(),
+                relay.max_cancellations,
                 telemetry.clone(),
                 shutdown.clone(),
             )

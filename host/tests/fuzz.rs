@@ -6,13 +6,18 @@
 //! `cargo xtask fuzz` runs a million (`PROPTEST_CASES=1000000`).
 
 use hopper::config::{ConfigFile, Route};
-use hopper::delay::{Step, parse_instant, parse_schedule, step};
+use hopper::delay::{
+    CEILING_ROOM, CancelTable, Intent, Step, cancelled_id, entry_key_partition, parse_instant,
+    parse_intent, parse_schedule, step,
+};
 use hopper::dlq::{self, DeadLetter, DlqRecord, DlqSummary};
+use hopper::events::Telemetry;
 use hopper::headers::{self, Envelope, Hop, Incoming, Reason};
 use hopper::hold::{MAX_CLOCK_SKEW, due_from};
 use hopper::plugin::Verdict;
 use hopper::retry::{Decision, decide};
 use hopper::trace;
+use hopper::types::{CancelKind, InboxPosition};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use rdkafka::Timestamp;
@@ -141,6 +146,75 @@ fn traceparent_like() -> impl Strategy<Value = Vec<u8>> {
             value.extend(tail);
             value
         })
+}
+
+/// The headers of an inbox record that may be a cancel or a replace: the
+/// flags with their edge spellings, an id, and the scheduling headers a
+/// cancel must not carry.
+fn cancel_headers() -> impl Strategy<Value = Vec<(String, Option<Vec<u8>>)>> {
+    let names = vec![
+        headers::CANCEL,
+        headers::REPLACE,
+        headers::ID,
+        headers::TARGET,
+        headers::DELIVER_AT,
+        headers::DELAY,
+    ];
+    let flags = vec![
+        "true", "false", "", "TRUE", "True", "1", "yes", " true", "o-1",
+    ];
+    prop::collection::vec(
+        (
+            prop::sample::select(names).prop_map(str::to_string),
+            prop_oneof![
+                3 => prop::sample::select(flags).prop_map(|v| Some(v.as_bytes().to_vec())),
+                1 => value(),
+                1 => prop::collection::vec(any::<u8>(), 250..300).prop_map(Some),
+            ],
+        ),
+        0..6,
+    )
+}
+
+/// A key: the ids the flags above use, any bytes, or none.
+fn key() -> impl Strategy<Value = Option<Vec<u8>>> {
+    prop_oneof![
+        1 => Just(None),
+        3 => prop::sample::select(vec!["o-1", "true", "", "0:o-1"]).prop_map(|k| Some(k.as_bytes().to_vec())),
+        2 => prop::collection::vec(any::<u8>(), 0..24).prop_map(Some),
+    ]
+}
+
+/// A cancellation-topic record: a key `<partition>:<id>` or not, a value
+/// `<partition>:<offset>` or not (or a tombstone), a kind header, and a
+/// record time (0: now).
+type CancelEntry = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>, i64);
+
+fn cancel_entry() -> impl Strategy<Value = CancelEntry> {
+    let id = prop::sample::select(vec!["a", "b", "inv-42", "x:y", ""]);
+    let key = prop_oneof![
+        4 => (0i32..3, id.clone()).prop_map(|(p, id)| Some(format!("{p}:{id}").into_bytes())),
+        1 => prop::sample::select(vec!["a", "-1:a", "2147483648:a", "01:a", ":a"]).prop_map(|k| Some(k.as_bytes().to_vec())),
+        1 => prop::collection::vec(any::<u8>(), 0..12).prop_map(Some),
+        1 => Just(None),
+    ];
+    let value = prop_oneof![
+        4 => (0i32..3, 0i64..20).prop_map(|(p, o)| Some(format!("{p}:{o}").into_bytes())),
+        1 => prop::sample::select(EDGES.to_vec()).prop_map(|v| Some(v.as_bytes().to_vec())),
+        1 => prop::sample::select(vec!["0:-1", "-1:5", "0:9223372036854775807", "2147483647:0", "0:", ":0"]).prop_map(|v| Some(v.as_bytes().to_vec())),
+        1 => Just(None),
+    ];
+    let kind = prop_oneof![
+        4 => prop::sample::select(vec!["cancel", "replace"]).prop_map(|k| Some(k.as_bytes().to_vec())),
+        1 => prop::collection::vec(any::<u8>(), 0..8).prop_map(Some),
+        1 => Just(None),
+    ];
+    // Record times around now, so entries are kept, and far from it.
+    let time = prop_oneof![
+        4 => Just(0i64),
+        1 => any::<i64>(),
+    ];
+    (key, value, kind, time)
 }
 
 fn headers() -> impl Strategy<Value = Vec<(String, Option<Vec<u8>>)>> {
@@ -369,6 +443,68 @@ proptest! {
                 prop_assert!((t.as_millis() as i64) < remaining.unwrap());
             }
         }
+    }
+
+    /// What an inbox record asks for, and the id a cancel or replace names,
+    /// from any headers and any key: an id accepted is 1 to 256 bytes and is
+    /// the key, byte for byte.
+    #[test]
+    fn cancel_records(pairs in cancel_headers(), key in key()) {
+        let h = owned(&pairs);
+        let kind = match parse_intent(Some(&h)) {
+            Ok(Intent::Cancel) => Some(CancelKind::Cancel),
+            Ok(Intent::Schedule { replace: true }) => Some(CancelKind::Replace),
+            Ok(Intent::Schedule { replace: false }) => None,
+            Err(e) => {
+                prop_assert!(e.error.contains("hopper-"), "{}", e.error);
+                None
+            }
+        };
+        if let Some(kind) = kind
+            && let Ok(id) = cancelled_id(Some(&h), key.as_deref(), kind)
+        {
+            prop_assert_eq!(Some(id.as_bytes()), key.as_deref());
+            prop_assert!(!id.is_empty() && id.len() <= headers::MAX_ID_BYTES);
+        }
+    }
+
+    /// Any records of the cancellation topic applied to a bounded table:
+    /// it never holds more than its ceiling, and a schedule is covered only
+    /// by an entry of its own partition read after it; sweeps at any time.
+    #[test]
+    fn cancel_entries(
+        records in prop::collection::vec(cancel_entry(), 0..40),
+        probes in prop::collection::vec((0i32..3, 0i64..20, prop::sample::select(vec!["a", "b", "inv-42", "x:y"])), 0..10),
+        sweep_at in any::<i64>(),
+    ) {
+        let max = 2;
+        let table = CancelTable::new("c", Duration::from_secs(60), Telemetry::new()).bounded(max);
+        let now = hopper::clock::now_ms();
+        for (n, (key, value, kind, time)) in records.into_iter().enumerate() {
+            let mut h = OwnedHeaders::new();
+            if let Some(kind) = &kind {
+                h = h.insert(Header { key: headers::CANCEL_KIND, value: Some(kind) });
+            }
+            let time = if time == 0 { now } else { time };
+            let record = OwnedMessage::new(
+                value, key, "c".into(), Timestamp::CreateTime(time), 0, n as i64, Some(h),
+            );
+            table.apply(&record);
+            prop_assert!(table.len() <= max + CEILING_ROOM);
+        }
+        for (partition, offset, id) in probes {
+            let at = InboxPosition { partition, offset };
+            let views = table.get(id.as_bytes());
+            let covered = table.covering(id, at).is_some();
+            let expected = views.iter().any(|v| v.partition == partition && offset < v.offset);
+            prop_assert_eq!(covered, expected, "{} at {:?}: {:?}", id, at, views);
+            for view in views {
+                let key = format!("{}:{id}", view.partition);
+                prop_assert_eq!(entry_key_partition(key.as_bytes()), Some((view.partition, id.as_bytes())));
+            }
+        }
+        table.sweep(sweep_at);
+        prop_assert!(table.len() <= max + CEILING_ROOM);
     }
 
     #[test]

@@ -464,7 +464,8 @@ async fn a_cancel_holds_across_a_kill_of_the_relay() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let entry = consume(&cancels, 1, PATIENCE).await;
-    assert_eq!(entry[0].key(), Some(&b"gone"[..]));
+    let key = entry[0].key().and_then(hopper::delay::entry_key_partition);
+    assert_eq!(key.map(|(_, id)| id), Some(&b"gone"[..]));
     assert!(now_ms() < at, "the kill lands before the due time");
     first.kill().expect("kill -9");
     first.wait().unwrap();
@@ -618,9 +619,9 @@ async fn operators_cancel_and_show_by_id() {
     assert_eq!(status, 200, "{answer}");
     next_matching(&mut events, |_| {}, known("by-api")).await;
     let shown = get_json_as(addr, "/api/delay/cancels/by-api", Some(TOKEN)).await;
-    assert_eq!(shown["cancellation"]["kind"], "cancel", "{shown}");
+    assert_eq!(shown["cancellations"][0]["kind"], "cancel", "{shown}");
     let shown = get_json_as(addr, "/api/delay/cancels/kept", Some(TOKEN)).await;
-    assert!(shown["cancellation"].is_null(), "{shown}");
+    assert_eq!(shown["cancellations"], serde_json::json!([]), "{shown}");
 
     let cli = |args: &[&str]| {
         let out = std::process::Command::new(hopper_bin())
@@ -644,7 +645,7 @@ async fn operators_cancel_and_show_by_id() {
     next_matching(&mut events, |_| {}, known("by-cli")).await;
     let shown: serde_json::Value =
         serde_json::from_str(&cli(&["show", "--id", "by-cli", "--json"])).unwrap();
-    assert_eq!(shown["cancellation"]["kind"], "cancel", "{shown}");
+    assert_eq!(shown["cancellations"][0]["kind"], "cancel", "{shown}");
     let shown = cli(&["show", "--id", "kept"]);
     assert!(shown.contains("no pending cancellation"), "{shown}");
 
@@ -654,5 +655,238 @@ async fn operators_cancel_and_show_by_id() {
     for id in ["by-api", "by-cli"] {
         assert!(!seen.contains_key(id), "{id} was cancelled but arrived");
     }
+    hopper.stop().await;
+}
+
+/// Produces to one inbox partition chosen explicitly, as a client whose
+/// partitioner differs from hopper's (Java's murmur2 against librdkafka's
+/// crc32) lands, or one that picks the partition itself. Returns the offset.
+async fn produce_to(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: i32,
+    key: &[u8],
+    payload: &str,
+    headers: &[(&str, &[u8])],
+) -> i64 {
+    let mut owned = OwnedHeaders::new();
+    for (k, v) in headers {
+        owned = owned.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
+    }
+    let record = FutureRecord::<[u8], str>::to(topic)
+        .partition(partition)
+        .key(key)
+        .payload(payload)
+        .headers(owned);
+    let delivery = producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce");
+    assert_eq!(delivery.partition, partition);
+    delivery.offset
+}
+
+/// Regression (hardening, "one cancel can undo another"): the table kept
+/// one entry per id, so a cancel of `inv-42` read from partition 0 replaced
+/// the one read from partition 1 and un-cancelled the schedule there; and a
+/// schedule whose key is not its id was reached by a cancel that named its
+/// id on its partition, its default `<inbox>-<partition>-<offset>` id
+/// included. Every record goes to an explicit partition. A cancel reaches
+/// only a schedule of its id, keyed by its id, read before it in its own
+/// partition: the controls on the same partitions show a cancel that does
+/// reach, and that what is not reached arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_reaches_only_its_partition_and_only_schedules_keyed_by_their_id() {
+    init_tracing();
+    let (config, inbox) = relay(2, "");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let mut events = hopper.events();
+    let producer = producer();
+    let at = (now_ms() + 6_000).to_string();
+    let schedule = |id: &'static str| -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("hopper-target", target.clone().into_bytes()),
+            ("hopper-deliver-at", at.clone().into_bytes()),
+            ("hopper-id", id.as_bytes().to_vec()),
+        ]
+    };
+    let send = |partition: i32,
+                key: Vec<u8>,
+                payload: &'static str,
+                headers: Vec<(&'static str, Vec<u8>)>| {
+        let producer = producer.clone();
+        let inbox = inbox.clone();
+        async move {
+            let headers: Vec<(&str, &[u8])> =
+                headers.iter().map(|(k, v)| (*k, v.as_slice())).collect();
+            produce_to(&producer, &inbox, partition, &key, payload, &headers).await
+        }
+    };
+    let cancel_of = |id: &str| -> Vec<(&'static str, Vec<u8>)> {
+        vec![
+            ("hopper-cancel", b"true".to_vec()),
+            ("hopper-id", id.as_bytes().to_vec()),
+        ]
+    };
+    let known = |id: &'static str, partition: i32| {
+        move |e: &Event| match e {
+            Event::CancellationKnown(k) if k.id == id && k.inbox.partition == partition => Some(()),
+            _ => None,
+        }
+    };
+
+    // Cancelled on partition 1, then a cancel of the same id read from
+    // partition 0, once partition 1's is known everywhere.
+    send(1, b"inv-42".to_vec(), "inv-42", schedule("inv-42")).await;
+    send(1, b"inv-42".to_vec(), "", cancel_of("inv-42")).await;
+    next_matching(&mut events, |_| {}, known("inv-42", 1)).await;
+    send(0, b"inv-42".to_vec(), "", cancel_of("inv-42")).await;
+    next_matching(&mut events, |_| {}, known("inv-42", 0)).await;
+
+    // A schedule on partition 0 and a cancel of its id on partition 1 only:
+    // no order relates them, and the cancel does not reach it.
+    send(0, b"inv-43".to_vec(), "inv-43", schedule("inv-43")).await;
+    send(1, b"inv-43".to_vec(), "", cancel_of("inv-43")).await;
+
+    // A cancel on the schedule's own partition reaches it (the control).
+    send(0, b"own".to_vec(), "own", schedule("own")).await;
+    send(0, b"own".to_vec(), "", cancel_of("own")).await;
+
+    // A schedule whose key is not its id, and one with no id (its default
+    // id is predictable), each with a cancel of its id on its partition.
+    send(0, b"other".to_vec(), "named", schedule("named")).await;
+    send(0, b"named".to_vec(), "", cancel_of("named")).await;
+    let mut unnamed = schedule("x");
+    unnamed.retain(|(k, _)| *k != "hopper-id");
+    let offset = send(0, b"victim".to_vec(), "unnamed", unnamed).await;
+    let default_id = format!("{inbox}-0-{offset}");
+    send(
+        0,
+        default_id.clone().into_bytes(),
+        "",
+        cancel_of(&default_id),
+    )
+    .await;
+    // Sent last, due with the others, cancelled by nobody.
+    send(0, b"twin".to_vec(), "twin", schedule("twin")).await;
+
+    let arrived = ["inv-43", "named", "unnamed", "twin"];
+    let seen = watch(&target, at.parse::<i64>().unwrap() + 2_000, |seen| {
+        seen.iter().any(|m| m.payload() == Some(&b"twin"[..]))
+    })
+    .await;
+    let payloads: Vec<String> = seen
+        .iter()
+        .map(|m| String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned())
+        .collect();
+    assert!(
+        !payloads.iter().any(|p| p == "own"),
+        "a cancel on the schedule's own partition did not reach it: {payloads:?}"
+    );
+    assert!(
+        !payloads.iter().any(|p| p == "inv-42"),
+        "a cancel read from partition 0 undid the one read from partition 1: {payloads:?}"
+    );
+    for p in arrived {
+        assert_eq!(
+            payloads.iter().filter(|s| *s == p).count(),
+            1,
+            "{p} arrives once: {payloads:?}"
+        );
+    }
+    let unnamed = seen
+        .iter()
+        .find(|m| m.payload() == Some(&b"unnamed"[..]))
+        .unwrap();
+    assert_eq!(id_of(unnamed), default_id);
+    hopper.stop().await;
+}
+
+/// Regression (hardening, "the cancellation table has no bound"): past
+/// `max_cancellations`, a cancel or replace of an id the table does not
+/// hold is dead-lettered as `CANCEL_TABLE_FULL` and counted, nothing of it
+/// applied (the schedule it would have cancelled arrives, and the refused
+/// replace schedules nothing); a cancel of an id the table holds still
+/// extends its entry. The dead letter keeps the record for a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_bound_cancels_are_dead_lettered_as_cancel_table_full() {
+    init_tracing();
+    let (config, inbox) = relay(1, "max_cancellations = 3\n");
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    let hopper = config.start().await;
+    let table = hopper.cancellations().expect("the relay runs");
+    let mut events = hopper.events();
+    let producer = producer();
+    let at = now_ms() + 5_000;
+    schedule(&producer, &inbox, &target, "a", at, "a", &[]).await;
+    schedule(&producer, &inbox, &target, "late", at, "late", &[]).await;
+    for id in ["a", "b", "c"] {
+        cancel(&producer, &inbox, id).await;
+        let id = id.to_string();
+        next_matching(
+            &mut events,
+            |_| {},
+            |e| match e {
+                Event::CancellationKnown(k) if k.id == id => Some(()),
+                _ => None,
+            },
+        )
+        .await;
+    }
+    assert_eq!(table.len(), 3);
+    cancel(&producer, &inbox, "late").await;
+    let replace = [("hopper-replace", "true")];
+    schedule(&producer, &inbox, &target, "moved", at, "moved", &replace).await;
+    // Held already: extended, not refused.
+    cancel(&producer, &inbox, "a").await;
+
+    let dead = consume(&format!("{inbox}.dlq"), 2, PATIENCE).await;
+    let mut refused = Vec::new();
+    for record in &dead {
+        let (h, _) = header_map(record);
+        assert_eq!(h["hopper-reason"], "CANCEL_TABLE_FULL", "{h:?}");
+        assert!(
+            h["hopper-last-error"].contains("3 entries")
+                && h["hopper-last-error"].contains("max_cancellations"),
+            "{}",
+            h["hopper-last-error"]
+        );
+        refused.push(h["hopper-id"].clone());
+    }
+    refused.sort();
+    assert_eq!(refused, ["late", "moved"]);
+    let seen = watch(&target, at + 2_000, |seen| {
+        seen.iter().any(|m| id_of(m) == "late")
+    })
+    .await;
+    let seen = by_id(&seen);
+    assert_eq!(
+        seen.get("late").map(Vec::len),
+        Some(1),
+        "the refused cancel cancelled nothing"
+    );
+    assert!(!seen.contains_key("a"), "a held cancel still holds");
+    assert!(
+        !seen.contains_key("moved"),
+        "a refused replace schedules nothing"
+    );
+    let counters = hopper.telemetry().counters();
+    assert_eq!(
+        counters["hopper_delay_cancels_refused_total{kind=cancel}"],
+        1
+    );
+    assert_eq!(
+        counters["hopper_delay_cancels_refused_total{kind=replace}"],
+        1
+    );
+    assert_eq!(counters["hopper_delay_cancels_total{kind=cancel}"], 4);
+    assert_eq!(table.len(), 3);
     hopper.stop().await;
 }

@@ -414,8 +414,9 @@ pub(super) async fn delay_cancel(
     })))
 }
 
-/// The pending cancellation of an id, as this process's cancellation table
-/// has it (`dropped` counts what this process dropped because of it).
+/// The pending cancellations of an id, one per inbox partition that read a
+/// cancel of it, as this process's cancellation table has them (`dropped`
+/// counts what this process dropped because of each).
 pub(super) async fn delay_show(
     Shared(state): Shared<Arc<State>>,
     Path(id): Path<String>,
@@ -428,7 +429,7 @@ pub(super) async fn delay_show(
     })?;
     Ok(Json(json!({
         "id": id,
-        "cancellation": table.get(id.as_bytes()),
+        "cancellations": table.get(id.as_bytes()),
         "entries": table.len(),
     })))
 }

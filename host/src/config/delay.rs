@@ -52,6 +52,11 @@ pub struct DelayConfig {
     /// that was down and forwards overdue messages late. Default 1h.
     #[serde(default = "default_cancel_grace", with = "humantime_serde")]
     pub cancel_grace: Duration,
+    /// The most entries a relay's cancellation table holds; a cancel or
+    /// replace of a new id past it is dead-lettered as `CANCEL_TABLE_FULL`.
+    /// Default 1,000,000.
+    #[serde(default = "default_max_cancellations")]
+    pub max_cancellations: usize,
 }
 
 impl DelayConfig {
@@ -64,6 +69,13 @@ fn default_inbox() -> String {
 }
 fn default_cancel_grace() -> Duration {
     Duration::from_secs(60 * 60)
+}
+/// A million entries: ~70 MB at ids of up to 22 bytes, ~340 MB at ids of
+/// the longest 256 bytes (docs/operations.md).
+pub const DEFAULT_MAX_CANCELLATIONS: usize = 1_000_000;
+
+fn default_max_cancellations() -> usize {
+    DEFAULT_MAX_CANCELLATIONS
 }
 fn default_max_delay() -> Duration {
     Duration::from_secs(30 * 24 * 60 * 60)
@@ -88,6 +100,8 @@ pub struct DelayRelay {
     /// it compacted before the other missing topics.
     pub cancels: String,
     pub cancel_grace: Duration,
+    /// `max_cancellations`: the bound of each relay's cancellation table.
+    pub max_cancellations: usize,
 }
 
 impl DelayRelay {
@@ -170,6 +184,11 @@ impl DelayConfig {
         if self.max_delay.is_zero() {
             problems.push("delay: max_delay must be more than 0s".into());
         }
+        if self.max_cancellations == 0 {
+            problems.push(
+                "delay: max_cancellations must be at least 1 (cancels would all be refused)".into(),
+            );
+        }
         let dlq = self
             .dlq
             .clone()
@@ -221,6 +240,7 @@ impl DelayConfig {
             group,
             cancels,
             cancel_grace: self.cancel_grace,
+            max_cancellations: self.max_cancellations,
         })
     }
 }
@@ -266,6 +286,7 @@ mod tests {
                 .collect(),
             cancels: "hopper.delay.cancels".into(),
             cancel_grace: Duration::from_secs(1),
+            max_cancellations: DEFAULT_MAX_CANCELLATIONS,
         }
     }
 

@@ -118,6 +118,32 @@ pub fn entry_value(at: InboxPosition) -> Vec<u8> {
     at.to_string().into_bytes()
 }
 
+/// The key of a cancellation-topic entry: `<partition>:<id>`, the inbox
+/// partition that read the cancel and the id. The topic is compacted by
+/// key, so an id's entries of two partitions are both kept.
+pub fn entry_key(partition: i32, id: &str) -> Vec<u8> {
+    format!("{partition}:{id}").into_bytes()
+}
+
+/// The inbox partition and the id of an entry's key, or `None` for a key
+/// that is not `<partition>:<id>` (a partition in plain decimal digits, an
+/// id of at least one byte).
+pub fn entry_key_partition(key: &[u8]) -> Option<(i32, &[u8])> {
+    let colon = key.iter().position(|b| *b == b':')?;
+    let (digits, id) = (&key[..colon], &key[colon + 1..]);
+    if digits.is_empty() || digits.len() > 10 || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let partition = std::str::from_utf8(digits).ok()?.parse::<i32>().ok()?;
+    (!id.is_empty()).then_some((partition, id))
+}
+
+/// The id of an entry's key, when the key names `partition` (the one its
+/// value says read it).
+pub fn entry_key_id(key: &[u8], partition: i32) -> Option<&[u8]> {
+    entry_key_partition(key).and_then(|(p, id)| (p == partition).then_some(id))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +212,27 @@ mod tests {
             let err = intent(pairs).unwrap_err();
             assert_eq!(err.reason, Reason::InvalidEnvelope);
             assert!(err.error.contains(expected), "{pairs:?}: {}", err.error);
+        }
+    }
+
+    #[test]
+    fn an_entry_key_names_its_partition_and_its_id() {
+        assert_eq!(entry_key(3, "inv:42"), b"3:inv:42");
+        assert_eq!(entry_key_partition(b"3:inv:42"), Some((3, &b"inv:42"[..])));
+        assert_eq!(entry_key_id(b"3:inv:42", 3), Some(&b"inv:42"[..]));
+        assert_eq!(entry_key_id(b"3:inv:42", 0), None);
+        for bad in [
+            &b"inv-42"[..],
+            b":x",
+            b"3:",
+            b"-1:x",
+            b"+1:x",
+            b" 1:x",
+            b"99999999999:x",
+            b"2147483648:x",
+            b"\xff:x",
+        ] {
+            assert_eq!(entry_key_partition(bad), None, "{bad:?}");
         }
     }
 

@@ -11,6 +11,10 @@
 //!
 //! Removing an entry moves the last one into its place, so the order of the
 //! entries is not the order they came in; nothing reads them in order.
+//!
+//! An entry is one id's cancellation in one inbox partition: the table is
+//! keyed by (partition, id), and the partition is the one in the entry's
+//! position, so it costs no byte more.
 
 use crate::types::{CancelKind, InboxPosition};
 use hashbrown::HashTable;
@@ -70,16 +74,20 @@ struct Slot {
 }
 
 /// The table is full: it holds `u32::MAX` entries, which no machine's
-/// memory reaches first (they would take ~280 GB).
+/// memory reaches first (they would take ~280 GB); the configured bound
+/// (`[delay] max_cancellations`) stops it long before.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) struct Full;
 
-/// Entries by id.
+/// Entries by (inbox partition, id).
 pub(super) struct Entries {
     hasher: RandomState,
     /// Each entry's place in `slots`.
     index: HashTable<u32>,
     slots: Vec<Slot>,
+    /// One more than the highest inbox partition an entry was read from:
+    /// the partitions an id may have entries in.
+    partitions: i32,
 }
 
 impl Entries {
@@ -89,6 +97,7 @@ impl Entries {
             hasher: RandomState::new(),
             index: HashTable::new(),
             slots: Vec::new(),
+            partitions: 0,
         }
     }
 
@@ -96,33 +105,47 @@ impl Entries {
         self.slots.len()
     }
 
-    fn hash(&self, id: &[u8]) -> u64 {
-        self.hasher.hash_one(id)
+    /// One more than the highest inbox partition an entry was read from.
+    pub(super) fn partitions(&self) -> i32 {
+        self.partitions
     }
 
-    fn place(&self, id: &[u8]) -> Option<usize> {
-        self.place_hashed(self.hash(id), id)
+    fn hash(&self, partition: i32, id: &[u8]) -> u64 {
+        self.hasher.hash_one((partition, id))
     }
 
-    fn place_hashed(&self, hash: u64, id: &[u8]) -> Option<usize> {
+    fn slot_hash(&self, slot: &Slot) -> u64 {
+        self.hash(slot.entry.at.partition, slot.id.as_bytes())
+    }
+
+    fn place(&self, partition: i32, id: &[u8]) -> Option<usize> {
+        self.place_hashed(self.hash(partition, id), partition, id)
+    }
+
+    fn place_hashed(&self, hash: u64, partition: i32, id: &[u8]) -> Option<usize> {
         let slots = &self.slots;
         self.index
-            .find(hash, |&i| slots[i as usize].id.as_bytes() == id)
+            .find(hash, |&i| {
+                let slot = &slots[i as usize];
+                slot.entry.at.partition == partition && slot.id.as_bytes() == id
+            })
             .map(|&i| i as usize)
     }
 
-    pub(super) fn get(&self, id: &[u8]) -> Option<&Entry> {
-        self.place(id).map(|i| &self.slots[i].entry)
+    pub(super) fn get(&self, partition: i32, id: &[u8]) -> Option<&Entry> {
+        self.place(partition, id).map(|i| &self.slots[i].entry)
     }
 
-    pub(super) fn get_mut(&mut self, id: &[u8]) -> Option<&mut Entry> {
-        self.place(id).map(|i| &mut self.slots[i].entry)
+    pub(super) fn get_mut(&mut self, partition: i32, id: &[u8]) -> Option<&mut Entry> {
+        self.place(partition, id).map(|i| &mut self.slots[i].entry)
     }
 
-    /// Sets the entry of `id`, replacing the one it had.
+    /// Sets the entry of `id` in the partition of `entry.at`, replacing the
+    /// one it had there.
     pub(super) fn insert(&mut self, id: &[u8], entry: Entry) -> Result<(), Full> {
-        let hash = self.hash(id);
-        if let Some(i) = self.place_hashed(hash, id) {
+        let partition = entry.at.partition;
+        let hash = self.hash(partition, id);
+        if let Some(i) = self.place_hashed(hash, partition, id) {
             self.slots[i].entry = entry;
             return Ok(());
         }
@@ -132,41 +155,53 @@ impl Entries {
         };
         let (slots, hasher) = (&self.slots, &self.hasher);
         self.index.insert_unique(hash, next, |&i| {
-            hasher.hash_one(slots[i as usize].id.as_bytes())
+            let slot = &slots[i as usize];
+            hasher.hash_one((slot.entry.at.partition, slot.id.as_bytes()))
         });
         self.slots.push(Slot {
             id: Id::new(id),
             entry,
         });
+        self.partitions = self.partitions.max(partition.saturating_add(1));
         Ok(())
     }
 
-    /// Removes the entry of `id`, if it has one.
-    pub(super) fn remove(&mut self, id: &[u8]) -> Option<Entry> {
-        let i = self.place(id)?;
+    /// Removes the entry of `id` in `partition`, if it has one.
+    pub(super) fn remove(&mut self, partition: i32, id: &[u8]) -> Option<Entry> {
+        let i = self.place(partition, id)?;
         Some(self.remove_at(i).1)
     }
 
-    /// Removes every entry for which `keep` is false, and returns them with
-    /// their ids.
-    pub(super) fn drain_unless(
+    /// Looks at the entries at places `below - slice .. below` (fewer at the
+    /// start of the vector), from the last, removes every one for which
+    /// `keep` is false, and returns them with their ids, and the place the
+    /// next slice starts below (0: this was the last). One slice holds the
+    /// caller's lock for `slice` entries at most, however many the table
+    /// has.
+    ///
+    /// From the end: the entry moved into a freed place is one at or above
+    /// it, already looked at and kept, or one inserted since the slice
+    /// before, which the next sweep looks at.
+    pub(super) fn sweep_slice(
         &mut self,
+        below: usize,
+        slice: usize,
         mut keep: impl FnMut(&Entry) -> bool,
-    ) -> Vec<(Vec<u8>, Entry)> {
+    ) -> (Vec<(Vec<u8>, Entry)>, usize) {
+        let below = below.min(self.slots.len());
+        let from = below.saturating_sub(slice);
         let mut removed = Vec::new();
-        // From the end: the entry moved into a freed place is one already
-        // looked at and kept.
-        for i in (0..self.slots.len()).rev() {
+        for i in (from..below).rev() {
             if !keep(&self.slots[i].entry) {
                 removed.push(self.remove_at(i));
             }
         }
-        removed
+        (removed, from)
     }
 
     /// Removes the entry at `i`, moving the last entry into its place.
     fn remove_at(&mut self, i: usize) -> (Vec<u8>, Entry) {
-        let hash = self.hash(self.slots[i].id.as_bytes());
+        let hash = self.slot_hash(&self.slots[i]);
         let at = i as u32;
         self.index
             .find_entry(hash, |&j| j == at)
@@ -174,7 +209,7 @@ impl Entries {
             .remove();
         let last = self.slots.len() - 1;
         if i != last {
-            let hash = self.hash(self.slots[last].id.as_bytes());
+            let hash = self.slot_hash(&self.slots[last]);
             let moved = last as u32;
             *self
                 .index
@@ -191,11 +226,12 @@ mod tests {
     use super::*;
 
     fn entry(offset: i64, expires_at: i64) -> Entry {
+        entry_in(0, offset, expires_at)
+    }
+
+    fn entry_in(partition: i32, offset: i64, expires_at: i64) -> Entry {
         Entry {
-            at: InboxPosition {
-                partition: 0,
-                offset,
-            },
+            at: InboxPosition { partition, offset },
             expires_at,
             dropped: 0,
             kind: CancelKind::Cancel,
@@ -222,7 +258,7 @@ mod tests {
         }
         assert_eq!(entries.len(), ids.len());
         for (n, id) in ids.iter().enumerate() {
-            assert_eq!(entries.get(id).unwrap().at.offset, n as i64, "{id:?}");
+            assert_eq!(entries.get(0, id).unwrap().at.offset, n as i64, "{id:?}");
         }
         // Lengths a byte counts no more, and a key near the broker's
         // default record limit (1 MiB).
@@ -230,15 +266,15 @@ mod tests {
         for (n, id) in [&at_255, &at_256, &huge].into_iter().enumerate() {
             entries.insert(id, entry(100 + n as i64, 0)).unwrap();
         }
-        assert_eq!(entries.get(&at_255).unwrap().at.offset, 100);
-        assert_eq!(entries.get(&at_256).unwrap().at.offset, 101);
-        assert_eq!(entries.get(&huge).unwrap().at.offset, 102);
-        assert_eq!(entries.remove(&huge).unwrap().at.offset, 102);
-        assert!(entries.get(&huge).is_none());
+        assert_eq!(entries.get(0, &at_255).unwrap().at.offset, 100);
+        assert_eq!(entries.get(0, &at_256).unwrap().at.offset, 101);
+        assert_eq!(entries.get(0, &huge).unwrap().at.offset, 102);
+        assert_eq!(entries.remove(0, &huge).unwrap().at.offset, 102);
+        assert!(entries.get(0, &huge).is_none());
         assert_eq!(entries.len(), ids.len() + 2);
-        assert!(entries.get(b"order-00000002").is_none());
-        assert!(entries.get(&[b'y'; INLINE - 1]).is_none());
-        assert!(entries.get(&long[..299]).is_none());
+        assert!(entries.get(0, b"order-00000002").is_none());
+        assert!(entries.get(0, &[b'y'; INLINE - 1]).is_none());
+        assert!(entries.get(0, &long[..299]).is_none());
     }
 
     #[test]
@@ -247,13 +283,27 @@ mod tests {
         entries.insert(b"a", entry(1, 0)).unwrap();
         entries.insert(b"a", entry(2, 0)).unwrap();
         assert_eq!(entries.len(), 1);
-        assert_eq!(entries.get(b"a").unwrap().at.offset, 2);
-        entries.get_mut(b"a").unwrap().dropped = 7;
-        assert_eq!(entries.get(b"a").unwrap().dropped, 7);
+        assert_eq!(entries.get(0, b"a").unwrap().at.offset, 2);
+        entries.get_mut(0, b"a").unwrap().dropped = 7;
+        assert_eq!(entries.get(0, b"a").unwrap().dropped, 7);
     }
 
-    /// Against a `HashMap`, through many inserts, removes and sweeps that
-    /// move entries around.
+    #[test]
+    fn one_id_has_an_entry_per_partition() {
+        let mut entries = Entries::new();
+        entries.insert(b"inv-42", entry_in(1, 10, 0)).unwrap();
+        entries.insert(b"inv-42", entry_in(0, 20, 0)).unwrap();
+        assert_eq!(entries.len(), 2);
+        assert_eq!(entries.partitions(), 2);
+        assert_eq!(entries.get(1, b"inv-42").unwrap().at.offset, 10);
+        assert_eq!(entries.get(0, b"inv-42").unwrap().at.offset, 20);
+        assert!(entries.get(2, b"inv-42").is_none());
+        assert_eq!(entries.remove(0, b"inv-42").unwrap().at.offset, 20);
+        assert_eq!(entries.get(1, b"inv-42").unwrap().at.offset, 10);
+    }
+
+    /// Against a `HashMap`, through many inserts, removes and sweeps in
+    /// slices that move entries around.
     #[test]
     fn removing_moves_entries_without_losing_any() {
         let mut entries = Entries::new();
@@ -268,34 +318,51 @@ mod tests {
         let (mut removed, mut swept) = (0, 0);
         for step in 0..20_000_i64 {
             let n = next();
-            // Short ids and long ones, from a small set so that ids recur.
+            // Short ids and long ones, from a small set so that ids recur,
+            // in three partitions.
+            let partition = (next() % 3) as i32;
             let id = if n % 3 == 0 {
-                format!("a-long-id-that-is-boxed-{}", n % 500).into_bytes()
+                format!("a-long-id-that-is-boxed-{}", n % 100).into_bytes()
             } else {
-                format!("id-{}", n % 500).into_bytes()
+                format!("id-{}", n % 100).into_bytes()
             };
             match next() % 10 {
                 0..=5 => {
                     let expires = (next() % 100) as i64;
-                    entries.insert(&id, entry(step, expires)).unwrap();
-                    model.insert(id, (step, expires));
+                    entries
+                        .insert(&id, entry_in(partition, step, expires))
+                        .unwrap();
+                    model.insert((partition, id), (step, expires));
                 }
                 6..=8 => {
-                    let got = entries.remove(&id).map(|e| (e.at.offset, e.expires_at));
-                    assert_eq!(got, model.remove(&id));
+                    let got = entries
+                        .remove(partition, &id)
+                        .map(|e| (e.at.offset, e.expires_at));
+                    assert_eq!(got, model.remove(&(partition, id)));
                     removed += usize::from(got.is_some());
                 }
                 _ => {
                     let now = (next() % 100) as i64;
-                    let mut gone: Vec<_> = entries
-                        .drain_unless(|e| e.expires_at > now)
-                        .into_iter()
-                        .map(|(id, e)| (id, e.at.offset))
-                        .collect();
+                    let slice = 1 + (next() % 64) as usize;
+                    let mut gone = Vec::new();
+                    let mut below = entries.len();
+                    loop {
+                        let (out, next_below) =
+                            entries.sweep_slice(below, slice, |e| e.expires_at > now);
+                        assert!(below - next_below <= slice);
+                        gone.extend(
+                            out.into_iter()
+                                .map(|(id, e)| ((e.at.partition, id), e.at.offset)),
+                        );
+                        below = next_below;
+                        if below == 0 {
+                            break;
+                        }
+                    }
                     let mut want: Vec<_> = model
                         .iter()
                         .filter(|(_, (_, expires))| *expires <= now)
-                        .map(|(id, (offset, _))| (id.clone(), *offset))
+                        .map(|(key, (offset, _))| (key.clone(), *offset))
                         .collect();
                     model.retain(|_, (_, expires)| *expires > now);
                     gone.sort();
@@ -306,8 +373,8 @@ mod tests {
             }
             assert_eq!(entries.len(), model.len());
         }
-        for (id, (offset, expires)) in &model {
-            let e = entries.get(id).unwrap();
+        for ((partition, id), (offset, expires)) in &model {
+            let e = entries.get(*partition, id).unwrap();
             assert_eq!((e.at.offset, e.expires_at), (*offset, *expires));
         }
         // The churn really moved entries: both ways of removing them ran.

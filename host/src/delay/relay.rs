@@ -1,7 +1,7 @@
 //! The relay's processor: moves each message one tier closer to its time,
 //! holds its last stretch in memory, and forwards it to its target.
 
-use super::cancel::{Intent, cancelled_id, entry_headers, entry_value, parse_intent};
+use super::cancel::{Intent, cancelled_id, entry_headers, entry_key, entry_value, parse_intent};
 use super::schedule::{Rejected, SCHEDULING, Schedule, Step, invalid, parse_schedule, step};
 use super::table::CancelTable;
 use crate::clock::now_ms;
@@ -221,8 +221,8 @@ impl DelayProcessor {
     }
 
     /// The entry a cancel or replace read at `at` writes to the
-    /// cancellation topic: key the id, value the position, in the trace of
-    /// the record that asked for it.
+    /// cancellation topic: key `<partition>:<id>`, value the position, in
+    /// the trace of the record that asked for it.
     fn entry(
         &self,
         id: &str,
@@ -233,7 +233,7 @@ impl DelayProcessor {
         PlannedHop {
             record: OutRecord {
                 topic: self.relay.cancels.clone(),
-                key: Some(id.as_bytes().to_vec()),
+                key: Some(entry_key(at.partition, id)),
                 payload: Some(entry_value(at)),
                 headers: entry_headers(kind, self.table.me(), trace),
                 timestamp: now_ms(),
@@ -249,6 +249,37 @@ impl DelayProcessor {
         }
     }
 
+    /// Dead-letters a cancel or replace of an id the cancellation table
+    /// has no room for: nothing of it is applied, and the record is kept
+    /// whole for a replay once entries have expired.
+    fn refuse(
+        &self,
+        message: &OwnedMessage,
+        id: &str,
+        kind: CancelKind,
+        at: InboxPosition,
+        entries: usize,
+    ) -> Action {
+        let max = self.table.max();
+        self.telemetry.emit(events::CancelRefused {
+            id: id.to_string(),
+            kind,
+            inbox: at,
+            entries,
+            max,
+        });
+        self.reject(
+            message,
+            Rejected {
+                reason: headers::Reason::CancelTableFull,
+                error: format!(
+                    "the cancellation table holds {entries} entries, its bound ([delay] max_cancellations = {max}): a {kind} of an id it does not hold is refused until entries expire",
+                    kind = kind.as_str()
+                ),
+            },
+        )
+    }
+
     /// Writes a replace's entry and waits for the acknowledgement: for a
     /// replace that waits in memory next, which no hop can follow.
     async fn write_entry(
@@ -259,7 +290,7 @@ impl DelayProcessor {
     ) -> Result<(), String> {
         let hop = self.entry(id, CancelKind::Replace, at, trace);
         let record = FutureRecord::<[u8], [u8]>::to(&hop.record.topic)
-            .key(id.as_bytes())
+            .key(hop.record.key.as_deref().unwrap_or_default())
             .payload(hop.record.payload.as_deref().unwrap_or_default())
             .headers(hop.record.headers)
             .timestamp(hop.record.timestamp);
@@ -330,14 +361,22 @@ impl DelayProcessor {
         };
         let replace = match (intent, inbox) {
             (Intent::Cancel, Some(at)) => {
-                return match cancelled_id(message.headers(), message.key(), CancelKind::Cancel) {
-                    Ok(id) => Action::Hop(self.entry(&id, CancelKind::Cancel, at, trace)),
+                let kind = CancelKind::Cancel;
+                return match cancelled_id(message.headers(), message.key(), kind) {
+                    Ok(id) => match self.table.admits(at.partition, &id) {
+                        Ok(()) => Action::Hop(self.entry(&id, kind, at, trace)),
+                        Err(entries) => self.refuse(message, &id, kind, at, entries),
+                    },
                     Err(rejected) => self.reject(message, trace, rejected),
                 };
             }
             (Intent::Schedule { replace: true }, Some(at)) => {
-                match cancelled_id(message.headers(), message.key(), CancelKind::Replace) {
-                    Ok(_) => Some(at),
+                let kind = CancelKind::Replace;
+                match cancelled_id(message.headers(), message.key(), kind) {
+                    Ok(id) => match self.table.admits(at.partition, &id) {
+                        Ok(()) => Some(at),
+                        Err(entries) => return self.refuse(message, &id, kind, at, entries),
+                    },
                     Err(rejected) => return self.reject(message, trace, rejected),
                 }
             }
@@ -361,8 +400,10 @@ impl DelayProcessor {
             Err(rejected) => return self.reject(message, trace, rejected),
         };
         // A tier record a cancel read since covers, or an inbox record read
-        // again after a restart: dropped here, before any further hop.
+        // again after a restart: dropped here, before any further hop. Only
+        // a schedule keyed by its id can be cancelled.
         if let Some(at) = inbox
+            && message.key() == Some(schedule.id.as_bytes())
             && let Some(kind) = self.table.covering(&schedule.id, at)
         {
             self.telemetry.emit(events::ScheduleCancelled {

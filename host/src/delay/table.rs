@@ -6,13 +6,20 @@
 //! it). Every relay process reads the whole topic, with no consumer group,
 //! into this table, as a Kafka Streams GlobalKTable, so a due message is
 //! checked just before it is forwarded whichever process read its cancel.
-//! The table holds one entry per id with a pending cancellation, never one
-//! per scheduled message; an entry goes once nothing it covers can still be
-//! due ([`crate::config::DelayRelay::cancel_lifetime`]).
+//! The table holds one entry per id and inbox partition with a pending
+//! cancellation, never one per scheduled message; an entry goes once
+//! nothing it covers can still be due
+//! ([`crate::config::DelayRelay::cancel_lifetime`]).
+//!
+//! It is bounded (`[delay] max_cancellations`): a relay refuses a cancel
+//! that would add an entry to a full table ([`CancelTable::admits`]), and
+//! the sweep that drops expired entries holds the lock the forward gate
+//! takes for [`SWEEP_SLICE`] entries at a time, never for the whole table.
 //!
 //! On start the table is read to the end of the topic before the relay
 //! forwards anything ([`CancelTable::start`] returns only then).
 
+use super::cancel::{entry_key_id, entry_key_partition};
 use super::entries::{Entries, Entry};
 use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
@@ -40,8 +47,17 @@ use tokio_util::sync::CancellationToken;
 const RECENT_FORWARDS: usize = 65_536;
 /// How often expired entries are dropped.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// How many entries the sweep looks at each time it takes the table's
+/// lock, which the forward gate waits for: ~4,096 expiry checks (and the
+/// removal of those expired), tens of microseconds, against the whole
+/// table, which at a million entries held the gate for tens of
+/// milliseconds once a second.
+pub const SWEEP_SLICE: usize = 4_096;
 /// How long one metadata request may take.
 const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// The least room the table keeps past `max_cancellations` for entries
+/// other relay processes admitted at the same moment.
+pub const CEILING_ROOM: usize = 1_024;
 
 /// The table reader's client: it asks for end-of-partition events to know
 /// when it has read the whole topic, which are no error.
@@ -79,8 +95,9 @@ pub struct CancelView {
     pub dropped: u32,
 }
 
-/// Ids this process forwarded lately, and where each was read: a fixed
-/// number of fingerprints, the oldest forgotten first.
+/// Ids this process forwarded lately (with their inbox partition), and
+/// where each was read: a fixed number of fingerprints, the oldest
+/// forgotten first.
 struct Recent {
     hasher: RandomState,
     order: VecDeque<u64>,
@@ -97,7 +114,7 @@ impl Recent {
     }
 
     fn remember(&mut self, id: &[u8], at: InboxPosition) {
-        let print = self.hasher.hash_one(id);
+        let print = self.hasher.hash_one((at.partition, id));
         if self.at.insert(print, at).is_none() {
             self.order.push_back(print);
         }
@@ -108,8 +125,8 @@ impl Recent {
         }
     }
 
-    fn forwarded(&self, id: &[u8]) -> Option<InboxPosition> {
-        self.at.get(&self.hasher.hash_one(id)).copied()
+    fn forwarded(&self, partition: i32, id: &[u8]) -> Option<InboxPosition> {
+        self.at.get(&self.hasher.hash_one((partition, id))).copied()
     }
 }
 
@@ -121,21 +138,45 @@ pub struct CancelTable {
     /// This process, in the entries it writes (`hopper-cancel-by`).
     me: String,
     lifetime_ms: i64,
+    /// `[delay] max_cancellations`: past it, [`CancelTable::admits`]
+    /// refuses a cancel of an id the table does not hold.
+    max: usize,
+    /// The most entries the table keeps, whoever wrote them: `max` plus
+    /// room for the cancels other relay processes admitted in the moment
+    /// before theirs reached this table.
+    ceiling: usize,
     topic: String,
     telemetry: Telemetry,
 }
 
 impl CancelTable {
-    /// An empty table; [`CancelTable::start`] fills and follows it.
+    /// An empty table with no bound; [`CancelTable::start`] fills and
+    /// follows it.
     pub fn new(topic: &str, lifetime: Duration, telemetry: Telemetry) -> CancelTable {
         CancelTable {
             entries: Mutex::new(Entries::new()),
             recent: Mutex::new(Recent::new()),
             me: format!("{:016x}", RandomState::new().hash_one(std::process::id())),
             lifetime_ms: i64::try_from(lifetime.as_millis()).unwrap_or(i64::MAX),
+            max: usize::MAX,
+            ceiling: usize::MAX,
             topic: topic.to_string(),
             telemetry,
         }
+    }
+
+    /// The same table, refusing new ids past `max` entries
+    /// ([`CancelTable::admits`]) and keeping at most `max` plus a sixteenth
+    /// (at least [`CEILING_ROOM`] more) from the topic.
+    pub fn bounded(mut self, max: usize) -> CancelTable {
+        self.max = max;
+        self.ceiling = max.saturating_add((max / 16).max(CEILING_ROOM));
+        self
+    }
+
+    /// The configured bound (`[delay] max_cancellations`).
+    pub fn max(&self) -> usize {
+        self.max
     }
 
     /// This process's id in the entries it writes.
@@ -156,22 +197,45 @@ impl CancelTable {
         self.len() == 0
     }
 
-    /// The pending cancellation of `id`, if any.
-    pub fn get(&self, id: &[u8]) -> Option<CancelView> {
-        self.entries.lock().unwrap().get(id).map(|e| CancelView {
-            kind: e.kind,
-            partition: e.at.partition,
-            offset: e.at.offset,
-            expires_at: e.expires_at,
-            dropped: e.dropped,
-        })
+    /// The pending cancellations of `id`, one per inbox partition that
+    /// read a cancel of it, by partition.
+    pub fn get(&self, id: &[u8]) -> Vec<CancelView> {
+        let partitions = self.entries.lock().unwrap().partitions();
+        // A lock per partition: the gate waits for one lookup at most.
+        (0..partitions)
+            .filter_map(|partition| {
+                let entries = self.entries.lock().unwrap();
+                entries.get(partition, id).map(|e| CancelView {
+                    kind: e.kind,
+                    partition: e.at.partition,
+                    offset: e.at.offset,
+                    expires_at: e.expires_at,
+                    dropped: e.dropped,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether a cancel of `id` read from inbox `partition` may be
+    /// recorded: the table holds an entry of it there (the cancel only
+    /// moves it), or has room for one more. Else how many entries it holds.
+    pub fn admits(&self, partition: i32, id: &str) -> Result<(), usize> {
+        let entries = self.entries.lock().unwrap();
+        if entries.len() < self.max || entries.get(partition, id.as_bytes()).is_some() {
+            Ok(())
+        } else {
+            Err(entries.len())
+        }
     }
 
     /// Whether a cancellation covers the schedule of `id` read at
-    /// `schedule`, and what kind; counted as dropped when it does.
+    /// `schedule`, and what kind; counted as dropped when it does. Only a
+    /// cancel read from the schedule's own inbox partition, after it, does
+    /// (docs/headers.md); the caller checks that the schedule's key is its
+    /// id.
     pub fn covering(&self, id: &str, schedule: InboxPosition) -> Option<CancelKind> {
         let mut entries = self.entries.lock().unwrap();
-        let entry = entries.get_mut(id.as_bytes())?;
+        let entry = entries.get_mut(schedule.partition, id.as_bytes())?;
         if !entry.at.covers(schedule) {
             return None;
         }
@@ -180,24 +244,29 @@ impl CancelTable {
     }
 
     /// Takes in one record of the cancellation topic. An entry keeps the
-    /// highest position of its id; an entry already expired is not kept.
+    /// highest position of its id in its inbox partition; an entry already
+    /// expired is not kept, nor one past the table's ceiling.
     pub fn apply<M: Message>(&self, record: &M) {
-        let Some(key) = record.key() else { return };
+        let Some(raw_key) = record.key() else { return };
         let recorded_at = record.timestamp().to_millis().unwrap_or_else(now_ms);
         let Some(value) = record.payload() else {
             // A tombstone.
-            self.entries.lock().unwrap().remove(key);
-            self.gauge();
+            if let Some((partition, id)) = entry_key_partition(raw_key) {
+                self.entries.lock().unwrap().remove(partition, id);
+                self.gauge();
+            }
             return;
         };
         let at = std::str::from_utf8(value)
             .ok()
             .and_then(InboxPosition::parse);
+        // The key is `<partition>:<id>`, the partition the value's.
+        let key = at.and_then(|at| entry_key_id(raw_key, at.partition));
         let kind = headers::text(record.headers(), headers::CANCEL_KIND)
             .ok()
             .flatten()
             .and_then(CancelKind::parse);
-        let (Some(at), Some(kind)) = (at, kind) else {
+        let (Some(at), Some(key), Some(kind)) = (at, key, kind) else {
             tracing::warn!(
                 topic = self.topic,
                 partition = record.partition(),
@@ -218,15 +287,24 @@ impl CancelTable {
             .recent
             .lock()
             .unwrap()
-            .forwarded(key)
+            .forwarded(at.partition, key)
             .is_some_and(|forwarded| at.covers(forwarded));
         {
             let mut entries = self.entries.lock().unwrap();
-            let known = entries.get(key).copied();
+            let known = entries.get(at.partition, key).copied();
             if let Some(known) = known
-                && known.at.partition == at.partition
                 && known.at.offset >= at.offset
             {
+                return;
+            }
+            if known.is_none() && entries.len() >= self.ceiling {
+                let held = entries.len();
+                drop(entries);
+                self.telemetry.emit(events::CancellationNotKept {
+                    id: String::from_utf8_lossy(key).into_owned(),
+                    inbox: at,
+                    entries: held,
+                });
                 return;
             }
             // A later cancel of the id extends the earlier one: what that
@@ -240,13 +318,13 @@ impl CancelTable {
                 too_late: too_late || known.is_some_and(|k| k.too_late),
             };
             if entries.insert(key, entry).is_err() {
-                tracing::error!(
-                    topic = self.topic,
-                    partition = record.partition(),
-                    offset = record.offset(),
-                    entries = entries.len(),
-                    "Cancellation table full; entry not kept."
-                );
+                let held = entries.len();
+                drop(entries);
+                self.telemetry.emit(events::CancellationNotKept {
+                    id: String::from_utf8_lossy(key).into_owned(),
+                    inbox: at,
+                    entries: held,
+                });
                 return;
             }
         }
@@ -268,16 +346,42 @@ impl CancelTable {
         }
     }
 
-    /// Drops the entries that expired by `now`.
+    /// Drops the entries that expired by `now`, a slice at a time.
     pub fn sweep(&self, now: i64) {
-        let expired = self
-            .entries
-            .lock()
-            .unwrap()
-            .drain_unless(|entry| entry.expires_at > now);
-        if expired.is_empty() {
-            return;
+        let mut below = usize::MAX;
+        while below > 0 {
+            below = self.sweep_slice(now, below);
         }
+    }
+
+    /// As [`CancelTable::sweep`], letting other tasks run between slices.
+    pub async fn sweep_yielding(&self, now: i64) {
+        let mut below = usize::MAX;
+        while below > 0 {
+            below = self.sweep_slice(now, below);
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Drops the entries that expired by `now` among the [`SWEEP_SLICE`]
+    /// below place `below` (`usize::MAX`: the last ones), holding the lock
+    /// for that slice only; returns where the next slice starts (0: done).
+    /// Entries added or moved meanwhile wait for the next sweep, a second
+    /// later; an expired entry still held covers only schedules that can
+    /// no longer be due.
+    pub fn sweep_slice(&self, now: i64, below: usize) -> usize {
+        let (expired, next) =
+            self.entries
+                .lock()
+                .unwrap()
+                .sweep_slice(below, SWEEP_SLICE, |entry| entry.expires_at > now);
+        if !expired.is_empty() {
+            self.report_expired(expired);
+        }
+        next
+    }
+
+    fn report_expired(&self, expired: Vec<(Vec<u8>, Entry)>) {
         self.gauge();
         for (id, entry) in expired {
             self.telemetry.emit(events::CancellationExpired {
@@ -336,10 +440,11 @@ impl CancelTable {
         cluster: &Cluster,
         topic: &str,
         lifetime: Duration,
+        max: usize,
         telemetry: Telemetry,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Arc<CancelTable>> {
-        let table = Arc::new(CancelTable::new(topic, lifetime, telemetry));
+        let table = Arc::new(CancelTable::new(topic, lifetime, telemetry).bounded(max));
         let consumer = reader(cluster, topic)?;
         let started = std::time::Instant::now();
         read_to_end(&consumer, topic, |record| table.apply(record)).await?;
@@ -356,7 +461,7 @@ impl CancelTable {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    _ = sweep.tick() => following.sweep(now_ms()),
+                    _ = sweep.tick() => following.sweep_yielding(now_ms()).await,
                     record = consumer.recv() => match record {
                         Ok(record) => following.apply(&record),
                         Err(KafkaError::PartitionEOF(_)) => {}
@@ -441,18 +546,23 @@ async fn read_to_end(
     Ok(())
 }
 
-/// The pending cancellation of `id` as the cancellation topic has it now:
-/// `hopper delay show`, without a running relay. Reads the whole topic.
+/// The pending cancellations of `id` as the cancellation topic has them
+/// now, one per inbox partition: `hopper delay show`, without a running
+/// relay. Reads the whole topic.
 pub async fn lookup(
     cluster: &Cluster,
     topic: &str,
     lifetime: Duration,
     id: &str,
-) -> anyhow::Result<Option<CancelView>> {
+) -> anyhow::Result<Vec<CancelView>> {
     let table = CancelTable::new(topic, lifetime, Telemetry::new());
     let consumer = reader(cluster, topic)?;
     read_to_end(&consumer, topic, |record| {
-        if record.key() == Some(id.as_bytes()) {
+        let of_id = record
+            .key()
+            .and_then(entry_key_partition)
+            .is_some_and(|(_, key_id)| key_id == id.as_bytes());
+        if of_id {
             table.apply(record);
         }
     })
@@ -461,13 +571,17 @@ pub async fn lookup(
 }
 
 /// The forward of a due message is checked just before it is produced: a
-/// cancellation read meanwhile drops it.
+/// cancellation read meanwhile drops it. Only a schedule whose key is its
+/// id can be cancelled (docs/headers.md).
 impl Gate for CancelTable {
-    fn stop(&self, _record: &OutRecord, event: Option<&Event>) -> Option<Event> {
+    fn stop(&self, record: &OutRecord, event: Option<&Event>) -> Option<Event> {
         let Some(Event::Delivered(delivered)) = event else {
             return None;
         };
         let inbox = delivered.inbox?;
+        if record.key.as_deref() != Some(delivered.id.as_bytes()) {
+            return None;
+        }
         match self.covering(&delivered.id, inbox) {
             Some(kind) => Some(
                 events::ScheduleCancelled {
@@ -506,9 +620,10 @@ mod tests {
                 key: headers::CANCEL_BY,
                 value: Some(by),
             });
+        let partition: i32 = at.split(':').next().unwrap().parse().unwrap();
         OwnedMessage::new(
             Some(at.as_bytes().to_vec()),
-            Some(id.as_bytes().to_vec()),
+            Some(crate::delay::entry_key(partition, id)),
             "hopper.delay.cancels".into(),
             Timestamp::CreateTime(time),
             0,
@@ -543,7 +658,91 @@ mod tests {
         table.apply(&entry("o-1", "1:20", "replace", "other", now));
         table.apply(&entry("o-1", "1:15", "cancel", "other", now));
         assert_eq!(table.covering("o-1", at(1, 19)), Some(CancelKind::Replace));
-        assert_eq!(table.get(b"o-1").unwrap().dropped, 2);
+        assert_eq!(table.get(b"o-1")[0].dropped, 2);
+        assert_eq!(table.len(), 1);
+    }
+
+    /// Regression (hardening, "one cancel can undo another"): the table
+    /// kept one entry per id, and an entry read from another partition
+    /// replaced it.
+    #[tokio::test]
+    async fn a_cancel_from_another_partition_does_not_undo_one() {
+        let table = CancelTable::new("c", Duration::from_secs(60), Telemetry::new());
+        let now = now_ms();
+        table.apply(&entry("inv-42", "1:10", "cancel", "other", now));
+        table.apply(&entry("inv-42", "0:20", "cancel", "other", now));
+        assert_eq!(table.covering("inv-42", at(1, 9)), Some(CancelKind::Cancel));
+        assert_eq!(
+            table.covering("inv-42", at(0, 19)),
+            Some(CancelKind::Cancel)
+        );
+        assert_eq!(table.covering("inv-42", at(0, 20)), None);
+        assert_eq!(table.covering("inv-42", at(1, 10)), None);
+    }
+
+    /// Past its bound the table admits no new id, but still one it holds;
+    /// past its ceiling it keeps no entry it reads, and counts each.
+    #[tokio::test]
+    async fn a_bounded_table_admits_no_new_id_when_full_and_keeps_none_past_its_ceiling() {
+        let telemetry = Telemetry::new();
+        let table = CancelTable::new("c", Duration::from_secs(60), telemetry.clone()).bounded(2);
+        let mut events = telemetry.subscribe();
+        let now = now_ms();
+        table.apply(&entry("a", "0:1", "cancel", "other", now));
+        assert_eq!(table.admits(0, "b"), Ok(()));
+        table.apply(&entry("b", "0:2", "cancel", "other", now));
+        assert_eq!(table.admits(0, "c"), Err(2), "a new id");
+        assert_eq!(
+            table.admits(1, "a"),
+            Err(2),
+            "a held id in another partition"
+        );
+        assert_eq!(table.admits(0, "a"), Ok(()), "a held id moves its entry");
+        // Entries other relays admitted at the same moment are kept, up to
+        // the ceiling.
+        for n in 0..CEILING_ROOM {
+            table.apply(&entry(&format!("x-{n}"), "1:1", "cancel", "other", now));
+        }
+        assert_eq!(table.len(), 2 + CEILING_ROOM);
+        table.apply(&entry("over", "1:1", "cancel", "other", now));
+        assert_eq!(table.len(), 2 + CEILING_ROOM);
+        assert!(table.get(b"over").is_empty());
+        table.apply(&entry("a", "0:9", "cancel", "other", now));
+        assert_eq!(table.get(b"a")[0].offset, 9, "a held entry still moves");
+        let mut not_kept = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            if let Event::CancellationNotKept(e) = event {
+                not_kept.push(e.id);
+            }
+        }
+        assert_eq!(not_kept, ["over"]);
+    }
+
+    /// The sweep holds the lock the forward gate takes for one slice at a
+    /// time: each slice looks at no more than `SWEEP_SLICE` entries, and
+    /// between two slices the gate gets in.
+    #[tokio::test]
+    async fn the_sweep_lets_the_gate_in_between_slices() {
+        let table = CancelTable::new("c", Duration::from_secs(10), Telemetry::new());
+        let now = now_ms();
+        let total = 3 * SWEEP_SLICE + 5;
+        for n in 0..total {
+            table.apply(&entry(&format!("id-{n}"), "0:5", "cancel", "other", now));
+        }
+        table.apply(&entry("held", "1:5", "cancel", "other", now + 60_000));
+        let expired = now + 10_000;
+        let mut below = usize::MAX;
+        let mut slices = 0;
+        while below > 0 {
+            let before = table.len();
+            below = table.sweep_slice(expired, below);
+            slices += 1;
+            assert!(before - table.len() <= SWEEP_SLICE);
+            // The gate, between two slices: the lock is free.
+            assert!(table.entries.try_lock().is_ok());
+            assert_eq!(table.covering("held", at(1, 4)), Some(CancelKind::Cancel));
+        }
+        assert_eq!(slices, total.div_ceil(SWEEP_SLICE));
         assert_eq!(table.len(), 1);
     }
 
@@ -588,16 +787,16 @@ mod tests {
                 trace: None,
             })
         };
-        let record = OutRecord {
+        let record = |id: &str| OutRecord {
             topic: "t".into(),
-            key: None,
+            key: Some(id.as_bytes().to_vec()),
             payload: None,
             headers: OwnedHeaders::new(),
             timestamp: 0,
         };
         assert!(
             table
-                .stop(&record, Some(&delivered("gone", at(0, 5))))
+                .stop(&record("gone"), Some(&delivered("gone", at(0, 5))))
                 .is_none()
         );
         let mut events = telemetry.subscribe();
@@ -608,10 +807,24 @@ mod tests {
         ));
         // And the gate stops a forward that a known cancel covers.
         table.apply(&entry("next", "0:9", "cancel", "other", now_ms()));
-        let stopped = table.stop(&record, Some(&delivered("next", at(0, 8))));
+        let stopped = table.stop(&record("next"), Some(&delivered("next", at(0, 8))));
         assert!(matches!(
             stopped,
             Some(Event::ScheduleCancelled(e)) if e.id == "next" && e.kind == CancelKind::Cancel
         ));
+        // Not a schedule keyed by another key, or by none.
+        let mut other = record("next");
+        other.key = Some(b"other".to_vec());
+        assert!(
+            table
+                .stop(&other, Some(&delivered("next", at(0, 7))))
+                .is_none()
+        );
+        other.key = None;
+        assert!(
+            table
+                .stop(&other, Some(&delivered("next", at(0, 7))))
+                .is_none()
+        );
     }
 }

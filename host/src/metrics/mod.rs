@@ -108,6 +108,12 @@ pub(crate) struct RelayCounters {
     pub(crate) replaced: Counter,
     pub(crate) too_late: Counter,
     pub(crate) unknown_id: Counter,
+    /// `hopper_delay_cancels_refused_total{kind=cancel}` and
+    /// `{kind=replace}`: refused by a full table, dead-lettered.
+    pub(crate) cancels_refused: Counter,
+    pub(crate) replaces_refused: Counter,
+    /// `hopper_delay_cancellations_not_kept_total`.
+    pub(crate) not_kept: Counter,
     /// `hopper_delay_cancellations`: entries in this process's table.
     pub(crate) cancellations: Gauge,
 }
@@ -255,6 +261,14 @@ impl Metrics {
             "hopper_delay_cancels_unknown_id",
             "Cancellations read by this process that expired without having dropped a schedule here: an id that was never scheduled, or already delivered.",
         );
+        let refused = counters(
+            "hopper_delay_cancels_refused",
+            "Cancel and replace records of a new id the delay relay refused, by kind, its cancellation table holding max_cancellations entries: dead-lettered as CANCEL_TABLE_FULL.",
+        );
+        let not_kept = counters(
+            "hopper_delay_cancellations_not_kept",
+            "Entries of the cancellation topic this process did not keep, its table past its ceiling (max_cancellations and a sixteenth more): what they cover may be delivered.",
+        );
         let spans_dropped = counters(
             "hopper_trace_spans_dropped",
             "Spans dropped without being exported: the export queue was full, or the OTLP endpoint did not take their batch.",
@@ -391,6 +405,9 @@ impl Metrics {
                 replaced: metrics.register(&replaced, vec![]),
                 too_late: metrics.register(&too_late, vec![]),
                 unknown_id: metrics.register(&unknown_id, vec![]),
+                cancels_refused: metrics.register(&refused, vec![("kind", "cancel".into())]),
+                replaces_refused: metrics.register(&refused, vec![("kind", "replace".into())]),
+                not_kept: metrics.register(&not_kept, vec![]),
                 cancellations,
                 tier_hops: relay
                     .tiers

@@ -622,22 +622,25 @@ pub async fn delay(command: DelayCommand) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("reading `{}`", relay.cancels))?;
             if target.json {
-                let out = serde_json::json!({ "id": id, "cancellation": found });
+                let out = serde_json::json!({ "id": id, "cancellations": found });
                 println!("{}", serde_json::to_string_pretty(&out)?);
             } else {
-                match found {
-                    None => println!("`{id}`: no pending cancellation."),
-                    Some(c) => println!(
-                        "`{id}`: {} read at {}[{}]@{}: schedules of `{id}` read before it are not delivered. Expires at {}.",
+                if found.is_empty() {
+                    println!("`{id}`: no pending cancellation.");
+                }
+                for c in found {
+                    println!(
+                        "`{id}`: {} read at {}[{}]@{}: schedules of `{id}` keyed by their id and read before it from partition {} are not delivered. Expires at {}.",
                         c.kind,
                         relay.inbox,
                         c.partition,
                         c.offset,
+                        c.partition,
                         humantime::format_rfc3339_millis(
                             std::time::UNIX_EPOCH
                                 + Duration::from_millis(c.expires_at.max(0) as u64)
                         )
-                    ),
+                    );
                 }
             }
         }
