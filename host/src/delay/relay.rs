@@ -259,6 +259,7 @@ impl DelayProcessor {
         kind: CancelKind,
         at: InboxPosition,
         entries: usize,
+        trace: &trace::Context,
     ) -> Action {
         let max = self.table.max();
         self.telemetry.emit(events::CancelRefused {
@@ -270,6 +271,7 @@ impl DelayProcessor {
         });
         self.reject(
             message,
+            trace,
             Rejected {
                 reason: headers::Reason::CancelTableFull,
                 error: format!(
@@ -365,7 +367,7 @@ impl DelayProcessor {
                 return match cancelled_id(message.headers(), message.key(), kind) {
                     Ok(id) => match self.table.admits(at.partition, &id) {
                         Ok(()) => Action::Hop(self.entry(&id, kind, at, trace)),
-                        Err(entries) => self.refuse(message, &id, kind, at, entries),
+                        Err(entries) => self.refuse(message, &id, kind, at, entries, trace),
                     },
                     Err(rejected) => self.reject(message, trace, rejected),
                 };
@@ -375,7 +377,7 @@ impl DelayProcessor {
                 match cancelled_id(message.headers(), message.key(), kind) {
                     Ok(id) => match self.table.admits(at.partition, &id) {
                         Ok(()) => Some(at),
-                        Err(entries) => return self.refuse(message, &id, kind, at, entries),
+                        Err(entries) => return self.refuse(message, &id, kind, at, entries, trace),
                     },
                     Err(rejected) => return self.reject(message, trace, rejected),
                 }
