@@ -70,8 +70,8 @@ fn default_inbox() -> String {
 fn default_cancel_grace() -> Duration {
     Duration::from_secs(60 * 60)
 }
-/// A million entries: ~70 MB at ids of up to 22 bytes, ~340 MB at ids of
-/// the longest 256 bytes (docs/operations.md).
+/// A million entries: ~65 MB at ids of up to 22 bytes, ~310 MB at ids of
+/// 250 bytes (BENCHMARKS.md, `cancel-bound`).
 pub const DEFAULT_MAX_CANCELLATIONS: usize = 1_000_000;
 
 fn default_max_cancellations() -> usize {

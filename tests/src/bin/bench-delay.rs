@@ -8,6 +8,8 @@
 //! bench-delay cancel [RATE] [SECONDS]        # 20% cancelled, 10% replaced
 //! bench-delay cancel-memory [PENDING]        # cancellations pending
 //! bench-delay cancel-reach [RATE] [SECONDS]  # cancel ack -> every relay
+//! bench-delay cancel-bound [PENDING] [RATE] [SECONDS] [ROUNDS] [ID_BYTES]
+//!                                            # PENDING entries against none
 //! ```
 //!
 //! Lateness is measured on the forwarded record's timestamp, which hopper
@@ -28,6 +30,8 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+#[path = "../bench/bound.rs"]
+mod bound;
 #[path = "../bench/cancel.rs"]
 mod cancel;
 
@@ -69,8 +73,21 @@ async fn main() {
             let seconds: u64 = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(10);
             cancel::reach(rate, seconds).await;
         }
+        Some("cancel-bound") => {
+            let arg = |i: usize, default: u64| {
+                args.get(i).and_then(|a| a.parse().ok()).unwrap_or(default)
+            };
+            bound::bound(bound::Run {
+                pending: arg(1, 1_000_000),
+                rate: arg(2, 1_000),
+                seconds: arg(3, 15),
+                rounds: arg(4, 3),
+                id_bytes: arg(5, 14) as usize,
+            })
+            .await;
+        }
         _ => eprintln!(
-            "usage: bench-delay lateness [RATE] [SECONDS] | memory [PENDING] | cancel [RATE] [SECONDS] | cancel-memory [PENDING] | cancel-reach [RATE] [SECONDS]"
+            "usage: bench-delay lateness [RATE] [SECONDS] | memory [PENDING] | cancel [RATE] [SECONDS] | cancel-memory [PENDING] | cancel-reach [RATE] [SECONDS] | cancel-bound [PENDING] [RATE] [SECONDS] [ROUNDS] [ID_BYTES]"
         ),
     }
 }
@@ -115,7 +132,11 @@ impl Relay {
     }
 
     async fn start_with(extra: &str) -> Relay {
-        let inbox = rand_name("bench-delay");
+        Self::start_in(rand_name("bench-delay"), extra, Stdio::inherit()).await
+    }
+
+    /// A relay on the inbox `inbox`, its standard error to `stderr`.
+    async fn start_in(inbox: String, extra: &str, stderr: Stdio) -> Relay {
         let target = rand_name("bench-target");
         let config = TestConfig::new(&format!(
             "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\n{extra}"
@@ -129,8 +150,9 @@ impl Relay {
         let child = Command::new(hopper_bin())
             .args(["run", "--config"])
             .arg(&config.path)
-            .env("HOPPER_LOG", "error")
+            .env("HOPPER_LOG", "error,hopper::delay::table=info")
             .stdin(Stdio::null())
+            .stderr(stderr)
             .spawn()
             .expect("hopper runs");
         let relay = Relay {
