@@ -123,7 +123,9 @@ struct SendArgs {
     /// When to deliver: RFC 3339 (2026-12-01T09:00:00Z) or epoch ms.
     #[arg(long)]
     at: Option<String>,
-    /// The message key, delivered with the message.
+    /// The message key, delivered with the message. Default: the --id, so
+    /// that `hopper delay cancel --id` can reach the schedule (a cancel
+    /// reaches only schedules keyed by their id); none without an --id.
     #[arg(long)]
     key: Option<String>,
     /// A header to deliver with the message, `name=value`; repeatable.
@@ -446,12 +448,15 @@ async fn send(args: SendArgs) -> anyhow::Result<()> {
             buf
         }
     };
+    // Keyed by its id unless told otherwise: only such a schedule can be
+    // cancelled or replaced.
+    let key = args.key.or_else(|| args.id.clone());
     let message = hopper::delay::DelayedMessage {
         target: args.topic.clone(),
         deliver_at,
         delay: args.delay.map(Into::into),
         id: args.id,
-        key: args.key.map(String::into_bytes),
+        key: key.map(String::into_bytes),
         payload: Some(payload),
         headers,
     };
