@@ -289,6 +289,34 @@ mod tests {
     }
 
     #[test]
+    fn a_text_is_cut_before_it_is_redacted_and_never_leaves_a_secrets_start() {
+        let s = secrets(&[("token", "Sup3r-s3cret")]);
+        // Short text is borrowed, or redacted whole.
+        assert!(matches!(
+            s.redact_within("fine", 16),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(s.redact_within("a Sup3r-s3cret", 64), "a [secret token]");
+        // A secret that starts before the cut is redacted, even encoded.
+        let text = format!("{}Sup3r%2Ds3cret{}", "x".repeat(10), "y".repeat(1 << 20));
+        let cut = s.redact_within(&text, 32);
+        assert_eq!(cut, "xxxxxxxxxx[secret token]yyyyy…");
+        assert!(cut.len() <= 32);
+        // The read window (32 + 3 x 12 bytes) ends inside a second copy,
+        // after a first one that redaction shortened: its start goes.
+        for at in 40..80 {
+            let text = format!(
+                "Sup3r-s3cret{}Sup3r-s3cret{}",
+                "z".repeat(at - 12),
+                "w".repeat(100)
+            );
+            let cut = s.redact_within(&text, 32);
+            assert!(cut.len() <= 32, "{at}: {cut}");
+            assert!(!cut.contains("Sup"), "{at}: {cut}");
+        }
+    }
+
+    #[test]
     fn a_secret_spanning_lines_is_redacted_in_the_whole_text() {
         let pem = "-----BEGIN KEY-----\nMIIBOgIBAAJBAK\n-----END KEY-----";
         let s = secrets(&[("key", pem)]);
