@@ -530,6 +530,12 @@ impl Hopper {
         self.admin.as_ref().map(admin::Server::addr)
     }
 
+    /// The admin server's session token, when it runs without a configured
+    /// token ([`admin::Server::session_token`]).
+    pub fn admin_session_token(&self) -> Option<&str> {
+        self.admin.as_ref().and_then(admin::Server::session_token)
+    }
+
     /// Events of every route, from now on.
     pub fn events(&self) -> tokio::sync::broadcast::Receiver<events::Event> {
         self.telemetry.subscribe()

@@ -107,7 +107,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     let gauge = format!("hopper_breaker_state{{route=\"{}\"}} 1", route.name);
     assert!(scrape.contains(&gauge), "{gauge} missing from:\n{scrape}");
     let admin = hopper.admin_addr().expect("the admin server runs");
-    let routes = get_json(admin, "/api/routes").await;
+    let routes = get_json_as(admin, "/api/routes", hopper.admin_session_token()).await;
     assert_eq!(routes[0]["breaker"]["state"], "open", "{routes}");
     assert_eq!(routes[0]["status"]["state"], "consuming", "still ready");
 

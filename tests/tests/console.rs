@@ -361,3 +361,61 @@ async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
     browser.close().await.unwrap();
     hopper.stop().await;
 }
+
+/// Without a configured token, the console reads with the session token
+/// that comes in the URL hopper logs: without it, nothing is shown; with it
+/// in the fragment, the dead letters are, the fragment leaves the address
+/// bar, and a reload of the tab keeps reading.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_reads_with_the_session_token_from_its_url() {
+    init_tracing();
+    if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
+        return; // the environment gives a token; this case cannot be set up
+    }
+    let route = TestRoute::new(&plugin("scripted"), "\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let hopper = route.start().await;
+    produce(
+        &producer(),
+        &route.input,
+        Some("s"),
+        "fatal",
+        &[("hopper-id", "session-1")],
+    )
+    .await;
+    consume(&route.dlq, 1, PATIENCE).await;
+    let console = format!("http://{}/", hopper.admin_addr().unwrap());
+    let session = hopper.admin_session_token().unwrap().to_string();
+
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser.goto(&console).await.unwrap();
+    let asked = until(&browser, "a request for the token", async |b| {
+        let text = text_of(b, "error").await;
+        text.contains("admin token").then_some(text)
+    })
+    .await;
+    assert!(asked.contains("console URL hopper logged"), "{asked}");
+    assert!(rows(&browser).await.is_empty(), "shown without the token");
+
+    browser
+        .goto(&format!("{console}#token={session}"))
+        .await
+        .unwrap();
+    browser.refresh().await.unwrap();
+    until(&browser, "the dead letter", async |b| {
+        (rows(b).await.len() == 1).then_some(())
+    })
+    .await;
+    let url = browser.current_url().await.unwrap();
+    assert!(
+        !url.as_str().contains(&session),
+        "the token stayed in {url}"
+    );
+    browser.refresh().await.unwrap();
+    until(&browser, "the dead letter after a reload", async |b| {
+        (rows(b).await.len() == 1).then_some(())
+    })
+    .await;
+    browser.close().await.unwrap();
+    hopper.stop().await;
+}

@@ -355,6 +355,123 @@ async fn the_admin_api_needs_the_token_and_a_known_host_and_handlers_never_reach
     hopper.stop().await;
 }
 
+/// Regression: without a configured token, API reads answered anyone on
+/// loopback, so a handler granted loopback read another hopper's dead
+/// letters. Now every read needs a token, and without a configured one the
+/// server makes a session token no handler can obtain. Hopper B holds a dead
+/// letter; hopper A's handler, granted every address, reaches B's `/health`
+/// (so it would have read `/api/dlq`), and gets 401 there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_handler_reads_another_hoppers_dead_letters_without_a_token_it_cannot_obtain() {
+    init_tracing();
+    if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
+        return; // the environment gives a token; this case cannot be set up
+    }
+    let other = TestRoute::new(&plugin("scripted"), "\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let other_run = other.start().await;
+    let b = other_run.admin_addr().unwrap();
+    let session = other_run
+        .admin_session_token()
+        .expect("no configured token: a session token")
+        .to_string();
+    produce(
+        &producer(),
+        &other.input,
+        Some("k"),
+        "fatal",
+        &[("hopper-id", "secret-letter")],
+    )
+    .await;
+    consume(&other.dlq, 1, PATIENCE).await;
+    let listed = get_json_as(b, &format!("/api/dlq?route={}", other.name), Some(&session)).await;
+    assert_eq!(listed["total"], 1, "the session token reads: {listed}");
+
+    let route = TestRoute::new(&plugin("acting"), "allowed_hosts = [\"*://*:*\"]\n");
+    let hopper = route.start().await;
+    let steps = json!({"steps": [
+        {"get": format!("http://{b}/health")},
+        {"get": format!("http://{b}/api/dlq?route={}", other.name)},
+        {"get": format!("http://{b}/api/dlq/{}/0/0", other.dlq)},
+    ], "verdict": "fatal"});
+    produce(&producer(), &route.input, None, &steps.to_string(), &[]).await;
+    let dead = consume(&route.dlq, 1, PATIENCE).await;
+    let (headers, _) = header_map(&dead[0]);
+    let error = &headers["hopper-last-error"];
+    assert!(
+        error.contains(&format!("GET http://{b}/health -> 200")),
+        "{error}"
+    );
+    assert!(
+        error.contains(&format!(
+            "GET http://{b}/api/dlq?route={} -> 401",
+            other.name
+        )),
+        "{error}"
+    );
+    assert!(
+        error.contains(&format!("GET http://{b}/api/dlq/{}/0/0 -> 401", other.dlq)),
+        "{error}"
+    );
+    assert!(!error.contains("secret-letter"), "{error}");
+    // The session token reads, and never writes.
+    let (status, answer) = http(
+        b,
+        "POST",
+        "/api/replay",
+        Some(&session),
+        Some(r#"{"filter": {}, "dry_run": true}"#),
+    )
+    .await;
+    assert_eq!(status, 401, "{answer}");
+    assert!(answer.contains("none is configured"), "{answer}");
+    hopper.stop().await;
+    other_run.stop().await;
+}
+
+/// Regression: `GET /api/dlq` opened a consumer and scanned on a blocking
+/// thread for every call, with no cap on calls in flight. Past
+/// `MAX_DLQ_READS` (2), a read is answered 429 with `Retry-After`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_reads_in_flight_are_capped() {
+    init_tracing();
+    let route = TestRoute::new(&plugin("scripted"), &admin(""));
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let path = format!("/api/dlq?route={}", route.name);
+    let calls: Vec<_> = (0..16)
+        .map(|_| {
+            let path = path.clone();
+            tokio::spawn(async move { http(addr, "GET", &path, Some(TOKEN), None).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for call in calls {
+        answers.push(call.await.unwrap());
+    }
+    let ok = answers.iter().filter(|(status, _)| *status == 200).count();
+    let refused: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status == 429)
+        .collect();
+    assert_eq!(ok + refused.len(), answers.len(), "{answers:?}");
+    assert!(ok >= 1, "some reads are answered: {answers:?}");
+    assert!(
+        !refused.is_empty(),
+        "16 reads at once, none refused: {answers:?}"
+    );
+    assert!(
+        refused[0]
+            .1
+            .contains("reads of the dead-letter topics are already in flight"),
+        "{}",
+        refused[0].1
+    );
+    // Once they are done, a read is answered again.
+    let (status, answer) = http(addr, "GET", &path, Some(TOKEN), None).await;
+    assert_eq!(status, 200, "{answer}");
+    hopper.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_configured_token_nothing_can_change_state() {
     init_tracing();
@@ -364,16 +481,25 @@ async fn without_a_configured_token_nothing_can_change_state() {
     }
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
-    let (status, answer) = http(
-        addr,
-        "POST",
-        "/api/replay",
-        Some("anything"),
-        Some(r#"{"filter": {}, "dry_run": true}"#),
-    )
-    .await;
-    assert_eq!(status, 401);
-    assert!(answer.contains("none is configured"), "{answer}");
+    // Not even with the session token, which reads.
+    let session = hopper.admin_session_token().unwrap().to_string();
+    for token in ["anything", &session] {
+        let (status, answer) = http(
+            addr,
+            "POST",
+            "/api/replay",
+            Some(token),
+            Some(r#"{"filter": {}, "dry_run": true}"#),
+        )
+        .await;
+        assert_eq!(status, 401);
+        let expected = if token == session {
+            "none is configured"
+        } else {
+            "token is wrong"
+        };
+        assert!(answer.contains(expected), "{token}: {answer}");
+    }
     hopper.stop().await;
 }
 

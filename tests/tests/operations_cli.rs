@@ -308,3 +308,92 @@ async fn logs_are_json_lines_with_message_fields_or_plain_text_without_colour_in
         );
     }
 }
+
+/// Without a configured admin token, `hopper run` logs the console's URL
+/// with its session token, writes the token to a 0600 file in the runtime
+/// directory, and `hopper status` reads it to show readiness; the file goes
+/// when hopper stops. Another user's runtime directory has no token, and the
+/// API refuses the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_session_token_reaches_the_console_url_and_hopper_status_only() {
+    use std::os::unix::fs::PermissionsExt as _;
+    init_tracing();
+    if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
+        return; // the environment gives a token; this case cannot be set up
+    }
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let route = TestRoute::new(
+        &plugin("scripted"),
+        &format!("\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
+    );
+    let config = route.config_path.to_str().unwrap();
+    let runtime = tempfile::tempdir().unwrap();
+    let mut child = Command::new(hopper_bin())
+        .args(["run", "--config", config])
+        .env("HOPPER_CACHE_DIR", cache_dir())
+        .env("HOPPER_RUNTIME_DIR", runtime.path())
+        .env_remove("HOPPER_LOG_FORMAT")
+        .env_remove("HOPPER_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let announced = loop {
+        let line = lines
+            .next()
+            .expect("hopper run announces its console")
+            .unwrap();
+        if line.contains("Admin console ready.") {
+            break line;
+        }
+    };
+    std::thread::spawn(move || lines.for_each(drop));
+    let url_start = format!("http://127.0.0.1:{port}/#token=");
+    let token: String = announced
+        .split(&url_start)
+        .nth(1)
+        .unwrap_or_else(|| panic!("no console URL with a token: {announced}"))
+        .chars()
+        .take_while(char::is_ascii_hexdigit)
+        .collect();
+    assert_eq!(token.len(), 64, "{announced}");
+    let file = runtime.path().join(format!("admin-127.0.0.1-{port}.token"));
+    assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token);
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let (status, _) = http(addr, "GET", "/api/status", None, None).await;
+    assert_eq!(status, 401, "a read without the token");
+    let (status, _) = http(addr, "GET", "/api/status", Some(&token), None).await;
+    assert_eq!(status, 200, "a read with the session token");
+
+    let status_with = |dir: &std::path::Path| {
+        Command::new(hopper_bin())
+            .args(["status", "--config", config, "--json"])
+            .env("HOPPER_RUNTIME_DIR", dir)
+            .env_remove("HOPPER_BROKERS")
+            .output()
+            .unwrap()
+    };
+    let out = status_with(runtime.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert!(shown["live"]["ready"].is_boolean(), "{shown}");
+    let elsewhere = tempfile::tempdir().unwrap();
+    let out = status_with(elsewhere.path());
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let error = shown["live"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("it needs a token"), "{shown}");
+
+    // SIGTERM: hopper drains, and its token file goes with it.
+    // SAFETY: signals a child this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
+    assert!(child.wait().unwrap().success());
+    assert!(!file.exists(), "the token file outlived hopper");
+}

@@ -25,7 +25,14 @@ pub(super) struct ApiError(StatusCode, String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.0, Json(json!({ "error": self.1 }))).into_response()
+        let mut response = (self.0, Json(json!({ "error": self.1 }))).into_response();
+        if self.0 == StatusCode::TOO_MANY_REQUESTS {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+        }
+        response
     }
 }
 
@@ -44,13 +51,29 @@ fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
-/// Runs `read` against the config's dead-letter topics on the blocking pool.
+/// How many reads of the dead-letter topics may run at once. Each opens a
+/// consumer and may scan up to [`crate::dlq::browse::MAX_SCAN`] records on a
+/// blocking thread; a read past this is answered 429 with `Retry-After`.
+pub(super) const MAX_DLQ_READS: usize = 2;
+
+/// Runs `read` against the config's dead-letter topics on the blocking pool,
+/// when fewer than [`MAX_DLQ_READS`] are in flight.
 async fn with_dlq<T: Send + 'static>(
     state: &State,
     read: impl FnOnce(&Dlq<'_>) -> Result<T, DlqError> + Send + 'static,
 ) -> Result<T, ApiError> {
+    let permit = state.dlq_reads.clone().try_acquire_owned().map_err(|_| {
+        ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{MAX_DLQ_READS} reads of the dead-letter topics are already in flight; try again when one is done"
+            ),
+        )
+    })?;
     let (config, cluster) = (state.context.config.clone(), state.context.cluster.clone());
     tokio::task::spawn_blocking(move || {
+        // Held until the scan ends, even if the caller went away.
+        let _permit = permit;
         read(&Dlq {
             cluster: &cluster,
             config: &config,

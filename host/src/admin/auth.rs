@@ -1,6 +1,15 @@
 //! Who may call the admin server: the bearer token, and the `Host` a
 //! request names.
 //!
+//! Every `/api` call needs a token. Without a configured one, the server
+//! makes a session token when it starts ([`Token::session`]): 32 random
+//! bytes that exist only in this process's memory, the URL it logs and, for
+//! `hopper run`, a file only its user can read. A handler can obtain none of
+//! these (no file system, no environment, not this process's log), so no
+//! handler of this or another hopper on the same host reads a dead letter,
+//! whatever ports it is granted. A session token reads; it never changes
+//! state (replay, cancel), which needs a configured token.
+//!
 //! Tokens are compared as sha256 digests with a constant-time equality, so
 //! neither the position of the first wrong byte nor the token's length shows
 //! in the response time.
@@ -15,8 +24,13 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-/// The configured token, as its digest; `None` when none is configured.
-pub(super) struct Token(Option<[u8; 32]>);
+/// The token calls must present, as its digest.
+pub(super) struct Token {
+    digest: [u8; 32],
+    /// Configured (`admin.token`, `HOPPER_ADMIN_TOKEN`), rather than made
+    /// for this session: only a configured token changes state.
+    configured: bool,
+}
 
 /// Why a request was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,15 +41,39 @@ pub(super) enum Refusal {
 }
 
 impl Token {
-    pub(super) fn new(token: Option<&str>) -> Token {
-        Token(token.map(|t| Sha256::digest(t.as_bytes()).into()))
+    /// The configured token.
+    pub(super) fn configured(token: &str) -> Token {
+        Token {
+            digest: Sha256::digest(token.as_bytes()).into(),
+            configured: true,
+        }
+    }
+
+    /// A token for this session only, and its text: 32 bytes from the
+    /// operating system's random source, as 64 hex digits.
+    pub(super) fn session() -> std::io::Result<(Token, String)> {
+        let mut bytes = [0u8; 32];
+        getrandom::fill(&mut bytes).map_err(std::io::Error::other)?;
+        let text = hex::encode(bytes);
+        let token = Token {
+            digest: Sha256::digest(text.as_bytes()).into(),
+            configured: false,
+        };
+        Ok((token, text))
+    }
+
+    /// Checks the `Authorization` header of a call that changes state:
+    /// only a configured token may.
+    pub(super) fn check_write(&self, authorization: Option<&HeaderValue>) -> Result<(), Refusal> {
+        if !self.configured {
+            return Err(Refusal::NoneConfigured);
+        }
+        self.check(authorization)
     }
 
     /// Checks the `Authorization` header of a request.
     pub(super) fn check(&self, authorization: Option<&HeaderValue>) -> Result<(), Refusal> {
-        let Some(expected) = &self.0 else {
-            return Err(Refusal::NoneConfigured);
-        };
+        let expected = &self.digest;
         let presented = authorization
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
@@ -56,7 +94,7 @@ impl IntoResponse for Refusal {
             Refusal::NoneConfigured => format!(
                 "this call changes state and needs a bearer token, but none is configured: set admin.token or {TOKEN_ENV}"
             ),
-            Refusal::Missing => "this call needs `Authorization: Bearer <admin token>`".into(),
+            Refusal::Missing => "this call needs `Authorization: Bearer <admin token>`: admin.token, or without one the session token in the console URL that hopper logs at start".into(),
             Refusal::Wrong => "the bearer token is wrong".into(),
         };
         let mut response = (
@@ -72,36 +110,41 @@ impl IntoResponse for Refusal {
     }
 }
 
-/// Refuses a request without the right token.
+/// Refuses a call that changes state without the configured token.
 pub(super) async fn require_token(
     Shared(state): Shared<Arc<State>>,
     request: Request,
     next: Next,
 ) -> Response {
-    match state
+    let checked = state
         .token
-        .check(request.headers().get(header::AUTHORIZATION))
-    {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => {
-            tracing::warn!(path = request.uri().path(), refusal = ?refusal, "Admin call refused.");
-            refusal.into_response()
-        }
-    }
+        .check_write(request.headers().get(header::AUTHORIZATION));
+    pass_or_refuse(checked, request, next).await
 }
 
-/// Refuses API reads without the token whenever one is configured (and
-/// always when the server is reachable from other hosts, which needs one to
-/// start). Without a configured token, reads answer on loopback only.
+/// Refuses a read without the configured or the session token.
 pub(super) async fn require_token_for_reads(
-    shared: Shared<Arc<State>>,
+    Shared(state): Shared<Arc<State>>,
     request: Request,
     next: Next,
 ) -> Response {
-    if shared.admin.token.is_some() || shared.admin.remote() {
-        require_token(shared, request, next).await
-    } else {
-        next.run(request).await
+    let checked = state
+        .token
+        .check(request.headers().get(header::AUTHORIZATION));
+    pass_or_refuse(checked, request, next).await
+}
+
+async fn pass_or_refuse(checked: Result<(), Refusal>, request: Request, next: Next) -> Response {
+    match checked {
+        Ok(()) => next.run(request).await,
+        Err(refusal) => {
+            tracing::warn!(
+                path = crate::headers::shorten(request.uri().path(), 100),
+                refusal = ?refusal,
+                "Admin call refused."
+            );
+            refusal.into_response()
+        }
     }
 }
 
@@ -229,7 +272,7 @@ mod tests {
 
     #[test]
     fn only_the_configured_token_passes() {
-        let token = Token::new(Some("s3cret"));
+        let token = Token::configured("s3cret");
         let header = |v: &str| HeaderValue::from_str(v).unwrap();
         assert_eq!(token.check(Some(&header("Bearer s3cret"))), Ok(()));
         assert_eq!(token.check(None), Err(Refusal::Missing));
@@ -242,9 +285,25 @@ mod tests {
             token.check(Some(&header("Bearer s3crets"))),
             Err(Refusal::Wrong)
         );
-        let none = Token::new(None);
+        assert_eq!(token.check_write(Some(&header("Bearer s3cret"))), Ok(()));
+    }
+
+    #[test]
+    fn a_session_token_is_random_and_reads_but_never_writes() {
+        let (token, text) = Token::session().unwrap();
+        let (_, other) = Token::session().unwrap();
+        assert_eq!(text.len(), 64);
+        assert_ne!(text, other, "each session has its own token");
+        let header = |v: &str| HeaderValue::from_str(v).unwrap();
+        let right = header(&format!("Bearer {text}"));
+        assert_eq!(token.check(Some(&right)), Ok(()));
+        assert_eq!(token.check(None), Err(Refusal::Missing));
         assert_eq!(
-            none.check(Some(&header("Bearer s3cret"))),
+            token.check(Some(&header(&format!("Bearer {other}")))),
+            Err(Refusal::Wrong)
+        );
+        assert_eq!(
+            token.check_write(Some(&right)),
             Err(Refusal::NoneConfigured)
         );
     }

@@ -2,12 +2,14 @@
 //! JSON API over routes, handlers and dead-letter topics, replay, and the
 //! web console.
 //!
-//! It listens on 127.0.0.1 unless `admin.listen` says otherwise. With a
-//! bearer token configured (`admin.token` or `HOPPER_ADMIN_TOKEN`), every
-//! `/api` call needs it, reads included: DLQ payloads are data. Without
-//! one, calls that change state (replay) are always refused, and reads
-//! answer on loopback only (a non-loopback listen needs a token to start).
-//! Tokens are compared in constant time. The API and the console also
+//! It listens on 127.0.0.1 unless `admin.listen` says otherwise. Every
+//! `/api` call needs a bearer token, reads included: DLQ payloads are data.
+//! With one configured (`admin.token` or `HOPPER_ADMIN_TOKEN`), that one.
+//! Without, the server makes a session token at start, which reads only
+//! ([`Server::session_token`]; `hopper run` logs the console's URL with it
+//! and writes it to a file for the CLI), and calls that change state
+//! (replay, cancel) are refused. A non-loopback listen needs a configured
+//! token to start. Tokens are compared in constant time. The API and the console also
 //! refuse a `Host` that is not this server's (`auth::host_allowed`), so a
 //! web page that rebinds its name to 127.0.0.1 reads nothing. `/health`,
 //! `/ready` and `/metrics` stay open for probes and scrapers, which name
@@ -38,6 +40,8 @@ pub enum AdminError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error("admin server: cannot make a session token from the system's random source: {0}")]
+    Random(std::io::Error),
 }
 
 /// What the server serves from.
@@ -56,11 +60,16 @@ struct State {
     token: auth::Token,
     /// Paces every replay this process makes, together.
     pacer: Pacer,
+    /// Bounds the reads of dead-letter topics in flight
+    /// ([`api::MAX_DLQ_READS`]).
+    dlq_reads: Arc<tokio::sync::Semaphore>,
 }
 
 /// A running admin server; stops when hopper stops.
 pub struct Server {
     addr: SocketAddr,
+    /// The session token, when no token is configured.
+    session: Option<String>,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -80,9 +89,17 @@ impl Server {
         })?;
         // Guards the bound address (the chosen port, for `:0`) from handlers.
         admin.own.set(addr);
+        let (token, session) = match admin.token.as_deref() {
+            Some(configured) => (auth::Token::configured(configured), None),
+            None => {
+                let (token, text) = auth::Token::session().map_err(AdminError::Random)?;
+                (token, Some(text))
+            }
+        };
         let state = Arc::new(State {
             pacer: Pacer::new(context.config.replay.rate),
-            token: auth::Token::new(admin.token.as_deref()),
+            dlq_reads: Arc::new(tokio::sync::Semaphore::new(api::MAX_DLQ_READS)),
+            token,
             context,
             admin,
         });
@@ -97,7 +114,19 @@ impl Server {
             }
         });
         tracing::info!(address = %addr, "Admin server listening.");
-        Ok(Server { addr, stop, task })
+        Ok(Server {
+            addr,
+            session,
+            stop,
+            task,
+        })
+    }
+
+    /// The token this session's API reads need, when none is configured:
+    /// 64 hex digits, made at start. It reads only; replay and cancels need
+    /// a configured token.
+    pub fn session_token(&self) -> Option<&str> {
+        self.session.as_deref()
     }
 
     /// The address it listens on (with the port the OS chose for `:0`).

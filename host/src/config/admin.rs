@@ -20,7 +20,7 @@ pub struct AdminConfig {
     /// The bearer token that every `/api` call must present (reads too:
     /// DLQ payloads are data). Default: `HOPPER_ADMIN_TOKEN` from the
     /// environment; without either, nothing can change state through the
-    /// server, and reads answer on loopback only.
+    /// server, and reads need the session token the server makes at start.
     pub token: Option<String>,
     /// Host names, besides the listen address and loopback names, that
     /// browsers may use to reach the server (`Host` header), such as the

@@ -39,8 +39,8 @@ function showError(message) {
 
 /**
  * One API call. With a token in the token field, it goes along as a bearer
- * token: a server with a token configured answers no call without it. The
- * token is kept only in the field, never stored.
+ * token: the server answers no API call without one. A token typed in is
+ * kept only in the field, never stored.
  */
 async function call(path, options) {
   const request = Object.assign({}, options || {});
@@ -54,7 +54,7 @@ async function call(path, options) {
   if (!response.ok) {
     const message = (body && body.error) || `${response.status} ${response.statusText}`;
     if (response.status === 401 && !token) {
-      throw new Error(message + " (enter the admin token below)");
+      throw new Error(message + " (enter the admin token below, or open the console URL hopper logged at start)");
     }
     throw new Error(message);
   }
@@ -308,6 +308,16 @@ document.addEventListener("DOMContentLoaded", () => {
       if (box.checked) state.selected.add(box.dataset.ref); else state.selected.delete(box.dataset.ref);
     }
   });
+  // Without a configured token, hopper logs this page's URL with its
+  // session token in the fragment (never sent to any server). It moves into
+  // the field and this tab's sessionStorage, and out of the address bar.
+  const fragment = new URLSearchParams(location.hash.slice(1)).get("token");
+  if (fragment) {
+    sessionStorage.setItem("hopper-session-token", fragment);
+    history.replaceState(null, "", location.pathname + location.search);
+  }
+  const session = sessionStorage.getItem("hopper-session-token");
+  if (session && !$("token").value) $("token").value = session;
   $("token").addEventListener("change", () => {
     refresh();
     loadDeadLetters().catch((e) => showError(e.message));

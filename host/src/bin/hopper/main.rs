@@ -12,6 +12,7 @@ use std::process::ExitCode;
 mod demo;
 mod ops;
 mod scaffold;
+mod session;
 
 #[global_allocator]
 static ALLOCATOR: hopper::Allocator = hopper::Allocator;
@@ -328,6 +329,7 @@ async fn run(
         prepare(&path, brokers, embedded).with_context(|| format!("loading {}", path.display()))?;
     let deadline = options.shutdown_timeout;
     let hopper = Hopper::start(config, options).await?;
+    let _session = announce_console(&hopper);
     // The first signal starts the drain; a second one forces the exit.
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let signals = async move {
@@ -363,6 +365,37 @@ async fn run(
                 second.name
             );
             Ok(ExitCode::from(128 + second.number))
+        }
+    }
+}
+
+/// Logs the console's address. Without a configured admin token, the URL
+/// carries the session token in its fragment (which a browser never sends),
+/// and the token is written for `hopper status` ([`session`]); the file is
+/// removed when the returned guard drops.
+fn announce_console(hopper: &Hopper) -> Option<session::Written> {
+    let addr = hopper.admin_addr()?;
+    let Some(token) = hopper.admin_session_token() else {
+        tracing::info!(console = %format!("http://{addr}/"), "Admin console ready.");
+        return None;
+    };
+    let console = format!("http://{addr}/#token={token}");
+    match session::write(addr, token) {
+        Ok(file) => {
+            tracing::info!(
+                %console,
+                token_file = %file.display(),
+                "Admin console ready. No admin.token is configured: API reads need this session's token, in the URL and the file."
+            );
+            Some(session::Written(file))
+        }
+        Err(e) => {
+            tracing::warn!(
+                %console,
+                error = %e,
+                "Admin console ready. No admin.token is configured: API reads need this session's token, in the URL; it could not be written for `hopper status`."
+            );
+            None
         }
     }
 }

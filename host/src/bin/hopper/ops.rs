@@ -383,7 +383,15 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
     })
     .await?;
     let live = match &config.admin {
-        Some(admin) => Some(live_status(admin.listen, admin.token.as_deref()).await),
+        Some(admin) => {
+            // Without a configured token, the session token `hopper run`
+            // wrote for this address.
+            let token = admin
+                .token
+                .clone()
+                .or_else(|| crate::session::read(admin.listen));
+            Some(live_status(admin.listen, token.as_deref()).await)
+        }
         None => None,
     };
     if target.json {
@@ -419,7 +427,7 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
         None => println!(
             "\nNo [admin] table in the config: readiness and handler versions are not known here."
         ),
-        Some(Err(e)) => println!("\nThe admin server is not answering ({e}); is hopper running?"),
+        Some(Err(e)) => println!("\nNo status from the admin server: {e}."),
         Some(Ok(live)) => {
             println!("\nready: {}", live["ready"]);
             let rows = live["handlers"]
@@ -468,9 +476,8 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `GET /api/status` of a running hopper's admin server.
-/// With the admin token, when the config has one: a server listening
-/// beyond loopback needs it for reads too.
+/// `GET /api/status` of a running hopper's admin server, with the
+/// configured or the session token: every API read needs one.
 async fn live_status(
     addr: std::net::SocketAddr,
     token: Option<&str>,
@@ -493,6 +500,16 @@ async fn live_status(
         .map_err(|e| format!("{addr}: {e}"))?;
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").ok_or("not an HTTP response")?;
+    if head.starts_with("HTTP/1.1 401") || head.starts_with("HTTP/1.0 401") {
+        return Err(match token {
+            Some(_) => "the admin token was refused".to_string(),
+            None => format!(
+                "it needs a token: set admin.token, or run this as the user that runs hopper, which wrote its session token to {}",
+                crate::session::path(addr)
+                    .map_or_else(|| "(no directory)".into(), |p| p.display().to_string())
+            ),
+        });
+    }
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         return Err(head.lines().next().unwrap_or_default().to_string());
     }
