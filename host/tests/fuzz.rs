@@ -3,7 +3,10 @@
 //! bound its callers rely on.
 //!
 //! A plain `cargo test` runs a few thousand cases per target;
-//! `cargo xtask fuzz` runs a million (`PROPTEST_CASES=1000000`).
+//! `cargo xtask fuzz` runs a million (`PROPTEST_CASES=1000000`). The
+//! targets of a guest's text (a reason cut and redacted, a log line
+//! escaped) need the library's private parts, and live in `fuzz` modules of
+//! `config/secrets.rs` and `trace/logs.rs`; `cargo xtask fuzz` runs them too.
 
 use hopper::config::{ConfigFile, Route};
 use hopper::delay::{

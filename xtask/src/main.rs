@@ -93,6 +93,15 @@ fn fuzz(rest: &[String]) -> Result<()> {
     for target in targets {
         run(test(target, &["--no-run"]), "building the fuzz targets")?;
     }
+    // The reason and log paths' targets are unit tests, in `fuzz` modules.
+    step(&format!(
+        "fuzzing the library's fuzz modules, {cases} cases per target"
+    ));
+    let mut unit = cargo();
+    unit.current_dir(root())
+        .args(["test", "--workspace", "--lib", "--", "::fuzz::"])
+        .env("PROPTEST_CASES", cases);
+    run(unit, "the library's fuzz targets")?;
     for target in targets {
         step(&format!("fuzzing {target}, {cases} cases per target"));
         let started = Instant::now();

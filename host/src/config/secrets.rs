@@ -288,6 +288,54 @@ mod tests {
         s
     }
 
+    /// Fuzz targets of the reason path.
+    mod fuzz {
+        use super::secrets;
+        use proptest::prelude::*;
+
+        /// A guest's reason or log line: printable filler and `%`, with copies
+        /// of the secret as written, fully percent-encoded, and cut short.
+        fn reason_with(secret: String) -> impl Strategy<Value = String> {
+            let encoded: String = secret.bytes().map(|b| format!("%{b:02X}")).collect();
+            let pieces = prop_oneof![
+                3 => "[a-z %]{0,12}",
+                1 => Just(secret.to_string()),
+                1 => Just(encoded),
+                1 => (1..secret.len()).prop_map({
+                    let secret = secret.to_string();
+                    move |n| secret[..n].to_string()
+                }),
+                1 => any::<char>().prop_map(String::from),
+            ];
+            prop::collection::vec(pieces, 0..16).prop_map(|p| p.concat())
+        }
+
+        proptest::proptest! {
+            #![proptest_config(proptest::test_runner::Config::with_cases(
+                std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(1024)
+            ))]
+
+            /// Fuzz target for a guest's reason: whatever it holds and wherever
+            /// the cut falls, what is kept fits the bound, and no secret, as
+            /// written or encoded, is in it.
+            #[test]
+            fn a_reason_is_bounded_and_holds_no_secret(
+                (secret, reason) in "[A-Z0-9]{4,12}".prop_flat_map(|secret| (Just(secret.clone()), reason_with(secret))),
+                max in 0usize..96,
+            ) {
+                let s = secrets(&[("k", &secret)]);
+                let kept = s.redact_within(&reason, max);
+                proptest::prop_assert!(kept.len() <= max.max('…'.len_utf8()), "{} bytes kept of {max}: {kept:?}", kept.len());
+                proptest::prop_assert!(!kept.contains(&secret), "{kept:?}");
+                let encoded: String = secret.bytes().map(|b| format!("%{b:02X}")).collect();
+                proptest::prop_assert!(!kept.contains(&encoded), "{kept:?}");
+                if reason.len() <= max && !reason.contains(&secret) && !reason.contains('%') {
+                    proptest::prop_assert_eq!(&*kept, &*reason);
+                }
+            }
+        }
+    }
+
     #[test]
     fn a_text_is_cut_before_it_is_redacted_and_never_leaves_a_secrets_start() {
         let s = secrets(&[("token", "Sup3r-s3cret")]);

@@ -206,26 +206,81 @@ mod tests {
     where
         S: Subscriber + Send + Sync + 'static,
     {
+        log_text(make, FORGED)
+    }
+
+    /// [`log_forged`] with `guest` as the message and fields.
+    fn log_text<S>(make: impl FnOnce(Lines) -> S, guest: &str) -> String
+    where
+        S: Subscriber + Send + Sync + 'static,
+    {
         let lines = Lines::default();
         let subscriber = make(lines.clone());
         tracing::subscriber::with_default(subscriber, || {
-            tracing::info!(route = "orders", url = %FORGED, reason = FORGED, "{FORGED}");
+            tracing::info!(route = "orders", url = %guest, reason = guest, "{guest}");
         });
         let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-        assert_eq!(text.lines().count(), 1, "{text}");
+        assert_eq!(text.lines().count(), 1, "{text:?}");
         assert_eq!(raw_controls(&text), Vec::<char>::new(), "{text:?}");
         text
     }
 
+    fn text_subscriber(writer: Lines) -> impl Subscriber + Send + Sync + 'static {
+        tracing_subscriber::fmt()
+            .fmt_fields(EscapedFields)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
+    fn json_subscriber(writer: Lines) -> impl Subscriber + Send + Sync + 'static {
+        let format = tracing_subscriber::fmt::format().json().flatten_event(true);
+        tracing_subscriber::fmt()
+            .json()
+            .event_format(WithTrace(format))
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
+    /// Guest text biased to what a forger would use: line ends, escapes,
+    /// C1 controls, separators and bidi controls among printable text.
+    fn guest_text() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let pieces = prop_oneof![
+            4 => "[ -~]{0,8}",
+            2 => prop::sample::select(vec!["\n", "\r", "\x1b[2K", "\u{9b}", "\u{85}", "\u{7f}", "\u{2028}", "\u{2029}", "\u{202e}", "\u{2066}", "\t", "\0", "\"", "\\\\"]).prop_map(str::to_string),
+            1 => any::<char>().prop_map(String::from),
+        ];
+        prop::collection::vec(pieces, 0..24).prop_map(|p| p.concat())
+    }
+
+    /// Fuzz targets of the log path.
+    mod fuzz {
+        use super::*;
+
+        proptest::proptest! {
+            #![proptest_config(proptest::test_runner::Config::with_cases(
+                std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(512)
+            ))]
+
+            /// Fuzz target: any guest text is one line with no raw control, in
+            /// both formats, and the JSON line keeps the text as its value.
+            #[test]
+            fn any_guest_text_logs_as_one_line_without_raw_controls(guest in guest_text()) {
+                log_text(text_subscriber, &guest);
+                let line = log_text(json_subscriber, &guest);
+                let parsed: serde_json::Value = serde_json::from_str(line.trim_end()).unwrap();
+                proptest::prop_assert_eq!(parsed["reason"].as_str(), Some(guest.as_str()));
+                proptest::prop_assert_eq!(parsed["message"].as_str(), Some(guest.as_str()));
+                let escaped = escape_controls(&guest);
+                proptest::prop_assert!(!escaped.chars().any(is_escaped), "{:?}", escaped);
+            }
+        }
+    }
+
     #[test]
     fn no_field_of_a_text_line_can_start_a_line_or_move_the_cursor() {
-        let text = log_forged(|writer| {
-            tracing_subscriber::fmt()
-                .fmt_fields(EscapedFields)
-                .with_ansi(false)
-                .with_writer(move || writer.clone())
-                .finish()
-        });
+        let text = log_forged(text_subscriber);
         assert!(text.contains("done\\n2026"), "{text}");
         assert!(text.contains("\\u{1b}[2K\\r\\u{9b}31m"), "{text}");
         assert!(text.contains(" route=\"orders\""), "{text}");
@@ -234,14 +289,7 @@ mod tests {
 
     #[test]
     fn no_field_of_a_json_line_holds_a_raw_control_and_each_keeps_its_value() {
-        let text = log_forged(|writer| {
-            let format = tracing_subscriber::fmt::format().json().flatten_event(true);
-            tracing_subscriber::fmt()
-                .json()
-                .event_format(WithTrace(format))
-                .with_writer(move || writer.clone())
-                .finish()
-        });
+        let text = log_forged(json_subscriber);
         let parsed: serde_json::Value = serde_json::from_str(text.trim_end()).unwrap();
         for field in ["message", "url", "reason"] {
             assert_eq!(parsed[field], FORGED, "{field} in {text}");
