@@ -92,10 +92,10 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
         &[("hopper-target", &target), ("hopper-deliver-at", &at)],
     )
     .await;
-    // Several lookups of the target get no answer meanwhile.
+    // Several lookups of the target get an error for it meanwhile.
     let failed = logs::wait_for_lines(
         &[
-            "Delay target lookup got no answer",
+            "Delay target lookup got an error for the topic",
             &format!("topic=\"{target}\""),
         ],
         3,
