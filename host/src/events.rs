@@ -100,6 +100,7 @@ events! {
     PartitionsSuspended,
     PartitionsReleased,
     TargetLookupFailed,
+    TargetLookupAbandoned,
     CancelRecorded,
     CancellationKnown,
     ScheduleCancelled,
@@ -741,25 +742,73 @@ impl InternalEvent for PartitionsReleased {
 }
 
 /// The delay relay asked the brokers whether a target topic exists and got
-/// no answer; it asks again after `retry_in`, and the message waits.
+/// no clear answer: no answer at all, or an error for the topic that may
+/// clear by itself (no leader, no partitions). It asks again after
+/// `retry_in`, and the message waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TargetLookupFailed {
     pub target: String,
     pub error: String,
     pub retry_in: Duration,
+    /// `Some`: the cluster answered with an error for the topic, and the
+    /// relay dead-letters the message if it goes on doing so this much
+    /// longer. `None`: the cluster did not answer, which is waited out for
+    /// as long as it takes.
+    pub gives_up_in: Option<Duration>,
 }
 
 impl InternalEvent for TargetLookupFailed {
+    fn record(&self, metrics: &Metrics) {
+        match self.gives_up_in {
+            None => tracing::warn!(
+                pipeline = crate::config::RELAY_ROUTE,
+                topic = self.target,
+                error = self.error,
+                retry_in_ms = self.retry_in.as_millis() as u64,
+                "Delay target lookup got no answer; retrying for as long as it takes."
+            ),
+            Some(gives_up_in) => tracing::warn!(
+                pipeline = crate::config::RELAY_ROUTE,
+                topic = self.target,
+                error = self.error,
+                retry_in_ms = self.retry_in.as_millis() as u64,
+                gives_up_in_ms = gives_up_in.as_millis() as u64,
+                "Delay target lookup got an error for the topic; retrying."
+            ),
+        }
+        if let Some(relay) = metrics.relay() {
+            relay.lookups_failed.inc();
+        }
+    }
+}
+
+/// The cluster answered a target's lookups with an error for the topic for
+/// `[delay] target_lookup_timeout`: the relay stops asking and dead-letters
+/// the message as `HOP_FAILED`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetLookupAbandoned {
+    pub target: String,
+    /// The last error the cluster answered for the topic.
+    pub error: String,
+    /// The time counted against the timeout: under errors for the topic,
+    /// not the time the cluster did not answer at all.
+    pub asked_for: Duration,
+    /// The lookups the cluster answered with an error for the topic.
+    pub lookups: u32,
+}
+
+impl InternalEvent for TargetLookupAbandoned {
     fn record(&self, metrics: &Metrics) {
         tracing::warn!(
             pipeline = crate::config::RELAY_ROUTE,
             topic = self.target,
             error = self.error,
-            retry_in_ms = self.retry_in.as_millis() as u64,
-            "Delay target lookup got no answer; retrying."
+            asked_for_ms = self.asked_for.as_millis() as u64,
+            lookups = self.lookups,
+            "Delay target lookup gave up; the message is dead-lettered."
         );
         if let Some(relay) = metrics.relay() {
-            relay.lookups_failed.inc();
+            relay.lookups_abandoned.inc();
         }
     }
 }

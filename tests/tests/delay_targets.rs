@@ -2,9 +2,10 @@
 //! missing topic, and a target deleted while hopper runs is noticed.
 //!
 //! Regressions: a metadata error while checking a target dead-lettered a
-//! valid message as "topic does not exist"; and a target, once found, was
+//! valid message as "topic does not exist"; a target, once found, was
 //! trusted for ever, so messages went on being forwarded to it after it was
-//! deleted.
+//! deleted; and a target the cluster answered with an error for the topic
+//! was looked up again for ever, the message holding its place meanwhile.
 
 use hopper::Hopper;
 use hopper::delay::TARGET_TRUSTED_FOR;
@@ -92,10 +93,10 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
         &[("hopper-target", &target), ("hopper-deliver-at", &at)],
     )
     .await;
-    // Several lookups of the target get no answer meanwhile.
+    // Several lookups of the target get an error for it meanwhile.
     let failed = logs::wait_for_lines(
         &[
-            "Delay target lookup got no answer",
+            "Delay target lookup got an error for the topic",
             &format!("topic=\"{target}\""),
         ],
         3,
@@ -128,6 +129,111 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
         records_in(&bootstrap, &relay.dlq),
         0,
         "a valid message was dead-lettered"
+    );
+    hopper.stop().await;
+}
+
+/// A target the cluster answers with an error for the topic for good (here
+/// LEADER_NOT_AVAILABLE; the test broker answers no such error, the
+/// embedded one can be told to) is asked about for `[delay]
+/// target_lookup_timeout`, then the message goes to the relay's DLQ as
+/// `HOP_FAILED`, its scheduling headers kept for a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_answered_with_an_error_for_target_lookup_timeout_is_dead_lettered_as_hop_failed()
+{
+    logs::capture();
+    let broker = EmbeddedBroker::start().unwrap();
+    let bootstrap = broker.bootstrap_servers();
+    let file = TestConfig::raw(&format!(
+        "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 1\n\n[delay]\ntiers = [\"1s\"]\ntarget_lookup_timeout = \"2s\"\n"
+    ));
+    let config = file.load();
+    let relay = config.delay.clone().unwrap();
+    broker.create_topics(&config.all_topics(), 1).unwrap();
+    let target = rand_name("orders");
+    broker.create_topics([&target], 1).unwrap();
+    broker
+        .mock()
+        .topic_error(
+            &target,
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR_LEADER_NOT_AVAILABLE,
+        )
+        .unwrap();
+    let hopper = Hopper::start(config, options())
+        .await
+        .expect("hopper starts");
+
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .create()
+        .unwrap();
+    let at = (now_ms() + 300).to_string();
+    produce(
+        &producer,
+        &relay.inbox,
+        Some("o-7"),
+        "close order 7",
+        &[
+            ("hopper-target", &target),
+            ("hopper-deliver-at", &at),
+            ("hopper-id", "o-7"),
+        ],
+    )
+    .await;
+
+    let consumer: rdkafka::consumer::StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", rand_name("reader"))
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .unwrap();
+    consumer.subscribe(&[&relay.dlq]).unwrap();
+    let dead = tokio::time::timeout(PATIENCE, consumer.recv())
+        .await
+        .expect("the message is dead-lettered once target_lookup_timeout has passed")
+        .unwrap()
+        .detach();
+    let (h, _) = header_map(&dead);
+    assert_eq!(h["hopper-reason"], "HOP_FAILED", "{h:?}");
+    let error = &h["hopper-last-error"];
+    assert!(
+        error.starts_with(&format!(
+            "header hopper-target: topic `{target}` could not be used: the cluster answered "
+        )) && error.contains("with an error for it ([delay] target_lookup_timeout = 2s)")
+            && error.contains("Leader not available"),
+        "{error}"
+    );
+    // Kept, so the record can be sent to the inbox again.
+    assert_eq!(h["hopper-target"], target);
+    assert_eq!(h["hopper-deliver-at"], at);
+    assert_eq!(h["hopper-id"], "o-7");
+    assert_eq!(
+        rdkafka::Message::payload(&dead),
+        Some(&b"close order 7"[..])
+    );
+    // Asked about with an error for the topic before, and given up once.
+    let retried = logs::wait_for_lines(
+        &[
+            "Delay target lookup got an error for the topic",
+            &format!("topic=\"{target}\""),
+        ],
+        2,
+    )
+    .await;
+    assert!(retried[0].contains("gives_up_in_ms="), "{retried:?}");
+    let gave_up = logs::wait_for_lines(
+        &[
+            "Delay target lookup gave up",
+            &format!("topic=\"{target}\""),
+        ],
+        1,
+    )
+    .await;
+    assert!(gave_up[0].contains("Leader not available"), "{gave_up:?}");
+    let counters = hopper.telemetry().counters();
+    assert_eq!(
+        counters["hopper_delay_target_lookups_abandoned_total{}"], 1,
+        "{counters:?}"
     );
     hopper.stop().await;
 }

@@ -57,6 +57,11 @@ pub struct DelayConfig {
     /// Default 1,000,000.
     #[serde(default = "default_max_cancellations")]
     pub max_cancellations: usize,
+    /// How long the relay asks again about a target the cluster answers
+    /// with an error for (no leader, no partitions, ...) before it
+    /// dead-letters the message as `HOP_FAILED`. Default 2m.
+    #[serde(default = "default_target_lookup_timeout", with = "humantime_serde")]
+    pub target_lookup_timeout: Duration,
 }
 
 impl DelayConfig {
@@ -76,6 +81,13 @@ pub const DEFAULT_MAX_CANCELLATIONS: usize = 1_000_000;
 
 fn default_max_cancellations() -> usize {
     DEFAULT_MAX_CANCELLATIONS
+}
+/// Two minutes: a leader election or a new topic's partitions settle well
+/// within it.
+pub const DEFAULT_TARGET_LOOKUP_TIMEOUT: Duration = Duration::from_secs(2 * 60);
+
+fn default_target_lookup_timeout() -> Duration {
+    DEFAULT_TARGET_LOOKUP_TIMEOUT
 }
 fn default_max_delay() -> Duration {
     Duration::from_secs(30 * 24 * 60 * 60)
@@ -102,6 +114,10 @@ pub struct DelayRelay {
     pub cancel_grace: Duration,
     /// `max_cancellations`: the bound of each relay's cancellation table.
     pub max_cancellations: usize,
+    /// `target_lookup_timeout`: how long the cluster may answer a target's
+    /// lookups with an error for the topic before the message is
+    /// dead-lettered. Time without any answer is not counted.
+    pub target_lookup_timeout: Duration,
 }
 
 impl DelayRelay {
@@ -189,6 +205,11 @@ impl DelayConfig {
                 "delay: max_cancellations must be at least 1 (cancels would all be refused)".into(),
             );
         }
+        if self.target_lookup_timeout.is_zero() {
+            problems.push(
+                "delay: target_lookup_timeout must be more than 0s (a target the cluster answers with an error for would be dead-lettered at its first lookup)".into(),
+            );
+        }
         let dlq = self
             .dlq
             .clone()
@@ -241,6 +262,7 @@ impl DelayConfig {
             cancels,
             cancel_grace: self.cancel_grace,
             max_cancellations: self.max_cancellations,
+            target_lookup_timeout: self.target_lookup_timeout,
         })
     }
 }
@@ -287,6 +309,7 @@ mod tests {
             cancels: "hopper.delay.cancels".into(),
             cancel_grace: Duration::from_secs(1),
             max_cancellations: DEFAULT_MAX_CANCELLATIONS,
+            target_lookup_timeout: DEFAULT_TARGET_LOOKUP_TIMEOUT,
         }
     }
 

@@ -362,6 +362,31 @@ mod tests {
     }
 
     #[test]
+    fn target_lookup_timeout_defaults_to_two_minutes_and_zero_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let resolve = |delay: &str| {
+            ConfigFile::parse(&format!("[delay]\n{delay}\n"))
+                .unwrap()
+                .resolve(dir.path())
+        };
+        let default = resolve("").unwrap().delay.unwrap();
+        assert_eq!(default.target_lookup_timeout, Duration::from_secs(120));
+        let set = resolve("target_lookup_timeout = \"30s\"").unwrap();
+        assert_eq!(
+            set.delay.unwrap().target_lookup_timeout,
+            Duration::from_secs(30)
+        );
+        let problems = resolve("target_lookup_timeout = \"0s\"").unwrap_err();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("delay: target_lookup_timeout must be more than 0s"),
+            "{problems:?}"
+        );
+        let error = ConfigFile::parse("[delay]\ntarget_lookup_timeout = \"soon\"\n").unwrap_err();
+        assert!(error.contains("target_lookup_timeout"), "{error}");
+    }
+
+    #[test]
     fn concurrency_settings_at_their_extremes_are_refused_by_name() {
         let dir = tempfile::tempdir().unwrap();
         write_handler(dir.path());

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 pub const TARGET_TRUSTED_FOR: Duration = Duration::from_secs(1);
 /// How long one metadata lookup may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(5);
-/// The first and the longest wait between lookups that got no answer.
+/// The first and the longest wait between lookups that got no clear answer.
 const LOOKUP_BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
 /// What a metadata lookup says about a target topic.
@@ -39,9 +39,14 @@ pub enum Lookup {
     Exists,
     /// The cluster says it is not there, or not ours to use: dead-letter.
     Missing(String),
-    /// No answer, or an answer that may change by itself (no leader yet,
-    /// a broker down, a timeout): ask again.
-    Unknown(String),
+    /// The cluster did not answer (the request failed or timed out): ask
+    /// again, for as long as it takes. A cluster that cannot answer a
+    /// metadata request could take neither the forward nor a dead letter.
+    NoAnswer(String),
+    /// The cluster answered with an error for this topic that may clear by
+    /// itself (no leader during an election, no partitions yet, any other
+    /// code): ask again, for `[delay] target_lookup_timeout` at most.
+    Unsettled(String),
 }
 
 impl Lookup {
@@ -54,7 +59,9 @@ impl Lookup {
         answer: Result<Option<(Option<RDKafkaErrorCode>, usize)>, String>,
     ) -> Lookup {
         let (error, partitions) = match answer {
-            Err(failure) => return Lookup::Unknown(format!("metadata request failed: {failure}")),
+            Err(failure) => {
+                return Lookup::NoAnswer(format!("metadata request failed: {failure}"));
+            }
             Ok(None) => {
                 return Lookup::Missing(format!(
                     "topic `{topic}` is not in the cluster's metadata"
@@ -70,13 +77,97 @@ impl Lookup {
                 code
                 @ (RDKafkaErrorCode::TopicAuthorizationFailed | RDKafkaErrorCode::InvalidTopic),
             ) => Lookup::Missing(format!("topic `{topic}` cannot be used: {code}")),
-            Some(code) => Lookup::Unknown(format!("topic `{topic}`: {code}")),
-            None if partitions == 0 => {
-                Lookup::Unknown(format!("topic `{topic}` has no partitions yet"))
-            }
+            Some(code) => Lookup::Unsettled(code.to_string()),
+            None if partitions == 0 => Lookup::Unsettled("the topic has no partitions".into()),
             None => Lookup::Exists,
         }
     }
+}
+
+/// Asks `lookup` about `topic` until the cluster gives a clear answer: `Ok`
+/// when the topic exists, the rejection of the message when it does not,
+/// or when the cluster has answered with an error for the topic for
+/// `patience`. Between lookups it waits with backoff.
+///
+/// Only time under errors for the topic is counted against `patience`:
+/// the time between two answers counts unless neither of them was an
+/// answer, that is from the first error for the topic on, less every
+/// stretch between two lookups that both got no answer. Errors that
+/// alternate with no answer are so bounded as errors alone are, and a
+/// cluster that does not answer at all is waited out, for as long as it
+/// takes: its relay is stalled anyway, and could not dead-letter either.
+/// The wait after an error never runs past what is left of `patience`, so
+/// the last lookup is made as it runs out.
+async fn settle<F>(
+    topic: &str,
+    patience: Duration,
+    telemetry: &Telemetry,
+    mut lookup: impl FnMut() -> F,
+) -> Result<(), Rejected>
+where
+    F: std::future::Future<Output = Lookup>,
+{
+    let mut backoff = LOOKUP_BACKOFF.0;
+    let mut counted = Duration::ZERO;
+    let mut unsettled = 0u32;
+    let mut last_answer = tokio::time::Instant::now();
+    // Whether the previous lookup was answered with an error for the topic.
+    let mut answered = false;
+    loop {
+        let answer = lookup().await;
+        let now = tokio::time::Instant::now();
+        let since_last = now - last_answer;
+        last_answer = now;
+        let (error, gives_up_in) = match answer {
+            Lookup::Exists => return Ok(()),
+            Lookup::Missing(why) => {
+                return Err(invalid(format!("header {}: {why}", headers::TARGET)));
+            }
+            Lookup::NoAnswer(why) => {
+                if std::mem::take(&mut answered) {
+                    counted += since_last;
+                }
+                (why, None)
+            }
+            Lookup::Unsettled(why) => {
+                counted += since_last;
+                answered = true;
+                unsettled += 1;
+                if counted >= patience {
+                    telemetry.emit(events::TargetLookupAbandoned {
+                        target: topic.to_string(),
+                        error: why.clone(),
+                        asked_for: counted,
+                        lookups: unsettled,
+                    });
+                    return Err(Rejected {
+                        reason: headers::Reason::HopFailed,
+                        error: format!(
+                            "header {}: topic `{topic}` could not be used: the cluster answered {unsettled} lookups over {} with an error for it ([delay] target_lookup_timeout = {}), the last: {why}",
+                            headers::TARGET,
+                            humantime::format_duration(whole_ms(counted)),
+                            humantime::format_duration(patience),
+                        ),
+                    });
+                }
+                (why, Some(patience - counted))
+            }
+        };
+        let wait = gives_up_in.map_or(backoff, |left| backoff.min(left));
+        telemetry.emit(events::TargetLookupFailed {
+            target: topic.to_string(),
+            error,
+            retry_in: wait,
+            gives_up_in,
+        });
+        tokio::time::sleep(wait).await;
+        backoff = (backoff * 2).min(LOOKUP_BACKOFF.1);
+    }
+}
+
+/// `d` without its part below a millisecond, for a message.
+fn whole_ms(d: Duration) -> Duration {
+    Duration::from_millis(d.as_millis() as u64)
 }
 
 /// Target topics and when each was last found to exist.
@@ -84,46 +175,30 @@ struct KnownTopics {
     metadata: Arc<BaseConsumer<crate::kafka::WatchedContext>>,
     // std Mutex: no .await while it is held.
     known: Mutex<HashMap<String, Instant>>,
+    /// `[delay] target_lookup_timeout`.
+    patience: Duration,
     telemetry: Telemetry,
 }
 
 impl KnownTopics {
-    /// Whether `topic` exists, or why not. A lookup that gets no clear
-    /// answer is made again with backoff, for as long as it takes: a valid
-    /// message is never dead-lettered because the cluster could not answer,
-    /// and a cluster that cannot answer a metadata request could not take
-    /// the forward either.
-    async fn check(&self, topic: &str) -> Result<(), String> {
+    /// Whether `topic` exists, or why the message cannot go to it. A lookup
+    /// that gets no clear answer is made again with backoff ([`settle`]): a
+    /// valid message is never dead-lettered because the cluster could not
+    /// answer, and only an error for the topic that lasts
+    /// `target_lookup_timeout` dead-letters it, as `HOP_FAILED`.
+    async fn check(&self, topic: &str) -> Result<(), Rejected> {
         if let Some(at) = self.known.lock().unwrap().get(topic)
             && at.elapsed() < TARGET_TRUSTED_FOR
         {
             return Ok(());
         }
-        let mut backoff = LOOKUP_BACKOFF.0;
-        loop {
-            match self.lookup(topic).await {
-                Lookup::Exists => {
-                    self.known
-                        .lock()
-                        .unwrap()
-                        .insert(topic.to_string(), Instant::now());
-                    return Ok(());
-                }
-                Lookup::Missing(why) => {
-                    self.known.lock().unwrap().remove(topic);
-                    return Err(why);
-                }
-                Lookup::Unknown(why) => {
-                    self.telemetry.emit(events::TargetLookupFailed {
-                        target: topic.to_string(),
-                        error: why,
-                        retry_in: backoff,
-                    });
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(LOOKUP_BACKOFF.1);
-                }
-            }
-        }
+        let settled = settle(topic, self.patience, &self.telemetry, || self.lookup(topic)).await;
+        let mut known = self.known.lock().unwrap();
+        match settled {
+            Ok(()) => known.insert(topic.to_string(), Instant::now()),
+            Err(_) => known.remove(topic),
+        };
+        settled
     }
 
     async fn lookup(&self, topic: &str) -> Lookup {
@@ -179,6 +254,7 @@ impl DelayProcessor {
             topics: KnownTopics {
                 metadata: Arc::new(metadata),
                 known: Mutex::new(HashMap::new()),
+                patience: relay.target_lookup_timeout,
                 telemetry,
             },
             relay,
@@ -435,9 +511,8 @@ impl DelayProcessor {
         let mut now = now_ms();
         let mut next = step(schedule.deliver_at.saturating_sub(now), &self.waits);
         if from_inbox || !matches!(next, Step::Tier(_)) {
-            if let Err(why) = self.topics.check(&schedule.target).await {
-                let error = format!("header {}: {why}", headers::TARGET);
-                return self.reject(message, trace, invalid(error));
+            if let Err(rejected) = self.topics.check(&schedule.target).await {
+                return self.reject(message, trace, rejected);
             }
             // The lookup may have waited for an answer: time has moved on.
             now = now_ms();
@@ -538,9 +613,12 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::VecDeque;
+
+    const PATIENCE: Duration = Duration::from_secs(120);
 
     #[test]
-    fn a_lookup_tells_a_missing_topic_from_no_answer() {
+    fn a_lookup_tells_a_missing_topic_from_no_answer_and_from_an_error_for_the_topic() {
         let of = |answer| Lookup::of("orders", answer);
         assert_eq!(of(Ok(Some((None, 3)))), Lookup::Exists);
         assert_eq!(
@@ -555,16 +633,197 @@ mod tests {
             Lookup::Missing(why) if why.contains("cannot be used")
         ));
         assert!(matches!(of(Ok(None)), Lookup::Missing(_)));
-        for transient in [
-            Err("Meta data fetch error: OperationTimedOut (Local: Timed out)".to_string()),
+        assert!(matches!(
+            of(Err(
+                "Meta data fetch error: OperationTimedOut (Local: Timed out)".to_string()
+            )),
+            Lookup::NoAnswer(_)
+        ));
+        for unsettled in [
             Ok(Some((Some(RDKafkaErrorCode::LeaderNotAvailable), 3))),
             Ok(Some((Some(RDKafkaErrorCode::BrokerNotAvailable), 0))),
             Ok(Some((None, 0))),
         ] {
             assert!(
-                matches!(of(transient.clone()), Lookup::Unknown(_)),
-                "{transient:?}"
+                matches!(of(unsettled.clone()), Lookup::Unsettled(_)),
+                "{unsettled:?}"
             );
         }
+    }
+
+    fn leaderless() -> Lookup {
+        Lookup::of(
+            "orders",
+            Ok(Some((Some(RDKafkaErrorCode::LeaderNotAvailable), 1))),
+        )
+    }
+
+    fn no_answer() -> Lookup {
+        Lookup::NoAnswer("metadata request failed: Local: Timed out".into())
+    }
+
+    /// Runs [`settle`] on scripted answers, the last repeated for ever, each
+    /// lookup taking `takes`. Bounded by ten times the patience, so that a
+    /// relay that never gives up fails the test instead of hanging it.
+    /// Returns the outcome, the time it took, how many lookups were made,
+    /// and the events emitted.
+    async fn settle_on(
+        script: Vec<(Lookup, Duration)>,
+    ) -> (Result<(), Rejected>, Duration, usize, Vec<Event>) {
+        let telemetry = Telemetry::new();
+        let mut events = telemetry.subscribe();
+        let script = Mutex::new(VecDeque::from(script));
+        let made = Mutex::new(0usize);
+        let started = tokio::time::Instant::now();
+        let settled = tokio::time::timeout(
+            PATIENCE * 10,
+            settle("orders", PATIENCE, &telemetry, || async {
+                *made.lock().unwrap() += 1;
+                let (answer, takes) = {
+                    let mut script = script.lock().unwrap();
+                    match script.len() {
+                        1 => script[0].clone(),
+                        _ => script.pop_front().unwrap(),
+                    }
+                };
+                tokio::time::sleep(takes).await;
+                answer
+            }),
+        )
+        .await
+        .expect("the lookups came to an end within ten times target_lookup_timeout");
+        let mut seen = Vec::new();
+        while let Ok(event) = events.try_recv() {
+            seen.push(event);
+        }
+        let made = *made.lock().unwrap();
+        (settled, started.elapsed(), made, seen)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_for_the_topic_is_asked_about_for_target_lookup_timeout_then_hop_failed() {
+        let (settled, took, made, events) =
+            settle_on(vec![(leaderless(), Duration::from_millis(3))]).await;
+        let rejected = settled.expect_err("the relay gave up");
+        assert_eq!(rejected.reason, headers::Reason::HopFailed);
+        assert!(
+            rejected.error.starts_with("header hopper-target: topic `orders` could not be used: the cluster answered ")
+                && rejected.error.ends_with(
+                    "with an error for it ([delay] target_lookup_timeout = 2m), the last: LeaderNotAvailable (Broker: Leader not available)"
+                ),
+            "{}",
+            rejected.error
+        );
+        // Its last wait was cut to what was left, so it gave up as the
+        // timeout ran out, give or take the last lookup.
+        assert!(
+            took >= PATIENCE && took <= PATIENCE + Duration::from_millis(3),
+            "{took:?}"
+        );
+        assert!(
+            rejected
+                .error
+                .contains(&format!("answered {made} lookups over 2m ")),
+            "{made}: {}",
+            rejected.error
+        );
+        let failed: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::TargetLookupFailed(failed) => Some(failed),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(
+            failed.len(),
+            made - 1,
+            "each lookup but the last is retried"
+        );
+        assert!(failed.iter().all(|f| f.gives_up_in.is_some()), "{failed:?}");
+        assert!(
+            failed.iter().all(|f| f.retry_in <= LOOKUP_BACKOFF.1),
+            "{failed:?}"
+        );
+        let abandoned: Vec<_> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::TargetLookupAbandoned(a) => Some(a),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(abandoned.len(), 1, "{events:?}");
+        assert_eq!(abandoned[0].lookups as usize, made);
+        assert_eq!(
+            abandoned[0].error,
+            "LeaderNotAvailable (Broker: Leader not available)"
+        );
+        assert!(abandoned[0].asked_for >= PATIENCE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_answer_is_waited_out_past_target_lookup_timeout_as_an_error_for_the_topic_is_not() {
+        // The same script twice: ten minutes of lookups, then the topic.
+        // Under no answer the relay waits and forwards; under an error for
+        // the topic it gives up, so the first would have been seen.
+        let script = |answer: Lookup| {
+            let mut script = vec![(answer, LOOKUP_TIMEOUT); 60];
+            script.push((Lookup::Exists, Duration::ZERO));
+            script
+        };
+        let (settled, took, made, events) = settle_on(script(no_answer())).await;
+        assert_eq!(settled, Ok(()));
+        assert!(took > PATIENCE * 4, "{took:?}");
+        assert_eq!(made, 61);
+        assert!(
+            events.iter().all(|e| matches!(
+                e,
+                Event::TargetLookupFailed(events::TargetLookupFailed {
+                    gives_up_in: None,
+                    ..
+                })
+            )),
+            "{events:?}"
+        );
+        let (settled, took, _, _) = settle_on(script(leaderless())).await;
+        assert_eq!(settled.unwrap_err().reason, headers::Reason::HopFailed);
+        assert!(took < PATIENCE + LOOKUP_TIMEOUT, "{took:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn errors_for_the_topic_alternating_with_no_answer_are_still_bounded() {
+        // The slowest alternation: each lookup without an answer takes its
+        // whole timeout.
+        let mut alternating = Vec::new();
+        for _ in 0..1_000 {
+            alternating.push((leaderless(), Duration::from_millis(3)));
+            alternating.push((no_answer(), LOOKUP_TIMEOUT));
+        }
+        let (settled, took, _, events) = settle_on(alternating).await;
+        let rejected = settled.expect_err("the relay gave up");
+        assert_eq!(rejected.reason, headers::Reason::HopFailed);
+        let abandoned = events
+            .iter()
+            .find_map(|e| match e {
+                Event::TargetLookupAbandoned(a) => Some(a),
+                _ => None,
+            })
+            .expect("an abandoned lookup was emitted");
+        assert!(abandoned.asked_for >= PATIENCE, "{abandoned:?}");
+        // Every stretch touching an error for the topic counts: the relay
+        // gives up at the first error past the timeout.
+        assert!(
+            took >= PATIENCE && took <= PATIENCE + 2 * (LOOKUP_BACKOFF.1 + LOOKUP_TIMEOUT),
+            "{took:?}"
+        );
+
+        // Ten minutes without any answer between two errors for the topic
+        // are not counted: an outage is waited out, and the errors after
+        // it have the whole timeout.
+        let mut outage = vec![(leaderless(), Duration::from_millis(3))];
+        outage.extend(vec![(no_answer(), LOOKUP_TIMEOUT); 60]);
+        outage.push((leaderless(), Duration::from_millis(3)));
+        let (settled, took, _, _) = settle_on(outage).await;
+        assert_eq!(settled.unwrap_err().reason, headers::Reason::HopFailed);
+        assert!(took > PATIENCE * 5, "{took:?}");
     }
 }

@@ -95,6 +95,8 @@ pub(crate) struct RelayCounters {
     pub(crate) early: Counter,
     /// `hopper_delay_target_lookups_failed_total`.
     pub(crate) lookups_failed: Counter,
+    /// `hopper_delay_target_lookups_abandoned_total`.
+    pub(crate) lookups_abandoned: Counter,
     pub(crate) lateness: Histogram,
     /// By tier topic.
     pub(crate) tier_hops: HashMap<String, Counter>,
@@ -235,7 +237,11 @@ impl Metrics {
         );
         let lookups_failed = counters(
             "hopper_delay_target_lookups_failed",
-            "Target lookups of the delay relay that got no answer from the brokers (each is retried; the message waits).",
+            "Target lookups of the delay relay that got no answer from the brokers, or an error for the topic that may clear (each is retried; the message waits).",
+        );
+        let lookups_abandoned = counters(
+            "hopper_delay_target_lookups_abandoned",
+            "Delayed messages dead-lettered as HOP_FAILED because the cluster answered their target's lookups with an error for the topic for [delay] target_lookup_timeout.",
         );
         let tier_hops = counters(
             "hopper_delay_tier_hops",
@@ -398,6 +404,7 @@ impl Metrics {
                 delivered: metrics.register(&delivered, vec![]),
                 early: metrics.register(&early, vec![]),
                 lookups_failed: metrics.register(&lookups_failed, vec![]),
+                lookups_abandoned: metrics.register(&lookups_abandoned, vec![]),
                 lateness,
                 cancels_recorded: metrics.register(&cancels, vec![("kind", "cancel".into())]),
                 replaces_recorded: metrics.register(&cancels, vec![("kind", "replace".into())]),
