@@ -40,7 +40,7 @@ else
   debootstrap --variant=minbase bookworm "$work/rootfs" "$mirror" >"$work/debootstrap.log" \
     || { tail -n 20 "$work/debootstrap.log" >&2; exit 1; }
   # The official image's apt sources (with security updates), their fixes,
-  # and its slimming: no manuals or docs, now or from later installs.
+  # and its slimming: no manuals or docs, and apt keeps no package cache.
   rm -f "$work/rootfs/etc/apt/sources.list"
   cat >"$work/rootfs/etc/apt/sources.list.d/debian.sources" <<EOF
 Types: deb
@@ -61,6 +61,14 @@ path-include /usr/share/doc/*/copyright
 path-exclude /usr/share/man/*
 path-exclude /usr/share/info/*
 path-exclude /usr/share/locale/*
+EOF
+  cat >"$work/rootfs/etc/apt/apt.conf.d/docker-clean" <<'EOF'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb /var/cache/apt/*.bin || true"; };
+Dir::Cache::pkgcache "";
+Dir::Cache::srcpkgcache "";
+Acquire::Languages "none";
+Acquire::GzipIndexes "true";
+Apt::AutoRemove::SuggestsImportant "false";
 EOF
   chroot "$work/rootfs" sh -c 'apt-get update -qq && apt-get upgrade -qq -y && apt-get clean' \
     >>"$work/debootstrap.log" || { tail -n 20 "$work/debootstrap.log" >&2; exit 1; }
