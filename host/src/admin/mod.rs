@@ -9,14 +9,16 @@
 //! ([`Server::session_token`]; `hopper run` logs the console's URL with it
 //! and writes it to a file for the CLI), and calls that change state
 //! (replay, cancel) are refused. A non-loopback listen needs a configured
-//! token to start. Tokens are compared in constant time. The API and the console also
-//! refuse a `Host` that is not this server's (`auth::host_allowed`), so a
-//! web page that rebinds its name to 127.0.0.1 reads nothing. `/health`,
-//! `/ready` and `/metrics` stay open for probes and scrapers, which name
-//! the server by whatever address they reach it at.
+//! token to start. Tokens are compared in constant time. The API and the
+//! console also refuse a `Host` that is not this server's
+//! (`auth::host_allowed`), so a web page that rebinds its name to 127.0.0.1
+//! reads nothing. `/health`, `/ready` and `/metrics` stay open for probes
+//! and scrapers, which name the server by whatever address they reach it
+//! at.
 //!
-//! Handlers cannot reach the server either: its address is guarded in every
-//! route's allow-list (`egress::OwnEndpoint`).
+//! Handlers cannot reach this server (its address is guarded in every
+//! route's allow-list, `egress::OwnEndpoint`), and no handler can obtain a
+//! token to read another's on the same host.
 
 mod api;
 mod auth;
