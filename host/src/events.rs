@@ -5,8 +5,9 @@
 //!
 //! Adding an event is its type and its `impl InternalEvent` here, its name
 //! in the `events!` list below, and one `telemetry.emit(...)` where it
-//! happens. A hop's event rides on its [`crate::hop::PlannedHop`] and is
-//! emitted when the broker acknowledges the hop, never when it is planned.
+//! happens. A hop's event is made from its [`crate::hop::Outcome`], whose
+//! data it reports, when the broker acknowledges the hop, never when it is
+//! planned.
 //!
 //! Three events happen on a message's path, so they follow the hot-path
 //! rule (no lock, no lookup, no formatting per message): [`Handled`],
@@ -19,10 +20,10 @@
 //! a key or an id. Ids appear only in log lines and broadcast events.
 
 use crate::config::Config;
-use crate::headers::Reason;
 use crate::health::Health;
+use crate::hop::{self, Outcome};
 use crate::metrics::Metrics;
-use crate::types::{CancelKind, EmitKind, HopFailure, InboxPosition, TopicPartition, VerdictKind};
+use crate::types::{CancelKind, HopFailure, InboxPosition, TopicPartition, VerdictKind};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -38,14 +39,25 @@ pub trait InternalEvent: Into<Event> {
     fn trace(&self, _tracer: &crate::trace::Tracer) {}
 }
 
+/// The type a variant of [`Event`] holds: its own name, or the hop
+/// outcome's type it reports.
+macro_rules! event_type {
+    ($name:ident) => {
+        $name
+    };
+    ($name:ident $ty:ty) => {
+        $ty
+    };
+}
+
 /// Declares [`Event`], one variant per event type, and its dispatch.
 macro_rules! events {
-    ($($name:ident),* $(,)?) => {
+    ($($name:ident $(($ty:ty))?),* $(,)?) => {
         /// Something that happened to one message, or to a route's handler,
         /// as observers receive it.
         #[derive(Debug, Clone, PartialEq, Eq)]
         pub enum Event {
-            $($name($name),)*
+            $($name(event_type!($name $($ty)?)),)*
         }
 
         impl Event {
@@ -57,12 +69,27 @@ macro_rules! events {
             }
         }
 
-        $(impl From<$name> for Event {
-            fn from(event: $name) -> Event {
+        $(impl From<event_type!($name $($ty)?)> for Event {
+            fn from(event: event_type!($name $($ty)?)) -> Event {
                 Event::$name(event)
             }
         })*
     };
+}
+
+/// A hop's event, made from its outcome when the broker acknowledges it.
+impl From<Outcome> for Event {
+    fn from(outcome: Outcome) -> Event {
+        match outcome {
+            Outcome::Retry(retry) => Event::RetryScheduled(retry),
+            Outcome::DeadLetter(dead) => Event::DeadLettered(dead),
+            Outcome::Emit(emit) => Event::Emitted(emit),
+            Outcome::Deferral(deferral) => Event::BreakerDeferred(deferral),
+            Outcome::Forward(forward) => Event::Delivered(forward),
+            Outcome::TierHop(hop) => Event::TierHop(hop),
+            Outcome::CancelEntry(entry) => Event::CancelRecorded(entry),
+        }
+    }
 }
 
 /// An event in its broadcast form records as its type does: a hop's event
@@ -81,27 +108,27 @@ impl InternalEvent for Event {
 
 events! {
     Handled,
-    RetryScheduled,
-    DeadLettered,
-    Delivered,
-    TierHop,
+    RetryScheduled(hop::Retry),
+    DeadLettered(hop::DeadLetter),
+    Delivered(hop::Forward),
+    TierHop(hop::TierHop),
     HandlerReloaded,
     HandlerReloadFailed,
     HttpRequest,
     HttpDenied,
-    Emitted,
+    Emitted(hop::Emit),
     HopFailed,
     EmitsDiscarded,
     BreakerOpened,
     BreakerHalfOpen,
     BreakerProbed,
     BreakerClosed,
-    BreakerDeferred,
+    BreakerDeferred(hop::Deferral),
     PartitionsSuspended,
     PartitionsReleased,
     TargetLookupFailed,
     TargetLookupAbandoned,
-    CancelRecorded,
+    CancelRecorded(hop::CancelEntry),
     CancellationKnown,
     ScheduleCancelled,
     CancelTooLate,
@@ -131,19 +158,7 @@ impl InternalEvent for Handled {
 }
 
 /// The message was produced to a retry tier and acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RetryScheduled {
-    pub route: String,
-    pub id: String,
-    pub attempt: u32,
-    pub topic: String,
-    pub delay: Duration,
-    pub reason: Reason,
-    /// sha256 of the handler version that asked for the retry.
-    pub version: Option<String>,
-}
-
-impl InternalEvent for RetryScheduled {
+impl InternalEvent for hop::Retry {
     fn record(&self, metrics: &Metrics) {
         tracing::info!(
             route = self.route,
@@ -165,20 +180,7 @@ impl InternalEvent for RetryScheduled {
 }
 
 /// The message was produced to a dead-letter topic and acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DeadLettered {
-    pub route: String,
-    pub id: String,
-    pub attempt: u32,
-    pub topic: String,
-    pub reason: Reason,
-    pub error: String,
-    /// sha256 of the handler version whose verdict sent it there; `None`
-    /// when no handler ran (the delay relay, a bad envelope).
-    pub version: Option<String>,
-}
-
-impl InternalEvent for DeadLettered {
+impl InternalEvent for hop::DeadLetter {
     fn record(&self, metrics: &Metrics) {
         tracing::warn!(
             route = self.route,
@@ -199,23 +201,8 @@ impl InternalEvent for DeadLettered {
     }
 }
 
-/// The delay relay forwarded a message to its target and it was
-/// acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Delivered {
-    pub id: String,
-    pub target: String,
-    pub deliver_at: i64,
-    /// Where the inbox read the schedule: what the cancellation table
-    /// checks the forward against just before it is produced. `None` for a
-    /// tier record written before hopper stamped positions.
-    pub inbox: Option<InboxPosition>,
-    /// The forward's trace context: its span is reported on the
-    /// acknowledgement, with the lateness.
-    pub trace: Option<crate::trace::Context>,
-}
-
-impl InternalEvent for Delivered {
+/// The delay relay forwarded a message to its target and it was acknowledged.
+impl InternalEvent for hop::Forward {
     fn trace(&self, tracer: &crate::trace::Tracer) {
         if let Some(trace) = &self.trace {
             crate::trace::export::forwarded(tracer, trace, &self.target, self.deliver_at);
@@ -254,16 +241,8 @@ impl InternalEvent for Delivered {
     }
 }
 
-/// The delay relay moved a message down to a delay tier, and the tier's
-/// record was acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TierHop {
-    pub id: String,
-    /// The tier topic.
-    pub tier: String,
-}
-
-impl InternalEvent for TierHop {
+/// The delay relay moved a message down to a delay tier, and the tier's record was acknowledged.
+impl InternalEvent for hop::TierHop {
     fn record(&self, metrics: &Metrics) {
         tracing::trace!(
             id = self.id,
@@ -376,23 +355,7 @@ impl InternalEvent for HttpDenied {
 }
 
 /// A record a handler emitted was produced and acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Emitted {
-    pub route: String,
-    /// The emitted record's own id: `<message id>/emit/<index>`, or the
-    /// handler's for a schedule or a cancel.
-    pub id: String,
-    /// The topic it is for (the delay relay's inbox holds it until
-    /// `deliver_at` when delayed); for a cancel, the inbox.
-    pub topic: String,
-    /// Epoch ms, for a delayed record.
-    pub deliver_at: Option<i64>,
-    /// Which import emitted it: `publish`, `schedule` (or a replace) or
-    /// `cancel`.
-    pub kind: EmitKind,
-}
-
-impl InternalEvent for Emitted {
+impl InternalEvent for hop::Emit {
     fn record(&self, metrics: &Metrics) {
         tracing::debug!(
             route = self.route,
@@ -577,16 +540,8 @@ impl InternalEvent for BreakerClosed {
     }
 }
 
-/// A tier message that reached an open breaker went back to its tier,
-/// attempts unchanged, and was acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BreakerDeferred {
-    pub route: String,
-    pub id: String,
-    pub topic: String,
-}
-
-impl InternalEvent for BreakerDeferred {
+/// A tier message that reached an open breaker went back to its tier, attempts unchanged, and was acknowledged.
+impl InternalEvent for hop::Deferral {
     fn record(&self, metrics: &Metrics) {
         tracing::debug!(
             route = self.route,
@@ -813,16 +768,8 @@ impl InternalEvent for TargetLookupAbandoned {
     }
 }
 
-/// The delay relay read a cancel (or a replace) from its inbox and its
-/// entry in the cancellation topic was acknowledged.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CancelRecorded {
-    pub id: String,
-    pub kind: CancelKind,
-    pub inbox: InboxPosition,
-}
-
-impl InternalEvent for CancelRecorded {
+/// The delay relay read a cancel (or a replace) from its inbox, and its entry in the cancellation topic was acknowledged.
+impl InternalEvent for hop::CancelEntry {
     fn record(&self, metrics: &Metrics) {
         tracing::debug!(
             id = self.id,
@@ -1019,6 +966,7 @@ fn list(partitions: &[TopicPartition]) -> String {
 mod tests {
     use super::*;
     use crate::config::ConfigFile;
+    use crate::headers::Reason;
 
     fn telemetry() -> (Telemetry, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
@@ -1040,7 +988,7 @@ mod tests {
         let (telemetry, _dir) = telemetry();
         let key = "hopper_delay_tier_hops_total{tier=hopper.delay.1s}";
         assert_eq!(telemetry.counters()[key], 0);
-        let planned: Event = TierHop {
+        let planned: Event = hop::TierHop {
             id: "m-1".into(),
             tier: "hopper.delay.1s".into(),
         }
@@ -1056,7 +1004,7 @@ mod tests {
     fn each_event_bumps_its_own_counter() {
         let (telemetry, _dir) = telemetry();
         let before = telemetry.counters();
-        telemetry.emit(RetryScheduled {
+        telemetry.emit(hop::Retry {
             route: "orders".into(),
             id: "m-1".into(),
             attempt: 1,
@@ -1065,7 +1013,7 @@ mod tests {
             reason: Reason::Retryable,
             version: None,
         });
-        telemetry.emit(DeadLettered {
+        telemetry.emit(hop::DeadLetter {
             route: "orders".into(),
             id: "m-2".into(),
             attempt: 3,

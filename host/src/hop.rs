@@ -6,15 +6,25 @@
 //! pipeline hands its [`PlannedHop`]s to the producer or the scheduler; the
 //! producer's delivery callback calls [`Completion::complete`], which marks
 //! the source offset done in its partition's [`OffsetTracker`].
+//!
+//! Each planned hop says what it is, in an [`Outcome`]: a retry up a tier,
+//! a dead letter with its reason, an emitted record, a deferral, the relay's
+//! forward with its id and inbox position, a move down a delay tier, a
+//! cancellation entry. The pipeline, the relay's cancellation check and the
+//! tests read the outcome; the event that reports the hop is made from it
+//! only when the broker acknowledges the hop (`events`), and nothing reads
+//! an event to decide anything.
 
 use crate::clock::now_ms;
 pub use crate::config::{Concurrency, Ordering};
-use crate::events::Event;
+use crate::headers::Reason;
 use crate::offsets::OffsetTracker;
+use crate::types::{CancelKind, EmitKind, InboxPosition};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// Decides what happens to each message of a pipeline.
 pub trait Processor: Send + Sync + 'static {
@@ -92,10 +102,135 @@ pub enum Action {
     HopAt { at_ms: i64, hop: PlannedHop },
 }
 
-/// A record to produce, and the event that reports it once acknowledged.
+/// A record to produce, and what it is.
 pub struct PlannedHop {
     pub record: OutRecord,
-    pub event: Option<Event>,
+    pub outcome: Outcome,
+}
+
+/// What a planned hop is. Each kind's data is what its event reports once
+/// the broker acknowledges the hop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The message goes up one of its route's retry tiers.
+    Retry(Retry),
+    /// The message goes to a dead-letter topic.
+    DeadLetter(DeadLetter),
+    /// A record the handler emitted, on a verdict of `ok`.
+    Emit(Emit),
+    /// A tier message an open circuit breaker sends back to its tier.
+    Deferral(Deferral),
+    /// The delay relay delivers a due message to its target.
+    Forward(Forward),
+    /// The delay relay moves a message down to a delay tier.
+    TierHop(TierHop),
+    /// The delay relay records a cancel or a replace in its cancellation
+    /// topic.
+    CancelEntry(CancelEntry),
+}
+
+impl Outcome {
+    /// Whether the handler's call failed: the message is retried or
+    /// dead-lettered.
+    pub fn is_failure(&self) -> bool {
+        matches!(self, Outcome::Retry(_) | Outcome::DeadLetter(_))
+    }
+
+    /// The forward, when this hop delivers a due message to its target.
+    pub fn forward(&self) -> Option<&Forward> {
+        match self {
+            Outcome::Forward(forward) => Some(forward),
+            _ => None,
+        }
+    }
+}
+
+/// A message sent up a retry tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    pub route: String,
+    pub id: String,
+    pub attempt: u32,
+    /// The tier topic.
+    pub topic: String,
+    pub delay: Duration,
+    pub reason: Reason,
+    /// sha256 of the handler version that asked for the retry.
+    pub version: Option<String>,
+}
+
+/// A message sent to a dead-letter topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadLetter {
+    pub route: String,
+    pub id: String,
+    pub attempt: u32,
+    pub topic: String,
+    pub reason: Reason,
+    pub error: String,
+    /// sha256 of the handler version whose verdict sent it there; `None`
+    /// when no handler ran (the delay relay, a bad envelope, a hop the
+    /// broker refused for good).
+    pub version: Option<String>,
+}
+
+/// A record a handler emitted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Emit {
+    pub route: String,
+    /// The emitted record's own id: `<message id>/emit/<index>`, or the
+    /// handler's for a schedule or a cancel.
+    pub id: String,
+    /// The topic it is for (the delay relay's inbox holds it until
+    /// `deliver_at` when delayed); for a cancel, the inbox.
+    pub topic: String,
+    /// Epoch ms, for a delayed record.
+    pub deliver_at: Option<i64>,
+    /// Which import emitted it: `publish`, `schedule` (or a replace) or
+    /// `cancel`.
+    pub kind: EmitKind,
+}
+
+/// A tier message sent back to its tier, attempts unchanged, because its
+/// route's circuit breaker is open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deferral {
+    pub route: String,
+    pub id: String,
+    /// The tier topic.
+    pub topic: String,
+}
+
+/// A due message the delay relay delivers to its target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Forward {
+    pub id: String,
+    pub target: String,
+    pub deliver_at: i64,
+    /// Where the inbox read the schedule: what the cancellation table
+    /// checks the forward against just before it is produced. `None` for a
+    /// tier record written before hopper stamped positions.
+    pub inbox: Option<InboxPosition>,
+    /// The forward's trace context: its span is reported on the
+    /// acknowledgement, with the lateness.
+    pub trace: Option<crate::trace::Context>,
+}
+
+/// A delayed message moved down to a delay tier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierHop {
+    pub id: String,
+    /// The tier topic.
+    pub tier: String,
+}
+
+/// A cancel or replace the delay relay read from its inbox, recorded in its
+/// cancellation topic.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CancelEntry {
+    pub id: String,
+    pub kind: CancelKind,
+    pub inbox: InboxPosition,
 }
 
 /// A record to produce.

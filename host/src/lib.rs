@@ -191,7 +191,7 @@ fn start_pipeline<P: hop::Processor>(
     group: &str,
     topics: &[String],
     processor: P,
-    gate: Option<Arc<dyn produce::Gate>>,
+    veto: Option<Arc<dyn produce::Veto>>,
 ) -> anyhow::Result<()> {
     let Start {
         cluster,
@@ -236,8 +236,8 @@ fn start_pipeline<P: hop::Processor>(
         halt.clone(),
     )
     .context("creating the producer")?;
-    if let Some(gate) = gate {
-        producer.set_gate(gate).map_err(anyhow::Error::msg)?;
+    if let Some(veto) = veto {
+        producer.set_veto(veto).map_err(anyhow::Error::msg)?;
     }
     // Metadata for the topics it will produce to, fetched off the async
     // start (it may block seconds per topic); a hop before it is done
@@ -430,8 +430,8 @@ impl Hopper {
             relay_entries = Some(Arc::downgrade(&entries));
             let mut subscription = vec![relay.inbox.clone()];
             subscription.extend(relay.tiers.iter().map(|(_, t)| t.clone()));
-            let gate: Arc<dyn produce::Gate> = table.clone();
-            start_pipeline(&start, &relay.group, &subscription, processor, Some(gate))
+            let veto: Arc<dyn produce::Veto> = table.clone();
+            start_pipeline(&start, &relay.group, &subscription, processor, Some(veto))
                 .context("starting the delay relay")?;
             cancels = Some(table);
             tracing::info!(

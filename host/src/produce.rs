@@ -39,7 +39,7 @@
 
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Reason};
-use crate::hop::{Completion, Halt, OutRecord};
+use crate::hop::{Completion, DeadLetter, Halt, OutRecord, Outcome, PlannedHop};
 use crate::renewable::{Renewable, is_fatal};
 use crate::types::HopFailure;
 use rdkafka::ClientContext;
@@ -100,7 +100,8 @@ pub fn classify(code: RDKafkaErrorCode, failures: u32) -> Failure {
 /// A hop on its way to the broker: what its acknowledgement completes.
 pub struct InFlight {
     done: Completion,
-    event: Option<Event>,
+    /// What the hop is: its event is made from it on the acknowledgement.
+    outcome: Outcome,
     /// Failed deliveries in a row, for the backoff and [`classify`].
     failures: u32,
     /// The record's timestamp, which a failed delivery report lacks.
@@ -213,14 +214,12 @@ impl ProducerContext for HopContext {
                 // waits until the offset is marked done.
                 let InFlight {
                     done,
-                    event,
+                    outcome,
                     _pending,
                     ..
                 } = *hop;
                 done.complete();
-                if let Some(event) = event {
-                    self.telemetry.emit(event);
-                }
+                self.telemetry.emit(Event::from(outcome));
             }
             Err((e, message)) => {
                 hop.failures += 1;
@@ -268,10 +267,10 @@ fn refusal(error: &KafkaError, failures: u32, topic: &str) -> Option<(Reason, St
 /// Asked just before a hop is produced whether it still should be. The
 /// delay relay's cancellation table is one: it drops a forward that a
 /// cancel read meanwhile covers, however long the forward waited in memory.
-pub trait Gate: Send + Sync + 'static {
+pub trait Veto: Send + Sync + 'static {
     /// `None`: produce the hop. `Some(event)`: drop it; its source offset
     /// is done at once, and `event` says why.
-    fn stop(&self, record: &OutRecord, event: Option<&Event>) -> Option<Event>;
+    fn veto(&self, record: &OutRecord, outcome: &Outcome) -> Option<Event>;
 }
 
 /// A pipeline's producer: idempotent, `acks=all`, completing hops from its
@@ -287,7 +286,7 @@ pub struct HopProducer {
     /// Set when a dead-letter record is refused for good.
     halt: Arc<Halt>,
     /// Set once, before the pipeline starts, for the delay relay.
-    gate: std::sync::OnceLock<Arc<dyn Gate>>,
+    veto: std::sync::OnceLock<Arc<dyn Veto>>,
     /// The places for hops not yet acknowledged.
     room: Arc<Room>,
 }
@@ -324,7 +323,7 @@ impl HopProducer {
             dlq: dlq.to_string(),
             telemetry,
             halt,
-            gate: std::sync::OnceLock::new(),
+            veto: std::sync::OnceLock::new(),
             room,
         });
         tokio::spawn(produce_again(Arc::downgrade(&producer), redos));
@@ -348,22 +347,24 @@ impl HopProducer {
         }
     }
 
-    /// Has `gate` look at every hop before it is produced. Set once, before
-    /// the first hop; a second gate is refused.
-    pub fn set_gate(&self, gate: Arc<dyn Gate>) -> Result<(), &'static str> {
-        self.gate
-            .set(gate)
-            .map_err(|_| "the hop producer already has a gate")
+    /// Has `veto` look at every hop before it is produced. Set once, before
+    /// the first hop; a second one is refused.
+    pub fn set_veto(&self, veto: Arc<dyn Veto>) -> Result<(), &'static str> {
+        self.veto
+            .set(veto)
+            .map_err(|_| "the hop producer already has a veto")
     }
 
-    /// Enqueues `record`; once it is acknowledged, `event` is emitted and
-    /// `done` completed. Waits only while the producer holds as many hops
-    /// not yet acknowledged as it may (`hops_held`), while its queue is
-    /// full, or while it refuses to enqueue for a transient reason. A hop
-    /// the gate stops is not produced: `done` completes at once.
-    pub async fn send(&self, record: OutRecord, done: Completion, event: Option<Event>) {
-        if let Some(gate) = self.gate.get()
-            && let Some(why) = gate.stop(&record, event.as_ref())
+    /// Enqueues `hop`'s record; once it is acknowledged, `done` is completed
+    /// and the event of its outcome emitted. Waits only while the producer
+    /// holds as many hops not yet acknowledged as it may (`hops_held`),
+    /// while its queue is full, or while it refuses to enqueue for a
+    /// transient reason. A hop the veto stops is not produced: `done`
+    /// completes at once.
+    pub async fn send(&self, hop: PlannedHop, done: Completion) {
+        let PlannedHop { record, outcome } = hop;
+        if let Some(veto) = self.veto.get()
+            && let Some(why) = veto.veto(&record, &outcome)
         {
             done.complete();
             self.telemetry.emit(why);
@@ -371,7 +372,7 @@ impl HopProducer {
         }
         let hop = Box::new(InFlight {
             done,
-            event,
+            outcome,
             failures: 0,
             timestamp: record.timestamp,
             _pending: self.pending.token(),
@@ -496,7 +497,7 @@ impl HopProducer {
         } = *hop;
         let hop = Box::new(InFlight {
             done,
-            event: Some(Event::DeadLettered(events::DeadLettered {
+            outcome: Outcome::DeadLetter(DeadLetter {
                 route: self.pipeline.clone(),
                 id,
                 attempt,
@@ -504,7 +505,7 @@ impl HopProducer {
                 reason,
                 error,
                 version: None,
-            })),
+            }),
             failures: 0,
             timestamp: dead.timestamp,
             _pending: p,

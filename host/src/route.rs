@@ -4,11 +4,11 @@
 use crate::breaker::{Admit, Breaker, Suspended, Transition};
 use crate::clock::now_ms;
 use crate::config::{Route, TrapPolicy};
-use crate::dlq::{self, DeadLetter};
+use crate::dlq;
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
-use crate::hop::{Action, Concurrency, OutRecord, PlannedHop, Processor};
+use crate::hop::{self, Action, Concurrency, OutRecord, Outcome, PlannedHop, Processor};
 use crate::metrics::RouteMetrics;
 use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{Decision, decide};
@@ -422,13 +422,13 @@ fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -
             headers: owned,
             timestamp: now_ms(),
         },
-        event: Some(Event::Emitted(events::Emitted {
+        outcome: Outcome::Emit(hop::Emit {
             route: route.name.clone(),
             id,
             topic,
             deliver_at,
             kind,
-        })),
+        }),
     }
 }
 
@@ -467,15 +467,15 @@ fn defer(shared: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(Event::BreakerDeferred(events::BreakerDeferred {
+        outcome: Outcome::Deferral(hop::Deferral {
             route: route.name.clone(),
             id: envelope.id.clone(),
             topic,
-        })),
+        }),
     }
 }
 
-/// Builds the record of the next hop and the event that reports it.
+/// Builds the record of the next hop and its outcome.
 fn plan(
     shared: &RouteProcessor,
     message: &OwnedMessage,
@@ -491,7 +491,7 @@ fn plan(
         Decision::DeadLetter { reason, error } => {
             return dlq::plan(
                 message,
-                DeadLetter {
+                dlq::Plan {
                     topic: &route.dlq,
                     route: &route.name,
                     envelope,
@@ -531,7 +531,7 @@ fn plan(
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(Event::RetryScheduled(events::RetryScheduled {
+        outcome: Outcome::Retry(hop::Retry {
             route: route.name.clone(),
             id: envelope.id.clone(),
             attempt,
@@ -539,7 +539,7 @@ fn plan(
             delay,
             reason,
             version: handler.map(|(_, version)| version.to_string()),
-        })),
+        }),
     }
 }
 

@@ -96,7 +96,7 @@ async fn run(
             _ = async { match wake { Some(s) => s.await, None => std::future::pending().await } } => {
                 for mut due in timeline.take_due(now_ms()) {
                     due.hop.record.timestamp = now_ms();
-                    producer.send(due.hop.record, due.done, due.hop.event).await;
+                    producer.send(due.hop, due.done).await;
                 }
             }
             item = rx.recv() => match item {

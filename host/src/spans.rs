@@ -166,10 +166,7 @@ pub fn relay_hop(tracer: &Tracer, trace: &Context, message: &OwnedMessage, actio
         Action::Hop(hop) => std::slice::from_ref(hop),
         _ => &[],
     };
-    if hops
-        .iter()
-        .any(|h| matches!(h.event, Some(crate::events::Event::Delivered(_))))
-    {
+    if hops.iter().any(|h| h.outcome.forward().is_some()) {
         return;
     }
     let Some(mut read) = process_span(tracer, trace, message, None) else {

@@ -13,7 +13,7 @@ use hopper::delay::{
     CEILING_ROOM, CancelTable, Intent, Step, cancelled_id, entry_key_partition, parse_instant,
     parse_intent, parse_schedule, step,
 };
-use hopper::dlq::{self, DeadLetter, DlqRecord, DlqSummary};
+use hopper::dlq::{self, DlqRecord, DlqSummary, Plan};
 use hopper::events::Telemetry;
 use hopper::headers::{self, Envelope, Hop, Incoming, Reason};
 use hopper::hold::{MAX_CLOCK_SKEW, due_from};
@@ -328,7 +328,7 @@ fn plan_hops(message: &OwnedMessage, envelope: &Envelope, route: &Route, verdict
         Decision::DeadLetter { reason, error } => {
             let hop = dlq::plan(
                 message,
-                DeadLetter {
+                Plan {
                     topic: &route.dlq,
                     route: &route.name,
                     envelope,
@@ -565,7 +565,7 @@ proptest! {
             replays,
             trace: trace::Context::continue_from(rdkafka::message::Message::headers(&message)),
         };
-        let hop = dlq::plan(&message, DeadLetter {
+        let hop = dlq::plan(&message, Plan {
             topic: "orders.dlq", route: "orders", envelope: &envelope, attempts_made: attempts,
             reason: Reason::InvalidEnvelope, error: &error, handler: None, keep: &[headers::DELIVER_AT],
         });

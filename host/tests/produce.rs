@@ -5,7 +5,7 @@
 use hopper::config::KafkaConfig;
 use hopper::events::{self, Event, Telemetry};
 use hopper::headers::Reason;
-use hopper::hop::{Completion, Halt, OutRecord};
+use hopper::hop::{self, Completion, Halt, OutRecord, Outcome, PlannedHop};
 use hopper::kafka::Cluster;
 use hopper::offsets::OffsetTracker;
 use hopper::produce::HopProducer;
@@ -47,7 +47,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
     let tracker = Arc::new(Mutex::new(OffsetTracker::default()));
     tracker.lock().unwrap().begin(7);
     let done = Completion::new(7, tracker.clone());
-    let event = Event::DeadLettered(events::DeadLettered {
+    let dead = hop::DeadLetter {
         route: "test".into(),
         id: "m-1".into(),
         attempt: 1,
@@ -55,26 +55,22 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
         reason: Reason::Fatal,
         error: "told to fail".into(),
         version: None,
-    });
+    };
     let headers = OwnedHeaders::new().insert(Header {
         key: "hopper-id",
         value: Some("m-1"),
     });
 
     mock.broker_down(1).unwrap();
-    producer
-        .send(
-            OutRecord {
-                topic: "out".into(),
-                key: Some(b"k".to_vec()),
-                payload: Some(b"payload".to_vec()),
-                headers,
-                timestamp: 1_700_000_000_000,
-            },
-            done,
-            Some(event.clone()),
-        )
-        .await;
+    let record = OutRecord {
+        topic: "out".into(),
+        key: Some(b"k".to_vec()),
+        payload: Some(b"payload".to_vec()),
+        headers,
+        timestamp: 1_700_000_000_000,
+    };
+    let outcome = Outcome::DeadLetter(dead.clone());
+    producer.send(PlannedHop { record, outcome }, done).await;
 
     // Two produce attempts time out with the broker down, each reported as
     // a retried hop: the hop is being tried, and nothing else may happen
@@ -105,7 +101,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
 
     mock.broker_up(1).unwrap();
     let got = next_outcome(&mut events).await;
-    assert_eq!(got, event);
+    assert_eq!(got, Event::DeadLettered(dead));
     assert_eq!(tracker.lock().unwrap().in_flight(), 0, "offset 7 is done");
     tokio::time::timeout(Duration::from_secs(5), pending.wait())
         .await
@@ -235,7 +231,16 @@ impl Bench {
             timestamp: 1_700_000_000_000,
         };
         let done = Completion::new(offset, self.tracker.clone());
-        self.producer.send(record, done, None).await;
+        let outcome = Outcome::Emit(hop::Emit {
+            route: "test".into(),
+            id: "m-1".into(),
+            topic: topic.into(),
+            deliver_at: None,
+            kind: hopper::types::EmitKind::Publish,
+        });
+        self.producer
+            .send(PlannedHop { record, outcome }, done)
+            .await;
     }
 
     async fn read(&self, topic: &str) -> rdkafka::message::OwnedMessage {
@@ -328,7 +333,7 @@ async fn a_hop_too_large_for_the_broker_is_dead_lettered_cut_with_its_size() {
         other => panic!("expected the hop's failure, got {other:?}"),
     }
     match next_outcome(&mut events).await {
-        Event::DeadLettered(events::DeadLettered {
+        Event::DeadLettered(hop::DeadLetter {
             reason, id, topic, ..
         }) => {
             assert_eq!(reason, Reason::RecordTooLarge);
@@ -389,7 +394,7 @@ async fn a_hop_the_broker_refuses_for_good_is_dead_lettered_not_retried_forever(
                 assert_eq!(outcome, HopFailure::DeadLettered);
                 saw_failure = true;
             }
-            Event::DeadLettered(events::DeadLettered { reason, .. }) => break reason,
+            Event::DeadLettered(hop::DeadLetter { reason, .. }) => break reason,
             other => panic!("unexpected {other:?}"),
         }
     };

@@ -7,6 +7,7 @@
 
 use hopper::breaker::BreakerState;
 use hopper::events::{self, Event};
+use hopper::hop;
 use hopper::metrics::Format;
 use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;
@@ -126,7 +127,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     // even reaches the route to be sent back.
     let deferred = open
         .iter()
-        .filter(|e| matches!(e, Event::BreakerDeferred(events::BreakerDeferred { .. })))
+        .filter(|e| matches!(e, Event::BreakerDeferred(hop::Deferral { .. })))
         .count();
     assert_eq!(deferred, 0, "tier messages fetched while open");
     for event in &open {
@@ -134,7 +135,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
             Event::Handled(events::Handled { topic, id, .. }) if is_tier(topic) => {
                 panic!("{id} was handled from {topic} while the breaker was open")
             }
-            Event::DeadLettered(events::DeadLettered { id, reason, .. }) => {
+            Event::DeadLettered(hop::DeadLetter { id, reason, .. }) => {
                 panic!("{id} was dead-lettered ({reason}) while the breaker was open")
             }
             _ => {}
@@ -186,7 +187,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
         after.push(event);
     }
     for event in &after {
-        if let Event::DeadLettered(events::DeadLettered { id, reason, .. }) = event {
+        if let Event::DeadLettered(hop::DeadLetter { id, reason, .. }) = event {
             panic!("{id} was dead-lettered ({reason})");
         }
     }

@@ -5,6 +5,7 @@
 //! group, cancels for unknown ids and after delivery, and a storm of them.
 
 use hopper::events::{self, Event};
+use hopper::hop;
 use hopper::types::CancelKind;
 use hopper_tests::*;
 use rdkafka::Message;
@@ -551,7 +552,7 @@ async fn three_relays_share_every_cancel() {
     for (i, watcher) in watchers.iter_mut().enumerate() {
         while let Ok(event) = watcher.try_recv() {
             match event {
-                Event::CancelRecorded(events::CancelRecorded { id, kind, .. }) => {
+                Event::CancelRecorded(hop::CancelEntry { id, kind, .. }) => {
                     assert_eq!(kind, CancelKind::Cancel);
                     recorded_by.insert(id, i);
                 }

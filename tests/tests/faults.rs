@@ -6,6 +6,7 @@
 use hopper::Hopper;
 use hopper::embedded::EmbeddedBroker;
 use hopper::events::{self, Event};
+use hopper::hop;
 use hopper_tests::*;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -162,7 +163,7 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
                     finished.insert(id);
                 }
             }
-            Event::DeadLettered(events::DeadLettered { id, .. }) => {
+            Event::DeadLettered(hop::DeadLetter { id, .. }) => {
                 dead.insert(id);
             }
             _ => {}
@@ -278,7 +279,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     .await;
     for event in &seen {
         assert!(
-            !matches!(event, Event::DeadLettered(events::DeadLettered { id, .. }) if id == "c"),
+            !matches!(event, Event::DeadLettered(hop::DeadLetter { id, .. }) if id == "c"),
             "c's dead-letter record was acknowledged by a leaderless DLQ"
         );
     }
@@ -298,10 +299,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     next_matching(
         &mut events,
         |_| {},
-        |e| {
-            matches!(e, Event::DeadLettered(events::DeadLettered { id, .. }) if id == "c")
-                .then_some(())
-        },
+        |e| matches!(e, Event::DeadLettered(hop::DeadLetter { id, .. }) if id == "c").then_some(()),
     )
     .await;
     until_committed(&broker, &group, &input, 0, 4, "c is dead-lettered").await;

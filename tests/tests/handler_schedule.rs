@@ -4,7 +4,8 @@
 //! relay's inbox (docs/headers.md: key = id, `hopper-id`, and
 //! `hopper-replace` or `hopper-cancel`).
 
-use hopper::events::{self, Event};
+use hopper::events::Event;
+use hopper::hop;
 use hopper::plugin::{Emitted, Verdict};
 use hopper::types::EmitKind;
 use hopper_tests::*;
@@ -291,7 +292,7 @@ async fn a_handlers_schedule_and_cancel_reach_the_inbox_with_the_contracts_heade
                 &mut events,
                 |_| {},
                 |e| match e {
-                    Event::Emitted(events::Emitted { id, kind, .. }) => Some((id.clone(), *kind)),
+                    Event::Emitted(hop::Emit { id, kind, .. }) => Some((id.clone(), *kind)),
                     _ => None,
                 },
             )

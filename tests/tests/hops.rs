@@ -11,7 +11,10 @@
 
 use hopper::config::KafkaConfig;
 use hopper::events::{self, Event, Telemetry};
-use hopper::hop::{Action, Completion, Concurrency, Halt, Ordering, OutRecord, Processor};
+use hopper::hop::{
+    self, Action, Completion, Concurrency, Halt, Ordering, OutRecord, Outcome, PlannedHop,
+    Processor,
+};
 use hopper::kafka::Cluster;
 use hopper::offsets::OffsetTracker;
 use hopper::pipeline::{self, Ended};
@@ -274,7 +277,19 @@ async fn a_producer_failed_for_good_is_replaced_and_every_hop_it_held_is_produce
             headers: rdkafka::message::OwnedHeaders::new(),
             timestamp: 1_700_000_000_000,
         };
-        producer.send(record, Completion::new(offset, tracker.clone()), None)
+        // What the hop is does not matter to the producer; a publish
+        // counts nothing for an unknown route.
+        let outcome = Outcome::Emit(hop::Emit {
+            route: "fatal".into(),
+            id: format!("m{offset}"),
+            topic: out.clone(),
+            deliver_at: None,
+            kind: hopper::types::EmitKind::Publish,
+        });
+        producer.send(
+            PlannedHop { record, outcome },
+            Completion::new(offset, tracker.clone()),
+        )
     };
 
     // Hops on their way when librdkafka fails the producer for good, as it

@@ -5,6 +5,7 @@
 //! per partition) runs against the broker.
 
 use hopper::events::{self, Event};
+use hopper::hop;
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;
@@ -321,7 +322,7 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
             |_| {},
             |e| match e {
                 Event::Handled(events::Handled { id, .. })
-                | Event::RetryScheduled(events::RetryScheduled { id, .. })
+                | Event::RetryScheduled(hop::Retry { id, .. })
                     if id == "s1" =>
                 {
                     Some(e.clone())
@@ -334,7 +335,7 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
             Event::Handled(events::Handled {
                 attempt, verdict, ..
             }) => verdicts.push((attempt, verdict)),
-            Event::RetryScheduled(events::RetryScheduled { reason, .. }) => retried = Some(reason),
+            Event::RetryScheduled(hop::Retry { reason, .. }) => retried = Some(reason),
             _ => unreachable!(),
         }
     }

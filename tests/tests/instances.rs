@@ -2,6 +2,7 @@
 //! retired and dropped after a failure; fresh ones never share state.
 
 use hopper::events::{self, Event};
+use hopper::hop;
 use hopper_tests::*;
 use std::collections::HashMap;
 
@@ -87,7 +88,7 @@ async fn instance_calls(policy: &str, script: &[&str]) -> Vec<String> {
             &mut events,
             |_| {},
             |e| match e {
-                Event::DeadLettered(events::DeadLettered { id, error, .. }) => {
+                Event::DeadLettered(hop::DeadLetter { id, error, .. }) => {
                     Some((id.clone(), error.clone()))
                 }
                 _ => None,

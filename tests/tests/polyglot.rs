@@ -5,6 +5,7 @@
 //! records and announce the same closed orders.
 
 use hopper::events::{self, Event};
+use hopper::hop;
 use hopper_tests::*;
 use order_service::{Order, OrderService, Served, Status};
 use rdkafka::Message;
@@ -124,7 +125,7 @@ async fn run_scenario(stem: &'static str) -> Run {
                     .or_default()
                     .push((attempt, verdict.as_str()));
             }
-            Event::DeadLettered(events::DeadLettered { .. }) => settled += 1,
+            Event::DeadLettered(hop::DeadLetter { .. }) => settled += 1,
             _ => {}
         }
     }

@@ -10,7 +10,7 @@ use crate::dlq;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hold;
-use crate::hop::{Action, OutRecord, PlannedHop, Processor};
+use crate::hop::{self, Action, OutRecord, Outcome, PlannedHop, Processor};
 use crate::renewable::AwaitedProducer;
 use crate::trace;
 use crate::types::{CancelKind, InboxPosition};
@@ -277,7 +277,7 @@ impl DelayProcessor {
         envelope.trace = *trace;
         Action::Hop(dlq::plan(
             message,
-            dlq::DeadLetter {
+            dlq::Plan {
                 topic: &self.relay.dlq,
                 route: RELAY_ROUTE,
                 envelope: &envelope,
@@ -314,14 +314,11 @@ impl DelayProcessor {
                 headers: entry_headers(kind, self.table.me(), trace),
                 timestamp: now_ms(),
             },
-            event: Some(
-                events::CancelRecorded {
-                    id: id.to_string(),
-                    kind,
-                    inbox: at,
-                }
-                .into(),
-            ),
+            outcome: Outcome::CancelEntry(hop::CancelEntry {
+                id: id.to_string(),
+                kind,
+                inbox: at,
+            }),
         }
     }
 
@@ -376,9 +373,7 @@ impl DelayProcessor {
             .send(record, Duration::from_secs(30))
             .await
             .map_err(|e| format!("writing to `{}`: {e}", self.relay.cancels))?;
-        if let Some(event) = hop.event {
-            self.telemetry.emit(event);
-        }
+        self.telemetry.emit(Event::from(hop.outcome));
         Ok(())
     }
 }
@@ -560,14 +555,11 @@ impl DelayProcessor {
                     topic,
                     headers::rewrite(message.headers(), &SCHEDULING, &add, trace),
                 );
-                let event = events::TierHop {
+                let outcome = Outcome::TierHop(hop::TierHop {
                     id: schedule.id.clone(),
                     tier: record.topic.clone(),
-                };
-                PlannedHop {
-                    record,
-                    event: Some(event.into()),
-                }
+                });
+                PlannedHop { record, outcome }
             }
         };
         match replace {
@@ -600,13 +592,13 @@ fn forward(
     );
     PlannedHop {
         record,
-        event: Some(Event::Delivered(events::Delivered {
+        outcome: Outcome::Forward(hop::Forward {
             id: schedule.id.clone(),
             target: schedule.target.clone(),
             deliver_at: schedule.deliver_at,
             inbox,
             trace: Some(*trace),
-        })),
+        }),
     }
 }
 

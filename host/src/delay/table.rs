@@ -13,8 +13,8 @@
 //!
 //! It is bounded (`[delay] max_cancellations`): a relay refuses a cancel
 //! that would add an entry to a full table ([`CancelTable::admits`]), and
-//! the sweep that drops expired entries holds the lock the forward gate
-//! takes for [`SWEEP_SLICE`] entries at a time, never for the whole table.
+//! the sweep that drops expired entries holds the lock the veto of a
+//! forward takes for [`SWEEP_SLICE`] entries at a time, never for the whole table.
 //!
 //! On start the table is read to the end of the topic before the relay
 //! forwards anything ([`CancelTable::start`] returns only then).
@@ -24,9 +24,9 @@ use super::entries::{Entries, Entry};
 use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
-use crate::hop::OutRecord;
+use crate::hop::{OutRecord, Outcome};
 use crate::kafka::Cluster;
-use crate::produce::Gate;
+use crate::produce::Veto;
 use crate::types::{CancelKind, InboxPosition};
 use anyhow::Context;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -48,9 +48,9 @@ const RECENT_FORWARDS: usize = 65_536;
 /// How often expired entries are dropped.
 const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// How many entries the sweep looks at each time it takes the table's
-/// lock, which the forward gate waits for: 13 µs a slice at the median,
+/// lock, which the veto of a forward waits for: 13 µs a slice at the median,
 /// 104 µs at most, where a sweep of a million entries under one lock held
-/// the gate for 3.6 ms (BENCHMARKS.md, `cancel-bound`), and for longer the
+/// the veto for 3.6 ms (BENCHMARKS.md, `cancel-bound`), and for longer the
 /// more entries a table held.
 pub const SWEEP_SLICE: usize = 4_096;
 /// How long one metadata request may take.
@@ -201,7 +201,7 @@ impl CancelTable {
     /// read a cancel of it, by partition.
     pub fn get(&self, id: &[u8]) -> Vec<CancelView> {
         let partitions = self.entries.lock().unwrap().partitions();
-        // A lock per partition: the gate waits for one lookup at most.
+        // A lock per partition: a veto waits for one lookup at most.
         (0..partitions)
             .filter_map(|partition| {
                 let entries = self.entries.lock().unwrap();
@@ -573,21 +573,19 @@ pub async fn lookup(
 /// The forward of a due message is checked just before it is produced: a
 /// cancellation read meanwhile drops it. Only a schedule whose key is its
 /// id can be cancelled (docs/headers.md).
-impl Gate for CancelTable {
-    fn stop(&self, record: &OutRecord, event: Option<&Event>) -> Option<Event> {
-        let Some(Event::Delivered(delivered)) = event else {
-            return None;
-        };
-        let inbox = delivered.inbox?;
-        if record.key.as_deref() != Some(delivered.id.as_bytes()) {
+impl Veto for CancelTable {
+    fn veto(&self, record: &OutRecord, outcome: &Outcome) -> Option<Event> {
+        let forward = outcome.forward()?;
+        let inbox = forward.inbox?;
+        if record.key.as_deref() != Some(forward.id.as_bytes()) {
             return None;
         }
-        match self.covering(&delivered.id, inbox) {
+        match self.covering(&forward.id, inbox) {
             Some(kind) => Some(
                 events::ScheduleCancelled {
-                    id: delivered.id.clone(),
-                    target: delivered.target.clone(),
-                    deliver_at: delivered.deliver_at,
+                    id: forward.id.clone(),
+                    target: forward.target.clone(),
+                    deliver_at: forward.deliver_at,
                     kind,
                     inbox,
                 }
@@ -597,7 +595,7 @@ impl Gate for CancelTable {
                 self.recent
                     .lock()
                     .unwrap()
-                    .remember(delivered.id.as_bytes(), inbox);
+                    .remember(forward.id.as_bytes(), inbox);
                 None
             }
         }
@@ -718,11 +716,11 @@ mod tests {
         assert_eq!(not_kept, ["over"]);
     }
 
-    /// The sweep holds the lock the forward gate takes for one slice at a
-    /// time: each slice looks at no more than `SWEEP_SLICE` entries, and
-    /// between two slices the gate gets in.
+    /// The sweep holds the lock the veto of a forward takes for one slice
+    /// at a time: each slice looks at no more than `SWEEP_SLICE` entries,
+    /// and between two slices the veto gets in.
     #[tokio::test]
-    async fn the_sweep_lets_the_gate_in_between_slices() {
+    async fn the_sweep_lets_the_veto_in_between_slices() {
         let table = CancelTable::new("c", Duration::from_secs(10), Telemetry::new());
         let now = now_ms();
         let total = 3 * SWEEP_SLICE + 5;
@@ -738,7 +736,7 @@ mod tests {
             below = table.sweep_slice(expired, below);
             slices += 1;
             assert!(before - table.len() <= SWEEP_SLICE);
-            // The gate, between two slices: the lock is free.
+            // The veto, between two slices: the lock is free.
             assert!(table.entries.try_lock().is_ok());
             assert_eq!(table.covering("held", at(1, 4)), Some(CancelKind::Cancel));
         }
@@ -778,8 +776,8 @@ mod tests {
     async fn a_cancel_for_a_message_already_forwarded_here_is_too_late() {
         let telemetry = Telemetry::new();
         let table = CancelTable::new("c", Duration::from_secs(60), telemetry.clone());
-        let delivered = |id: &str, inbox| {
-            Event::from(events::Delivered {
+        let forward = |id: &str, inbox| {
+            Outcome::Forward(crate::hop::Forward {
                 id: id.into(),
                 target: "t".into(),
                 deliver_at: 0,
@@ -796,7 +794,7 @@ mod tests {
         };
         assert!(
             table
-                .stop(&record("gone"), Some(&delivered("gone", at(0, 5))))
+                .veto(&record("gone"), &forward("gone", at(0, 5)))
                 .is_none()
         );
         let mut events = telemetry.subscribe();
@@ -805,9 +803,9 @@ mod tests {
             events.try_recv(),
             Ok(Event::CancelTooLate(e)) if e.id == "gone"
         ));
-        // And the gate stops a forward that a known cancel covers.
+        // And the veto stops a forward that a known cancel covers.
         table.apply(&entry("next", "0:9", "cancel", "other", now_ms()));
-        let stopped = table.stop(&record("next"), Some(&delivered("next", at(0, 8))));
+        let stopped = table.veto(&record("next"), &forward("next", at(0, 8)));
         assert!(matches!(
             stopped,
             Some(Event::ScheduleCancelled(e)) if e.id == "next" && e.kind == CancelKind::Cancel
@@ -815,16 +813,8 @@ mod tests {
         // Not a schedule keyed by another key, or by none.
         let mut other = record("next");
         other.key = Some(b"other".to_vec());
-        assert!(
-            table
-                .stop(&other, Some(&delivered("next", at(0, 7))))
-                .is_none()
-        );
+        assert!(table.veto(&other, &forward("next", at(0, 7))).is_none());
         other.key = None;
-        assert!(
-            table
-                .stop(&other, Some(&delivered("next", at(0, 7))))
-                .is_none()
-        );
+        assert!(table.veto(&other, &forward("next", at(0, 7))).is_none());
     }
 }

@@ -14,13 +14,13 @@ pub use replay::{Pacer, Report as ReplayReport};
 pub use skip::{Skipped, is_undecodable, skip_undecodable};
 
 use crate::clock::now_ms;
-use crate::events::{self, Event};
 use crate::headers::{self, Envelope, Hop, Reason};
-use crate::hop::{OutRecord, PlannedHop};
+use crate::hop::{DeadLetter, OutRecord, Outcome, PlannedHop};
 use rdkafka::message::{Message, OwnedMessage};
 
-/// Why and where a message is dead-lettered.
-pub struct DeadLetter<'a> {
+/// What dead-lettering a message takes: where it goes, why, and the
+/// message's state so far.
+pub struct Plan<'a> {
     /// The dead-letter topic.
     pub topic: &'a str,
     /// The route that gives up on the message, or `delay` for the relay.
@@ -39,10 +39,9 @@ pub struct DeadLetter<'a> {
     pub keep: &'a [&'a str],
 }
 
-/// The dead-letter record of `message`, and the event that reports it once
-/// acknowledged. The record has the message's key and payload, its own
+/// The dead-letter record of `message`, and its outcome. The record has the message's key and payload, its own
 /// non-hopper headers, and one fresh set of hopper headers.
-pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
+pub fn plan(message: &OwnedMessage, dead: Plan<'_>) -> PlannedHop {
     let now = now_ms();
     let headers = headers::next_hop_headers(
         message.headers(),
@@ -63,7 +62,7 @@ pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
     record.timestamp = now;
     PlannedHop {
         record,
-        event: Some(Event::DeadLettered(events::DeadLettered {
+        outcome: Outcome::DeadLetter(DeadLetter {
             route: dead.route.to_string(),
             id: dead.envelope.id.clone(),
             attempt: dead.attempts_made,
@@ -71,7 +70,7 @@ pub fn plan(message: &OwnedMessage, dead: DeadLetter<'_>) -> PlannedHop {
             reason: dead.reason,
             error: dead.error.to_string(),
             version: dead.handler.map(|(_, version)| version.to_string()),
-        })),
+        }),
     }
 }
 

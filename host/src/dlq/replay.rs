@@ -13,7 +13,7 @@
 
 use super::browse::{Dlq, DlqError, replay_counts};
 use super::record::{RecordRef, envelope_of};
-use super::{DeadLetter, plan as dead_letter};
+use super::{Plan, plan as dead_letter};
 use crate::clock::now_ms;
 use crate::config::{RELAY_ROUTE, replay_journal};
 use crate::headers::{self, Envelope, Reason};
@@ -343,7 +343,7 @@ async fn produce(
                 format!("replayed {replays} time(s) already; replay.max_replays allows no more");
             let hop = dead_letter(
                 message,
-                DeadLetter {
+                Plan {
                     topic: to,
                     route,
                     envelope: &envelope,

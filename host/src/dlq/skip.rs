@@ -16,7 +16,7 @@
 //! 5. commits the first readable offset for the group, as its only member.
 
 use crate::config::{Config, RELAY_ROUTE};
-use crate::dlq::{DeadLetter, plan};
+use crate::dlq::{Plan, plan};
 use crate::headers::{Envelope, Incoming, Reason};
 use crate::kafka::{Cluster, WatchedContext};
 use anyhow::{Context as _, bail};
@@ -175,7 +175,7 @@ pub fn skip_undecodable(
     );
     let hop = plan(
         &message,
-        DeadLetter {
+        Plan {
             topic: &dlq,
             route: pipeline,
             envelope: &envelope,

@@ -32,7 +32,6 @@ use super::context::PartitionQueue;
 use super::gate::{KeyGate, KeyHasher, key_of};
 use super::slice;
 use crate::clock::now_ms;
-use crate::events::Event;
 use crate::hold::TopicPartition;
 use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
 use crate::offsets::OffsetTracker;
@@ -399,15 +398,9 @@ async fn call<P: Processor>(
                 hops.into_iter().zip(dones).collect()
             }
         };
-        // A retry or a dead-letter record: the call failed.
-        let failed = sends.iter().any(|(hop, _)| {
-            matches!(
-                hop.event,
-                Some(Event::RetryScheduled(_) | Event::DeadLettered(_))
-            )
-        });
+        let failed = sends.iter().any(|(hop, _)| hop.outcome.is_failure());
         for (hop, done) in sends {
-            shared.producer.send(hop.record, done, hop.event).await;
+            shared.producer.send(hop, done).await;
         }
         failed
     };

@@ -5,6 +5,7 @@ use crate::{ctrl_c, prepare};
 use anyhow::Context as _;
 use hopper::events::{self, Event};
 use hopper::headers;
+use hopper::hop;
 use hopper::kafka::Cluster;
 use hopper::types::EmitKind;
 use hopper::{Hopper, Options};
@@ -309,13 +310,13 @@ pub async fn run(
                         settled.insert(id, "ok".into());
                     }
                 }
-                Ok(Event::RetryScheduled(events::RetryScheduled { id, topic, delay, .. })) => {
+                Ok(Event::RetryScheduled(hop::Retry { id, topic, delay, .. })) => {
                     println!("{} {id} → {topic} (due in {})", stamp(), humantime::format_duration(delay));
                 }
-                Ok(Event::DeadLettered(events::DeadLettered { id, reason, .. })) => {
+                Ok(Event::DeadLettered(hop::DeadLetter { id, reason, .. })) => {
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
                 }
-                Ok(Event::Delivered(events::Delivered { id, target, deliver_at, .. })) => {
+                Ok(Event::Delivered(hop::Forward { id, target, deliver_at, .. })) => {
                     let late = hopper::clock::now_ms() - deliver_at;
                     println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
                 }
@@ -356,7 +357,7 @@ pub async fn run(
                 Ok(Event::HttpDenied(events::HttpDenied { id, method, url, reason, .. })) => {
                     println!("{} {id} handler → {method} {url}: denied ({reason})", stamp());
                 }
-                Ok(Event::Emitted(events::Emitted { id, topic, deliver_at, kind, .. })) => match kind {
+                Ok(Event::Emitted(hop::Emit { id, topic, deliver_at, kind, .. })) => match kind {
                     EmitKind::Publish => println!("{} {id} emitted to {topic}", stamp()),
                     EmitKind::Schedule { .. } => {
                         let due = deliver_at.map_or(0, |at| at - hopper::clock::now_ms());
