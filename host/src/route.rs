@@ -9,9 +9,8 @@ use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
 use crate::hop::{self, Action, Concurrency, OutRecord, Outcome, PlannedHop, Processor};
-use crate::metrics::RouteMetrics;
 use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
-use crate::retry::{Decision, decide};
+use crate::retry::{self, Decision};
 use crate::spans::RouteSpans;
 use crate::types::EmitKind;
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
@@ -28,9 +27,9 @@ pub struct RouteProcessor {
     pub tiers: HashMap<String, Duration, foldhash::fast::RandomState>,
     pub handler: Arc<HandlerSlot>,
     pub telemetry: Telemetry,
-    /// This route's counters and call-duration histogram, held so no
+    /// This route's call counters and call-duration histogram, held so no
     /// message looks one up.
-    metrics: RouteMetrics,
+    calls: events::Calls,
     /// One permit per handler instance the route may have at once
     /// (`max_instances`): a call waits here, not in the consumer loop.
     instances: tokio::sync::Semaphore,
@@ -46,7 +45,7 @@ pub struct RouteProcessor {
 impl RouteProcessor {
     pub fn new(route: Arc<Route>, handler: Arc<HandlerSlot>, telemetry: Telemetry) -> Self {
         let tiers = route.tiers().into_iter().map(|(d, t)| (t, d)).collect();
-        let metrics = telemetry.metrics().route_handles(&route.name);
+        let calls = events::Calls::register(telemetry.metrics(), &route.name);
         let instances = tokio::sync::Semaphore::new(route.max_instances);
         let breaker = route.breaker.clone().map(|b| Arc::new(Breaker::new(b)));
         if let Some(breaker) = &breaker {
@@ -61,7 +60,7 @@ impl RouteProcessor {
             tiers,
             handler,
             telemetry,
-            metrics,
+            calls,
             instances,
             breaker,
             suspend_tiers,
@@ -172,16 +171,48 @@ impl Processor for RouteProcessor {
     }
 }
 
-/// Handles one message: reads its envelope, calls the handler, and plans
-/// what to produce next: a retry or dead-letter record, or on `ok` the
-/// records the handler emitted (the offset is done once all of them are
-/// acknowledged), or nothing.
-/// `spans` gets the call's span (when the trace is exported).
+/// Handles one message: reads its envelope, asks the breaker, calls the
+/// handler, and decides what to produce next: a retry or dead-letter
+/// record, or on `ok` the records the handler emitted (the offset is done
+/// once all of them are acknowledged), or nothing. `spans` gets the call's
+/// span (when the trace is exported).
 async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut RouteSpans) -> Action {
-    let route = &shared.route;
-    if let Some(consumed) = &shared.metrics.consumed {
-        consumed.inc();
+    shared.calls.consumed();
+    let from_tier = shared.tiers.contains_key(message.topic());
+    let envelope = match envelope(shared, message, from_tier, spans) {
+        Ok(envelope) => envelope,
+        Err(dead_letter) => return Action::Hop(dead_letter),
+    };
+    let admit = admit(shared, from_tier);
+    if admit == Admit::Defer {
+        return Action::Hop(defer(shared, message, &envelope));
     }
+    // `from_tier` refuses an attempt count with no next attempt.
+    let attempt = envelope.attempts_made.saturating_add(1);
+    let (handler, handled) = call(shared, message, &envelope, attempt, spans).await;
+    let verdict = &handled.verdict;
+    if let Some(breaker) = &shared.breaker {
+        if let Admit::Probe { .. } = admit {
+            shared.telemetry.emit(events::BreakerProbed {
+                route: shared.route.name.clone(),
+                id: envelope.id.clone(),
+                verdict: verdict.kind(),
+            });
+        }
+        let retryable = counts_as_retryable(&shared.route, verdict);
+        shared.report(breaker.record(admit, retryable, now_ms()));
+    }
+    decide(shared, message, &envelope, attempt, &handler, handled)
+}
+
+/// The message's envelope, its trace decided and its span begun; for an
+/// envelope that cannot be read, its dead-letter hop (`INVALID_ENVELOPE`).
+fn envelope(
+    shared: &RouteProcessor,
+    message: &OwnedMessage,
+    from_tier: bool,
+    spans: &mut RouteSpans,
+) -> Result<Envelope, PlannedHop> {
     let incoming = Incoming {
         topic: message.topic(),
         partition: message.partition(),
@@ -189,53 +220,54 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
         timestamp: message.timestamp().to_millis(),
         headers: message.headers(),
     };
-    let from_tier = shared.tiers.contains_key(message.topic());
-    let envelope = if from_tier {
+    let read = if from_tier {
         Envelope::from_tier(&incoming)
     } else {
         Envelope::from_input(&incoming)
     };
     let tracer = shared.telemetry.tracer();
-    let envelope = match envelope {
-        Ok(mut envelope) => {
-            tracer.decide(&mut envelope.trace);
-            envelope
-        }
-        Err(problem) => {
-            let mut envelope = Envelope::fallback(&incoming);
-            tracer.decide(&mut envelope.trace);
-            spans.read(
-                shared.telemetry.tracer(),
-                &envelope.trace,
-                message,
-                &route.group,
-            );
+    let (mut envelope, problem) = match read {
+        Ok(envelope) => (envelope, None),
+        Err(problem) => (Envelope::fallback(&incoming), Some(problem)),
+    };
+    tracer.decide(&mut envelope.trace);
+    spans.read(tracer, &envelope.trace, message, &shared.route.group);
+    match problem {
+        None => Ok(envelope),
+        Some(problem) => {
             let decision = Decision::DeadLetter {
                 reason: Reason::InvalidEnvelope,
                 error: problem.to_string(),
             };
-            return Action::Hop(plan(shared, message, &envelope, 0, None, decision));
+            Err(plan(shared, message, &envelope, 0, None, decision))
         }
-    };
-    spans.read(
-        shared.telemetry.tracer(),
-        &envelope.trace,
-        message,
-        &route.group,
-    );
-    let admit = match &shared.breaker {
+    }
+}
+
+/// What the route's circuit breaker lets this message do; every message is
+/// called on a route without one.
+fn admit(shared: &RouteProcessor, from_tier: bool) -> Admit {
+    match &shared.breaker {
         None => Admit::Call,
         Some(breaker) => {
             let (admit, transition) = breaker.admit(now_ms(), from_tier);
             shared.report(transition);
             admit
         }
-    };
-    if admit == Admit::Defer {
-        return Action::Hop(defer(shared, message, &envelope));
     }
-    // `from_tier` refuses an attempt count with no next attempt.
-    let attempt = envelope.attempts_made.saturating_add(1);
+}
+
+/// Calls the route's handler on the message, within one of the route's
+/// instances, and reports the call: the handler version that ran, and what
+/// the call came to.
+async fn call(
+    shared: &RouteProcessor,
+    message: &OwnedMessage,
+    envelope: &Envelope,
+    attempt: u32,
+    spans: &mut RouteSpans,
+) -> (Arc<Handler>, plugin::Handled) {
+    let route = &shared.route;
     // Never closed, so acquiring only waits; a free permit is taken
     // without the wait's future.
     let _instance = match shared.instances.try_acquire() {
@@ -262,90 +294,65 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
         key: message.key(),
         payload: message.payload(),
         headers: &headers,
-        timestamp: incoming.timestamp,
+        timestamp: message.timestamp().to_millis(),
         attempt,
         route: &route.name,
     };
     // One await of the call, not one per arm: each await point keeps its
     // own copy of the call's state in this future, which every message
     // allocates and moves.
-    let started = shared
-        .metrics
-        .call_duration
-        .as_ref()
-        .map(|histogram| (histogram, std::time::Instant::now()));
-    let call = spans.call_context(&envelope.trace);
-    let handled = crate::trace::in_call(call, handler.run_message(&delivery)).await;
-    if let Some((histogram, started)) = started {
-        histogram.observe(started.elapsed());
-    }
-    let verdict = handled.verdict;
-    let kind = verdict.kind();
+    let started = shared.calls.started();
+    let context = spans.call_context(&envelope.trace);
+    let handled = crate::trace::in_call(context, handler.run_message(&delivery)).await;
+    let verdict = &handled.verdict;
     spans.handled(
         &route.name,
         &envelope.id,
         attempt,
-        &verdict,
+        verdict,
         handler.version(),
     );
-    shared.metrics.outcome(kind).inc();
-    tracing::debug!(
-        route = route.name,
-        id = envelope.id,
-        version = crate::events::short(handler.version()),
-        topic = message.topic(),
-        partition = message.partition(),
-        offset = message.offset(),
+    let failure = match verdict {
+        Verdict::Failed { class, error } => Some((class.as_str(), error.as_str())),
+        _ => None,
+    };
+    let call = events::Call {
+        id: &envelope.id,
+        topic: message.topic(),
+        partition: message.partition(),
+        offset: message.offset(),
         attempt,
-        verdict = kind.as_str(),
-        trace_id = %envelope.trace.trace_id,
-        "Message handled."
-    );
-    if shared.telemetry.has_observers() {
-        shared.telemetry.publish(Event::Handled(events::Handled {
-            route: route.name.clone(),
-            id: envelope.id.clone(),
-            topic: message.topic().to_string(),
-            partition: message.partition(),
-            offset: message.offset(),
-            attempt,
-            verdict: kind,
-            version: handler.version().to_string(),
-            at_ms: now_ms(),
-        }));
-    }
-    if let Some(breaker) = &shared.breaker {
-        if let Admit::Probe { .. } = admit {
-            shared.telemetry.emit(events::BreakerProbed {
-                route: route.name.clone(),
-                id: envelope.id.clone(),
-                verdict: kind,
-            });
-        }
-        let retryable = counts_as_retryable(route, &verdict);
-        shared.report(breaker.record(admit, retryable, now_ms()));
-    }
-    if let Verdict::Failed { class, error } = &verdict {
-        tracing::warn!(
-            route = route.name,
-            id = envelope.id,
-            attempt,
-            version = crate::events::short(handler.version()),
-            class = class.as_str(),
-            error,
-            trace_id = %envelope.trace.trace_id,
-            "Handler call failed."
-        );
-    }
+        verdict: verdict.kind(),
+        failure,
+        version: handler.version(),
+        trace_id: envelope.trace.trace_id,
+    };
+    shared.calls.handled(&shared.telemetry, started, call);
+    (handler, handled)
+}
+
+/// What to produce after a call: on `ok`, the records the handler emitted
+/// (nothing if none); else the retry or dead-letter hop its verdict and
+/// attempt come to, the emits discarded.
+fn decide(
+    shared: &RouteProcessor,
+    message: &OwnedMessage,
+    envelope: &Envelope,
+    attempt: u32,
+    handler: &Handler,
+    handled: plugin::Handled,
+) -> Action {
+    let route = &shared.route;
+    let verdict = &handled.verdict;
     if handled.discarded > 0 {
         shared.telemetry.emit(events::EmitsDiscarded {
             route: route.name.clone(),
             id: envelope.id.clone(),
             count: handled.discarded,
-            verdict: kind,
+            verdict: verdict.kind(),
         });
     }
-    let decision = decide(route, attempt, &verdict);
+    let decision = retry::decide(route, attempt, verdict);
     if decision == Decision::Commit {
         if handled.emitted.is_empty() {
             return Action::Done;
@@ -354,14 +361,8 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
         let trace = &envelope.trace;
         return Action::Hops(hops.map(|e| emitted_hop(route, e, trace)).collect());
     }
-    Action::Hop(plan(
-        shared,
-        message,
-        &envelope,
-        attempt,
-        Some(&handler),
-        decision,
-    ))
+    let handler = Some(handler);
+    Action::Hop(plan(shared, message, envelope, attempt, handler, decision))
 }
 
 /// The record of one emitted record: its own headers (less any

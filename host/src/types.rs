@@ -71,7 +71,7 @@ pub enum VerdictKind {
     Memory,
 }
 
-// `ALL[kind as usize] == kind`, which `RouteMetrics::outcome` indexes by.
+// `ALL[kind as usize] == kind`, which `events::Calls` indexes its outcome counters by.
 const _: () = {
     let mut i = 0;
     while i < VerdictKind::ALL.len() {

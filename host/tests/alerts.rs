@@ -71,7 +71,7 @@ fn every_metric_the_rules_name_is_exported() {
     .resolve(dir.path())
     .unwrap();
     let metrics = Metrics::new(Some(&config), Arc::new(Health::default()), true);
-    metrics.route_handles("orders");
+    hopper::events::Calls::register(&metrics, "orders");
     let exposition = metrics.encode(Format::Prometheus);
     let mut exported = BTreeSet::new();
     for line in exposition.lines() {

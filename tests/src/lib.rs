@@ -15,6 +15,7 @@ pub mod track_server;
 
 use hopper::config::Config;
 use hopper::kafka::Cluster;
+use hopper::metrics::series::Series;
 use hopper::{Hopper, Options};
 use rand::Rng;
 use rdkafka::ClientConfig;
@@ -594,9 +595,10 @@ impl InProcess {
         }
     }
 
-    /// The value of counter `key` (`name{label=value,...}`), 0 if unset.
-    pub fn counter(&self, key: &str) -> u64 {
-        self.telemetry.counters().get(key).copied().unwrap_or(0)
+    /// The value of counter series `series`, which is registered when the
+    /// handler's grants are built.
+    pub fn count<S: Series + std::fmt::Debug>(&self, series: &S) -> u64 {
+        count(&self.telemetry, series)
     }
 }
 
@@ -682,6 +684,18 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) {
 }
 
 /// How long [`next_matching`] waits before the test fails.
+/// The value of counter series `series` of `telemetry`; a series that is not
+/// registered fails the test, naming it.
+pub fn count<S: Series + std::fmt::Debug>(
+    telemetry: &hopper::events::Telemetry,
+    series: &S,
+) -> u64 {
+    telemetry
+        .metrics()
+        .get(series)
+        .unwrap_or_else(|| panic!("{series:?} is not registered"))
+}
+
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
 /// The next event that `pick` accepts, within `PATIENCE`. Every event read

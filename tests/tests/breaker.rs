@@ -9,6 +9,7 @@ use hopper::breaker::BreakerState;
 use hopper::events::{self, Event};
 use hopper::hop;
 use hopper::metrics::Format;
+use hopper::metrics::series;
 use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;
 use hopper_tests::*;
@@ -202,19 +203,12 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     assert!(attempts.iter().all(|a| *a <= 3), "{ok:?}");
     assert_eq!(records_on(&route.dlq), 0, "nothing was dead-lettered");
 
-    let counter = |name: &str| {
-        hopper
-            .telemetry()
-            .counters()
-            .get(&format!("{name}_total{{route={}}}", route.name))
-            .copied()
-            .unwrap_or_else(|| panic!("{name} is not registered"))
-    };
-    assert_eq!(counter("hopper_breaker_opened"), 2);
-    assert_eq!(counter("hopper_breaker_probes"), 2);
-    assert_eq!(counter("hopper_breaker_closed"), 1);
+    let (t, name) = (hopper.telemetry(), route.name.as_str());
+    assert_eq!(count(t, &series::BreakerOpenings { route: name }), 2);
+    assert_eq!(count(t, &series::BreakerProbes { route: name }), 2);
+    assert_eq!(count(t, &series::BreakerClosings { route: name }), 1);
     assert_eq!(health.breaker(&route.name), Some(BreakerState::Closed));
-    let deferred = counter("hopper_breaker_deferred");
+    let deferred = count(t, &series::BreakerDeferrals { route: name });
     eprintln!(
         "breaker on: {calls_while_down} calls while the service was down, \
          0 of {MESSAGES} dead-lettered, {deferred} sent back to their tier unhandled"

@@ -6,6 +6,7 @@
 
 use hopper::events::{self, Event};
 use hopper::hop;
+use hopper::metrics::series;
 use hopper::types::CancelKind;
 use hopper_tests::*;
 use rdkafka::Message;
@@ -244,11 +245,11 @@ async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
         assert!(ts >= at, "{id} delivered {} ms early", at - ts);
         assert!(ts < at + 1_000, "{id} delivered {} ms late", ts - at);
     }
-    let counters = hopper.telemetry().counters();
-    assert_eq!(counters["hopper_delay_cancelled_total{}"], 1);
-    assert_eq!(counters["hopper_delay_replaced_total{}"], 2);
-    assert_eq!(counters["hopper_delay_cancels_total{kind=cancel}"], 1);
-    assert_eq!(counters["hopper_delay_cancels_total{kind=replace}"], 2);
+    let t = hopper.telemetry();
+    assert_eq!(count(t, &series::CancelledSchedules), 1);
+    assert_eq!(count(t, &series::ReplacedSchedules), 2);
+    assert_eq!(count(t, &series::RecordedCancels { kind: "cancel" }), 1);
+    assert_eq!(count(t, &series::RecordedCancels { kind: "replace" }), 2);
     hopper.stop().await;
 }
 
@@ -300,9 +301,9 @@ async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_
         None,
         "the failed producer is replaced"
     );
-    let counters = hopper.telemetry().counters();
-    assert_eq!(counters["hopper_delay_replaced_total{}"], 1);
-    assert_eq!(counters["hopper_delay_cancels_total{kind=replace}"], 1);
+    let t = hopper.telemetry();
+    assert_eq!(count(t, &series::ReplacedSchedules), 1);
+    assert_eq!(count(t, &series::RecordedCancels { kind: "replace" }), 1);
     drop(entries);
     hopper.stop().await;
 }
@@ -357,9 +358,9 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     assert!(expired["never"].unknown_id, "{:?}", expired["never"]);
     assert!(!expired["early"].unknown_id, "too late, not unknown");
     assert!(table.is_empty());
-    let counters = hopper.telemetry().counters();
-    assert_eq!(counters["hopper_delay_cancels_too_late_total{}"], 1);
-    assert_eq!(counters["hopper_delay_cancels_unknown_id_total{}"], 1);
+    let t = hopper.telemetry();
+    assert_eq!(count(t, &series::LateCancels), 1);
+    assert_eq!(count(t, &series::UnknownIdCancels), 1);
     drop(events);
 
     // The storm: 100,000 ids, all unknown.
@@ -394,21 +395,25 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     while let Some(sent) = sending.next().await {
         sent.map_err(|(e, _)| e).expect("produce");
     }
-    let recorded = "hopper_delay_cancels_total{kind=cancel}";
-    let unknown = "hopper_delay_cancels_unknown_id_total{}";
+    let recorded = || {
+        count(
+            hopper.telemetry(),
+            &series::RecordedCancels { kind: "cancel" },
+        )
+    };
+    let unknown = || count(hopper.telemetry(), &series::UnknownIdCancels);
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut peak = 0;
     loop {
-        let counters = hopper.telemetry().counters();
         peak = peak.max(table.len());
-        if counters[recorded] == STORM + 2 && counters[unknown] == STORM + 1 {
+        if recorded() == STORM + 2 && unknown() == STORM + 1 {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
             "storm: {} recorded, {} expired unknown, {} in the table",
-            counters[recorded],
-            counters[unknown],
+            recorded(),
+            unknown(),
             table.len()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -878,16 +883,11 @@ async fn past_the_bound_cancels_are_dead_lettered_as_cancel_table_full() {
         !seen.contains_key("moved"),
         "a refused replace schedules nothing"
     );
-    let counters = hopper.telemetry().counters();
-    assert_eq!(
-        counters["hopper_delay_cancels_refused_total{kind=cancel}"],
-        1
-    );
-    assert_eq!(
-        counters["hopper_delay_cancels_refused_total{kind=replace}"],
-        1
-    );
-    assert_eq!(counters["hopper_delay_cancels_total{kind=cancel}"], 4);
+    let t = hopper.telemetry();
+    let refused = |kind| count(t, &series::RefusedCancels { kind });
+    assert_eq!(refused("cancel"), 1);
+    assert_eq!(refused("replace"), 1);
+    assert_eq!(count(t, &series::RecordedCancels { kind: "cancel" }), 4);
     assert_eq!(table.len(), 3);
     hopper.stop().await;
 }

@@ -9,6 +9,7 @@
 
 use hopper::Hopper;
 use hopper::delay::TARGET_TRUSTED_FOR;
+use hopper::metrics::series;
 
 use hopper::embedded::EmbeddedBroker;
 use hopper_tests::*;
@@ -106,7 +107,7 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
         failed[0].contains("LEADER_NOT_AVAILABLE") || failed[0].contains("Leader not available"),
         "{failed:?}"
     );
-    let counted = hopper.telemetry().counters()["hopper_delay_target_lookups_failed_total{}"];
+    let counted = count(hopper.telemetry(), &series::FailedTargetLookups);
     assert!(counted >= 3, "each failed lookup is counted: {counted}");
     broker
         .mock()
@@ -230,11 +231,8 @@ async fn a_target_answered_with_an_error_for_target_lookup_timeout_is_dead_lette
     )
     .await;
     assert!(gave_up[0].contains("Leader not available"), "{gave_up:?}");
-    let counters = hopper.telemetry().counters();
-    assert_eq!(
-        counters["hopper_delay_target_lookups_abandoned_total{}"], 1,
-        "{counters:?}"
-    );
+    let abandoned = count(hopper.telemetry(), &series::AbandonedTargetLookups);
+    assert_eq!(abandoned, 1);
     hopper.stop().await;
 }
 

@@ -3,6 +3,7 @@
 //! between the emit and the commit.
 
 use hopper::events::{self, Event};
+use hopper::metrics::series;
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
 use hopper_tests::*;
@@ -83,12 +84,11 @@ async fn emitted_records_land_on_the_granted_topic_with_their_headers_and_a_stab
     );
     let third = format!("{}-{partition}-{offset}/emit/0", route.input);
     assert_eq!(by_id[&third].payload(), Some(&b"third"[..]));
-    let counters = hopper.telemetry().counters();
-    let key = format!(
-        "hopper_emitted_records_total{{route={},result=produced}}",
-        route.name
-    );
-    assert_eq!(counters.get(&key), Some(&3), "{counters:?}");
+    let produced = series::EmittedRecords {
+        route: &route.name,
+        result: "produced",
+    };
+    assert_eq!(count(hopper.telemetry(), &produced), 3);
     hopper.stop().await;
 }
 
@@ -165,7 +165,10 @@ async fn an_emit_the_route_does_not_grant_is_an_error_the_handler_sees() {
     let ids: Vec<&str> = handled.emitted.iter().map(|e| e.id.as_str()).collect();
     assert_eq!(ids, vec!["m-1/emit/0", "m-1/emit/1"]);
     assert_eq!(
-        acting.counter("hopper_emitted_records_total{route=inproc,result=refused}"),
+        acting.count(&series::EmittedRecords {
+            route: "inproc",
+            result: "refused"
+        }),
         5
     );
 

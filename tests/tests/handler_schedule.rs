@@ -6,6 +6,7 @@
 
 use hopper::events::Event;
 use hopper::hop;
+use hopper::metrics::series;
 use hopper::plugin::{Emitted, Verdict};
 use hopper::types::EmitKind;
 use hopper_tests::*;
@@ -140,7 +141,10 @@ async fn schedules_and_cancels_outside_the_grants_or_limits_are_refused_by_name(
         ]
     );
     assert_eq!(
-        acting.counter("hopper_emitted_records_total{route=inproc,result=refused}"),
+        acting.count(&series::EmittedRecords {
+            route: "inproc",
+            result: "refused"
+        }),
         9
     );
 

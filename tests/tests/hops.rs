@@ -16,6 +16,7 @@ use hopper::hop::{
     Processor,
 };
 use hopper::kafka::Cluster;
+use hopper::metrics::series;
 use hopper::offsets::OffsetTracker;
 use hopper::pipeline::{self, Ended};
 use hopper::produce::HopProducer;
@@ -70,12 +71,11 @@ async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_pa
     )
     .await;
     assert_eq!(verdict, "ok");
-    let counters = hopper.telemetry().counters();
-    let key = format!(
-        "hopper_hop_failures_total{{route={},outcome=dead_lettered}}",
-        route.name
-    );
-    assert_eq!(counters.get(&key), Some(&1), "{counters:#?}");
+    let dead_lettered = series::HopFailures {
+        route: &route.name,
+        outcome: "dead_lettered",
+    };
+    assert_eq!(count(hopper.telemetry(), &dead_lettered), 1);
     hopper.stop().await;
 }
 

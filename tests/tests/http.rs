@@ -6,6 +6,7 @@
 
 use hopper::events::{self, Event};
 use hopper::hop;
+use hopper::metrics::series;
 use hopper::plugin::Verdict;
 use hopper::types::VerdictKind;
 use hopper_tests::http_server::TestServer;
@@ -65,9 +66,10 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
         "a denied host is never connected to"
     );
     assert_eq!(
-        acting
-            .0
-            .counter("hopper_http_requests_total{route=inproc,result=denied}"),
+        acting.0.count(&series::HttpRequests {
+            route: "inproc",
+            result: "denied"
+        }),
         1
     );
     let denied = next_matching(
@@ -285,12 +287,11 @@ async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
     .await;
     assert_eq!((status, id.as_str()), (Some(201), "g1"));
     assert_eq!(url, server.url("/status/201"));
-    let counters = hopper.telemetry().counters();
-    let key = format!(
-        "hopper_http_requests_total{{route={},result=2xx}}",
-        route.name
-    );
-    assert_eq!(counters.get(&key), Some(&1), "{counters:?}");
+    let answered = series::HttpRequests {
+        route: &route.name,
+        result: "2xx",
+    };
+    assert_eq!(count(hopper.telemetry(), &answered), 1);
     hopper.stop().await;
 }
 

@@ -2,6 +2,7 @@
 //! real handler files.
 
 use hopper::events::{self, Event};
+use hopper::metrics::series;
 use hopper_tests::*;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
@@ -200,11 +201,11 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
     let hopper = r.route.start().await;
     let mut events = hopper.events();
     let producer = producer();
-    let counter = format!(
-        "hopper_handler_reloads_total{{route={},result=failed}}",
-        r.route.name
-    );
-    let failures = |hopper: &hopper::Hopper| hopper.telemetry().counters().get(&counter).copied();
+    let failed_reloads = series::HandlerReloads {
+        route: &r.route.name,
+        result: "failed",
+    };
+    let failures = |hopper: &hopper::Hopper| hopper.telemetry().metrics().get(&failed_reloads);
     // Failure events seen: one per distinct broken content. A write in place
     // that stalls for longer than the debounce between its open (which
     // empties the file) and its write is seen at both stages.

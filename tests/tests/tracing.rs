@@ -7,6 +7,7 @@
 //! order; with the endpoint down, messages flow and spans are dropped and
 //! counted.
 
+use hopper::metrics::series;
 use hopper::trace::{self, Traceparent};
 use hopper_tests::*;
 use rdkafka::Message;
@@ -720,20 +721,20 @@ async fn with_the_endpoint_down_messages_flow_and_spans_are_dropped_and_counted(
     }
     let group = route.config().routes[0].group.clone();
     until_committed_on(&group, &route.input, MESSAGES as i64).await;
-    let key = "hopper_trace_spans_dropped_total{}";
+    let dropped = || count(hopper.telemetry(), &series::DroppedSpans);
     // Every message was handled; the spans of their calls were dropped, and
     // counted, once their export failed (the first batch goes half a second
     // after its first span, and fails at once: nothing listens).
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut tick = tokio::time::interval(Duration::from_millis(50));
-    while hopper.telemetry().counters()[key] == 0 {
+    while dropped() == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "no span was counted as dropped"
         );
         tick.tick().await;
     }
-    assert!(hopper.telemetry().counters()[key] <= 2 * MESSAGES as u64);
+    assert!(dropped() <= 2 * MESSAGES as u64);
     hopper.stop().await;
 }
 

@@ -9,6 +9,7 @@
 
 use hopper::egress::Resolve;
 use hopper::events::{self, Event};
+use hopper::metrics::series;
 use hopper::plugin::Verdict;
 use hopper_tests::http_server::TestServer;
 use hopper_tests::*;
@@ -244,7 +245,10 @@ async fn denied_requests_count_against_max_requests_and_their_urls_are_cut() {
         .concat()
     );
     assert_eq!(
-        handler.counter("hopper_http_requests_total{route=inproc,result=denied}"),
+        handler.count(&series::HttpRequests {
+            route: "inproc",
+            result: "denied"
+        }),
         8
     );
     let lines = logs.lines_with("HTTP request denied.");
@@ -315,11 +319,17 @@ async fn a_handler_looping_on_refusals_stays_within_its_log_budget() {
     report(&handler, json!(steps)).await;
     let took = started.elapsed().as_secs_f64();
     assert_eq!(
-        handler.counter("hopper_http_requests_total{route=inproc,result=denied}"),
+        handler.count(&series::HttpRequests {
+            route: "inproc",
+            result: "denied"
+        }),
         600
     );
     assert_eq!(
-        handler.counter("hopper_emitted_records_total{route=inproc,result=refused}"),
+        handler.count(&series::EmittedRecords {
+            route: "inproc",
+            result: "refused"
+        }),
         600
     );
     let logged =

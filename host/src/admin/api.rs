@@ -372,11 +372,12 @@ pub(super) async fn replay(
             shared.context.telemetry.tracer(),
             |outcome| {
                 if let (Some(route), None, false) = (&outcome.route, &outcome.failed, dry_run) {
-                    match outcome.action {
-                        crate::dlq::replay::Action::Replay { .. } => metrics.replayed(route, false),
-                        crate::dlq::replay::Action::Loop { .. } => metrics.replayed(route, true),
-                        crate::dlq::replay::Action::Skip { .. } => {}
-                    }
+                    let result = match outcome.action {
+                        crate::dlq::replay::Action::Replay { .. } => "replayed",
+                        crate::dlq::replay::Action::Loop { .. } => "loop",
+                        crate::dlq::replay::Action::Skip { .. } => return,
+                    };
+                    metrics.inc(&crate::metrics::series::Replays { route, result });
                 }
             },
         ))

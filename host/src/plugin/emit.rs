@@ -172,7 +172,7 @@ impl Emits {
             accept(self)
         };
         result.map_err(|error| {
-            guest.grants.counters.emits_refused.inc();
+            guest.grants.emits_refused.inc();
             if guest.budget.take() {
                 let secrets = &guest.grants.config.secrets;
                 let cut = |text: &str| secrets.redact_within(text, MAX_LOGGED).into_owned();

@@ -7,7 +7,8 @@
 
 use crate::config::{Grants, Route};
 use crate::egress::{Resolve, Transport, TransportError, TransportSettings};
-use crate::events::{Counter, Telemetry};
+use crate::events::{HttpCounters, Telemetry};
+use crate::metrics::{Counter, series};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wasmtime_wasi_http::WasiBody;
@@ -19,33 +20,10 @@ pub(super) struct RouteGrants {
     /// without a client ever being built.
     pub(super) transport: Option<Transport<WasiBody>>,
     pub(super) telemetry: Telemetry,
-    pub(super) counters: GrantCounters,
-}
-
-/// Counters bumped on every request or emit, registered once per route.
-pub(super) struct GrantCounters {
-    /// `hopper_http_requests_total{route,result}` by status class
-    /// (`1xx` … `5xx`, then `error` for no response).
-    pub(super) http: [Counter; 6],
-    /// `hopper_http_requests_total{route,result=denied}`.
-    pub(super) http_denied: Counter,
+    /// Its handler's HTTP requests.
+    pub(super) http: HttpCounters,
     /// `hopper_emitted_records_total{route,result=refused}`.
     pub(super) emits_refused: Counter,
-}
-
-/// Result labels of `hopper_http_requests_total` for requests that were
-/// sent, in the order of [`GrantCounters::http`].
-pub(super) const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
-
-impl GrantCounters {
-    /// The counter for a response status, or for no response.
-    pub(super) fn http(&self, status: Option<u16>) -> &Counter {
-        let class = match status {
-            Some(s @ 100..=599) => usize::from(s / 100) - 1,
-            _ => 5,
-        };
-        &self.http[class]
-    }
 }
 
 impl RouteGrants {
@@ -70,17 +48,16 @@ impl RouteGrants {
                 },
             )?)
         };
-        let (name, metrics) = (route.name.as_str(), telemetry.metrics());
-        let counters = GrantCounters {
-            http: STATUS_CLASSES.map(|result| metrics.http_requests(name, result)),
-            http_denied: metrics.http_requests(name, "denied"),
-            emits_refused: metrics.emits_refused(name),
-        };
+        let (route, metrics) = (route.name.as_str(), telemetry.metrics());
         Ok(RouteGrants {
             config,
             transport,
             telemetry: telemetry.clone(),
-            counters,
+            http: HttpCounters::register(metrics, route),
+            emits_refused: metrics.handle(&series::EmittedRecords {
+                route,
+                result: "refused",
+            }),
         })
     }
 }

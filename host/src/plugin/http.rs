@@ -21,7 +21,7 @@
 
 use super::GuestInfo;
 use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
-use crate::events::{self, Event};
+use crate::events;
 use http_body_util::BodyExt;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -565,85 +565,46 @@ impl Report {
         denied(&self.guest, &self.message_id, &self.target, || reason);
     }
 
-    /// Counts the request's outcome; the log line and the event (which
-    /// allocate) only when debug logging is on or someone observes.
+    /// Reports the request's outcome ([`events::HttpCounters::answered`]).
     fn answered(&self, result: Result<u16, &SendError>, took: Duration) {
         let g = &*self.guest;
         let status = result.ok();
-        g.grants.counters.http(status).inc();
-        let observed = g.grants.telemetry.has_observers();
-        if !(observed || tracing::enabled!(tracing::Level::DEBUG)) {
-            return;
-        }
-        let t = &self.target;
-        let url = t.url(g);
-        // A DNS error names the host, which the guest chose.
-        let error = result.err().map(|e| redacted(g, &e.to_string()));
-        tracing::debug!(
-            route = g.route,
-            handler = g.handler,
-            version = g.short_version,
-            id = &*self.message_id,
-            method = %t.method,
-            url,
-            status,
-            error,
-            took_ms = took.as_secs_f64() * 1000.0,
-            "HTTP request sent."
-        );
-        if observed {
-            g.grants
-                .telemetry
-                .publish(Event::HttpRequest(events::HttpRequest {
-                    route: g.route.clone(),
-                    id: self.message_id.to_string(),
-                    version: g.version.clone(),
-                    method: t.method.to_string(),
-                    url,
-                    status,
-                    error,
-                    took,
-                }));
-        }
+        g.grants.http.answered(&g.grants.telemetry, status, || {
+            let t = &self.target;
+            events::HttpRequest {
+                route: g.route.clone(),
+                handler: g.handler.clone(),
+                id: self.message_id.to_string(),
+                version: g.version.clone(),
+                method: t.method.to_string(),
+                url: t.url(g),
+                status,
+                // A DNS error names the host, which the guest chose.
+                error: result.err().map(|e| redacted(g, &e.to_string())),
+                took,
+            }
+        });
     }
 }
 
-/// Counts a refused request; logs it within the handler's log budget, so
-/// a guest that loops on a denied URL cannot flood the log. The reason is
-/// made only when it is logged or observed.
+/// Reports a refused request ([`events::HttpCounters::denied`]), logged
+/// within the handler's log budget. The reason is made only when it is
+/// logged or observed.
 fn denied(g: &GuestInfo, message_id: &str, t: &Target, reason: impl FnOnce() -> String) {
-    g.grants.counters.http_denied.inc();
-    let observed = g.grants.telemetry.has_observers();
-    let logged = tracing::enabled!(tracing::Level::WARN) && g.budget.take();
-    if !(logged || observed) {
-        return;
-    }
-    // The reason may carry the host, the guest's own text.
-    let (url, reason) = (t.url(g), redacted(g, &reason()));
-    if logged {
-        tracing::warn!(
-            route = g.route,
-            handler = g.handler,
-            version = g.short_version,
-            id = message_id,
-            method = %t.method,
-            url,
-            reason,
-            "HTTP request denied."
-        );
-    }
-    if observed {
-        g.grants
-            .telemetry
-            .publish(Event::HttpDenied(events::HttpDenied {
-                route: g.route.clone(),
-                id: message_id.to_string(),
-                version: g.version.clone(),
-                method: t.method.to_string(),
-                url,
-                reason,
-            }));
-    }
+    g.grants.http.denied(
+        &g.grants.telemetry,
+        || g.budget.take(),
+        || events::HttpDenied {
+            route: g.route.clone(),
+            handler: g.handler.clone(),
+            id: message_id.to_string(),
+            version: g.version.clone(),
+            method: t.method.to_string(),
+            url: t.url(g),
+            // The reason may carry the host, the guest's own text.
+            reason: redacted(g, &reason()),
+        },
+    );
 }
 
 /// The `wasi:http` error code a guest sees for a failed request.

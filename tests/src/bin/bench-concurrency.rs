@@ -169,11 +169,14 @@ async fn measure(
     let hopper = Hopper::start(config.config(), hopper_tests::options())
         .await
         .expect("hopper starts");
-    let ok = format!("hopper_handler_outcomes_total{{route={name},outcome=ok}}");
+    let ok = hopper::metrics::series::HandlerOutcomes {
+        route: &name,
+        outcome: "ok",
+    };
     let deadline = Instant::now() + TIME_LIMIT;
     let handled = |hopper: &Hopper| {
         assert!(Instant::now() < deadline, "route {name} is stuck");
-        hopper.telemetry().counters().get(&ok).copied().unwrap_or(0)
+        hopper_tests::count(hopper.telemetry(), &ok)
     };
     while handled(&hopper) < 1 {
         tokio::time::sleep(Duration::from_micros(200)).await;

@@ -376,18 +376,18 @@ async fn hopper_route(
     let hopper = Hopper::start(config.config(), hopper_tests::options())
         .await
         .expect("hopper starts");
-    let ok = format!("hopper_handler_outcomes_total{{route={name},outcome=ok}}");
-    let retryable = format!("hopper_handler_outcomes_total{{route={name},outcome=retryable}}");
+    let outcome = |outcome| {
+        let series = hopper::metrics::series::HandlerOutcomes {
+            route: &name,
+            outcome,
+        };
+        hopper_tests::count(hopper.telemetry(), &series)
+    };
     let deadline = Instant::now() + TIME_LIMIT;
     let wait_for = |target: u64| {
-        let counters = hopper.telemetry().counters();
         assert!(Instant::now() < deadline, "route {name} is stuck");
-        assert_eq!(
-            counters.get(&retryable).copied().unwrap_or(0),
-            0,
-            "the handler's requests fail"
-        );
-        counters.get(&ok).copied().unwrap_or(0) >= target
+        assert_eq!(outcome("retryable"), 0, "the handler's requests fail");
+        outcome("ok") >= target
     };
     while !wait_for(1) {
         tokio::time::sleep(Duration::from_micros(200)).await;

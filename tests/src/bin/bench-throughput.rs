@@ -50,6 +50,7 @@
 
 use hopper::Hopper;
 use hopper::embedded::EmbeddedBroker;
+use hopper::metrics::series::{self, Series};
 use hopper_tests::*;
 use order_service::{Order, OrderService, Status};
 use rdkafka::Message;
@@ -703,8 +704,7 @@ impl Bench {
             ))
             .await;
         let deadline = Instant::now() + TIME_LIMIT;
-        let opened =
-            |hopper: &Hopper| route_counters(hopper, &b, &["hopper_breaker_opened_total{"]);
+        let opened = |hopper: &Hopper| route_total::<series::BreakerOpenings>(hopper, &b);
         // Looked at from this thread, as in `time`.
         loop {
             let ready = if breaker {
@@ -749,45 +749,27 @@ impl Bench {
     }
 }
 
-/// Sum of the counters of `route` whose name starts with one of `names`.
-fn route_counters(hopper: &Hopper, route: &str, names: &[&str]) -> u64 {
-    let label = format!("route={route}");
-    hopper
-        .telemetry()
-        .counters()
-        .iter()
-        .filter(|(k, _)| {
-            names.iter().any(|n| k.starts_with(n))
-                && k.split(['{', ',', '}']).any(|part| part == label)
-        })
-        .map(|(_, v)| *v)
-        .sum()
+/// The sum of `route`'s series of family `S`.
+fn route_total<S: Series>(hopper: &Hopper, route: &str) -> u64 {
+    let metrics = hopper.telemetry().metrics();
+    metrics.sum::<S>(|labels| labels.first().is_some_and(|r| r == route))
 }
 
 /// Messages `route` has handled so far, any verdict.
 fn handled(hopper: &Hopper, route: &str) -> u64 {
-    route_counters(hopper, route, &["hopper_handler_outcomes_total{"])
+    route_total::<series::HandlerOutcomes>(hopper, route)
 }
 
 /// Messages of `route` that are done: handled `ok`, or hopped and
 /// acknowledged.
 fn done(hopper: &Hopper, route: &str) -> u64 {
-    let ok = hopper
-        .telemetry()
-        .counters()
-        .get(&format!(
-            "hopper_handler_outcomes_total{{route={route},outcome=ok}}"
-        ))
-        .copied()
-        .unwrap_or(0);
-    ok + route_counters(
-        hopper,
+    let ok = series::HandlerOutcomes {
         route,
-        &[
-            "hopper_dead_lettered_total{",
-            "hopper_retries_scheduled_total{",
-        ],
-    )
+        outcome: "ok",
+    };
+    hopper_tests::count(hopper.telemetry(), &ok)
+        + route_total::<series::DeadLetters>(hopper, route)
+        + route_total::<series::Retries>(hopper, route)
 }
 
 /// A loopback OTLP/HTTP sink for the `traced` contenders: answers every

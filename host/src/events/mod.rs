@@ -1,0 +1,279 @@
+//! Named events, one type each, as vector's `internal_events`: the type
+//! holds what happened, and its [`InternalEvent::record`] writes its log line
+//! and bumps its counter, through the counter family's type in
+//! [`crate::metrics::series`]. [`Telemetry::emit`] records an event and
+//! broadcasts it to observers (the demo's live view and tests).
+//!
+//! The events are grouped by area: a handler's ([`handler`]), a route's
+//! hops ([`hops`]), a circuit breaker's ([`breaker`]) and the delay relay's
+//! ([`delay`]). Adding an event is its type and its `impl InternalEvent` in
+//! its area, its name in the `events!` list below, and one
+//! `telemetry.emit(...)` where it happens. A hop's event is made from its
+//! [`crate::hop::Outcome`], whose data it reports, when the broker
+//! acknowledges the hop, never when it is planned.
+//!
+//! The events on a message's path ([`Handled`], [`HttpRequest`],
+//! [`HttpDenied`]) are reported through registered handles that hold their
+//! counters ([`Calls`], [`HttpCounters`]).
+//!
+//! Counter labels stay low-cardinality: route, tier, reason, outcome, never
+//! a key or an id. Ids appear only in log lines and broadcast events.
+
+mod breaker;
+mod delay;
+mod handler;
+mod hops;
+mod telemetry;
+
+pub use breaker::{
+    BreakerClosed, BreakerHalfOpen, BreakerOpened, BreakerProbed, PartitionsReleased,
+    PartitionsSuspended,
+};
+pub use delay::{
+    CancelRefused, CancelTooLate, CancellationExpired, CancellationKnown, CancellationNotKept,
+    ScheduleCancelled, TargetLookupAbandoned, TargetLookupFailed,
+};
+pub use handler::{
+    Call, Calls, EmitsDiscarded, Handled, HandlerReloadFailed, HandlerReloaded, HttpCounters,
+    HttpDenied, HttpRequest, STATUS_CLASSES,
+};
+pub use hops::HopFailed;
+pub use telemetry::Telemetry;
+
+use crate::hop::{self, Outcome};
+use crate::metrics::Metrics;
+
+/// One kind of event: writes its log line and bumps its counter.
+pub trait InternalEvent: Into<Event> {
+    fn record(&self, metrics: &Metrics);
+
+    /// Its span, for an event that ends one; called only with export on.
+    fn trace(&self, _tracer: &crate::trace::Tracer) {}
+}
+
+/// The type a variant of [`Event`] holds: its own name, or the hop
+/// outcome's type it reports.
+macro_rules! event_type {
+    ($name:ident) => {
+        $name
+    };
+    ($name:ident $ty:ty) => {
+        $ty
+    };
+}
+
+/// Declares [`Event`], one variant per event type, and its dispatch.
+macro_rules! events {
+    ($($name:ident $(($ty:ty))?),* $(,)?) => {
+        /// Something that happened to one message, or to a route's handler,
+        /// as observers receive it.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Event {
+            $($name(event_type!($name $($ty)?)),)*
+        }
+
+        impl Event {
+            /// Writes the event's log line and bumps its counter.
+            pub fn record(&self, metrics: &Metrics) {
+                match self {
+                    $(Event::$name(event) => event.record(metrics),)*
+                }
+            }
+        }
+
+        $(impl From<event_type!($name $($ty)?)> for Event {
+            fn from(event: event_type!($name $($ty)?)) -> Event {
+                Event::$name(event)
+            }
+        })*
+    };
+}
+
+/// A hop's event, made from its outcome when the broker acknowledges it.
+impl From<Outcome> for Event {
+    fn from(outcome: Outcome) -> Event {
+        match outcome {
+            Outcome::Retry(retry) => Event::RetryScheduled(retry),
+            Outcome::DeadLetter(dead) => Event::DeadLettered(dead),
+            Outcome::Emit(emit) => Event::Emitted(emit),
+            Outcome::Deferral(deferral) => Event::BreakerDeferred(deferral),
+            Outcome::Forward(forward) => Event::Delivered(forward),
+            Outcome::TierHop(hop) => Event::TierHop(hop),
+            Outcome::CancelEntry(entry) => Event::CancelRecorded(entry),
+        }
+    }
+}
+
+/// An event in its broadcast form records as its type does: a hop's event
+/// travels as an [`Event`] until the broker acknowledges the hop.
+impl InternalEvent for Event {
+    fn record(&self, metrics: &Metrics) {
+        Event::record(self, metrics)
+    }
+
+    fn trace(&self, tracer: &crate::trace::Tracer) {
+        if let Event::Delivered(delivered) = self {
+            delivered.trace(tracer);
+        }
+    }
+}
+
+events! {
+    Handled,
+    RetryScheduled(hop::Retry),
+    DeadLettered(hop::DeadLetter),
+    Delivered(hop::Forward),
+    TierHop(hop::TierHop),
+    HandlerReloaded,
+    HandlerReloadFailed,
+    HttpRequest,
+    HttpDenied,
+    Emitted(hop::Emit),
+    HopFailed,
+    EmitsDiscarded,
+    BreakerOpened,
+    BreakerHalfOpen,
+    BreakerProbed,
+    BreakerClosed,
+    BreakerDeferred(hop::Deferral),
+    PartitionsSuspended,
+    PartitionsReleased,
+    TargetLookupFailed,
+    TargetLookupAbandoned,
+    CancelRecorded(hop::CancelEntry),
+    CancellationKnown,
+    ScheduleCancelled,
+    CancelTooLate,
+    CancellationExpired,
+    CancelRefused,
+    CancellationNotKept,
+}
+
+/// The first 12 hex digits of a version, enough to tell versions apart in a
+/// log line.
+pub fn short(version: &str) -> &str {
+    &version[..12.min(version.len())]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ConfigFile;
+    use crate::headers::Reason;
+    use crate::metrics::series;
+    use crate::types::{HopFailure, VerdictKind};
+    use std::time::Duration;
+
+    fn telemetry() -> (Telemetry, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
+        let config = ConfigFile::parse(
+            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
+             retry = [\"5s\"]\n\n[delay]\ntiers = [\"1s\"]\n",
+        )
+        .unwrap()
+        .resolve(dir.path())
+        .unwrap();
+        (Telemetry::for_config(&config, true), dir)
+    }
+
+    /// A hop's event is planned with the hop and counted only when it is
+    /// emitted, which the producer does on the broker's acknowledgement.
+    #[test]
+    fn a_planned_hop_counts_nothing_until_its_event_is_emitted() {
+        let (telemetry, _dir) = telemetry();
+        let metrics = telemetry.metrics();
+        let tier = series::DelayTierHops {
+            tier: "hopper.delay.1s",
+        };
+        assert_eq!(metrics.get(&tier), Some(0));
+        let planned = Outcome::TierHop(hop::TierHop {
+            id: "m-1".into(),
+            tier: "hopper.delay.1s".into(),
+        });
+        assert_eq!(metrics.get(&tier), Some(0), "planning counts nothing");
+        telemetry.emit(Event::from(planned));
+        assert_eq!(metrics.get(&tier), Some(1));
+    }
+
+    /// Each event type bumps the series it names, for its route and
+    /// labels, and no other.
+    #[test]
+    fn each_event_bumps_its_own_counter() {
+        let (telemetry, _dir) = telemetry();
+        let metrics = telemetry.metrics();
+        let route = "orders";
+        let retries = series::Retries {
+            route,
+            tier: "orders.retry.5s",
+        };
+        let fatal = series::DeadLetters {
+            route,
+            reason: "FATAL",
+        };
+        let trap = series::DeadLetters {
+            route,
+            reason: "HANDLER_TRAP",
+        };
+        let retried = series::HopFailures {
+            route,
+            outcome: "retried",
+        };
+        let halted = series::HopFailures {
+            route,
+            outcome: "halted",
+        };
+        let discarded = series::EmittedRecords {
+            route,
+            result: "discarded",
+        };
+        let produced = series::EmittedRecords {
+            route,
+            result: "produced",
+        };
+        let read = |m: &Metrics| {
+            [
+                m.get(&retries),
+                m.get(&fatal),
+                m.get(&trap),
+                m.get(&retried),
+                m.get(&halted),
+                m.get(&discarded),
+                m.get(&produced),
+            ]
+        };
+        assert_eq!(read(metrics), [Some(0); 7], "every series is registered");
+        telemetry.emit(hop::Retry {
+            route: "orders".into(),
+            id: "m-1".into(),
+            attempt: 1,
+            topic: "orders.retry.5s".into(),
+            delay: Duration::from_secs(5),
+            reason: Reason::Retryable,
+            version: None,
+        });
+        telemetry.emit(hop::DeadLetter {
+            route: "orders".into(),
+            id: "m-2".into(),
+            attempt: 3,
+            topic: "orders.dlq".into(),
+            reason: Reason::Fatal,
+            error: "no".into(),
+            version: None,
+        });
+        telemetry.emit(HopFailed {
+            route: "orders".into(),
+            topic: "orders.retry.5s".into(),
+            error: "timed out".into(),
+            outcome: HopFailure::Retried,
+        });
+        telemetry.emit(EmitsDiscarded {
+            route: "orders".into(),
+            id: "m-3".into(),
+            count: 4,
+            verdict: VerdictKind::Fatal,
+        });
+        let counted = read(metrics).map(Option::unwrap);
+        assert_eq!(counted, [1, 1, 0, 1, 0, 4, 0]);
+    }
+}
