@@ -276,4 +276,36 @@ mod tests {
         let counted = read(metrics).map(Option::unwrap);
         assert_eq!(counted, [1, 1, 0, 1, 0, 4, 0]);
     }
+
+    /// Every counter family is exported, once the series a config, a
+    /// route's calls and its grants register exist.
+    #[test]
+    fn every_family_is_exported_under_its_one_name() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
+        let config = crate::config::ConfigFile::parse(
+            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
+             retry = [\"5s\"]\n[route.breaker]\n\n[delay]\n",
+        )
+        .unwrap()
+        .resolve(dir.path())
+        .unwrap();
+        let metrics = Metrics::new(Some(&config), Default::default(), true);
+        // What the route registers when it starts and its grants are built.
+        Calls::register(&metrics, "orders");
+        HttpCounters::register(&metrics, "orders");
+        let scrape = metrics.encode(crate::metrics::Format::Prometheus);
+        for family in series::FAMILIES {
+            let kind = format!("# TYPE {}_total counter", family.name);
+            assert!(scrape.contains(&kind), "{} is not exported", family.name);
+        }
+        let mut names: Vec<&str> = series::FAMILIES.iter().map(|f| f.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            series::FAMILIES.len(),
+            "a name is declared twice"
+        );
+    }
 }

@@ -247,7 +247,7 @@ impl Index {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::metrics::{Format, Metrics};
+    use crate::metrics::Metrics;
 
     #[test]
     fn a_series_is_found_by_its_family_and_every_label_value() {
@@ -288,31 +288,5 @@ mod tests {
             "{:?}",
             metrics.get(&orders)
         );
-    }
-
-    #[test]
-    fn every_family_is_exported_under_its_one_name() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
-        let config = crate::config::ConfigFile::parse(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
-             retry = [\"5s\"]\n[route.breaker]\n\n[delay]\n",
-        )
-        .unwrap()
-        .resolve(dir.path())
-        .unwrap();
-        let metrics = Metrics::new(Some(&config), Default::default(), true);
-        // What the route registers when it starts and its grants are built.
-        crate::events::Calls::register(&metrics, "orders");
-        crate::events::HttpCounters::register(&metrics, "orders");
-        let scrape = metrics.encode(Format::Prometheus);
-        for family in FAMILIES {
-            let kind = format!("# TYPE {}_total counter", family.name);
-            assert!(scrape.contains(&kind), "{} is not exported", family.name);
-        }
-        let mut names: Vec<&str> = FAMILIES.iter().map(|f| f.name).collect();
-        names.sort();
-        names.dedup();
-        assert_eq!(names.len(), FAMILIES.len(), "a name is declared twice");
     }
 }
