@@ -174,3 +174,183 @@ fn topics_created_with_replication_1_are_named_in_a_warning() {
         assert!(warning.contains(&topic), "{topic} not named: {warning}");
     }
 }
+
+/// Messages waiting on a route's input before hopper starts.
+const WAITING: i64 = 5;
+
+/// A route that reads its own input with the no-op handler, and a delay
+/// relay with the default cancellation topic, `extra` after them.
+struct RouteAndRelay {
+    file: TestConfig,
+    input: String,
+    group: String,
+    cancels: String,
+}
+
+impl RouteAndRelay {
+    fn new(extra: &str) -> RouteAndRelay {
+        let name = rand_name("start");
+        let input = format!("{name}.in");
+        let inbox = format!("{name}.delay");
+        let file = TestConfig::new(&format!(
+            "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n\n{extra}",
+            route_table(&name, &input, &plugin("noop"), "")
+        ));
+        let group = file.config().routes[0].group.clone();
+        RouteAndRelay {
+            file,
+            input,
+            group,
+            cancels: format!("{inbox}.cancels"),
+        }
+    }
+
+    /// Puts [`WAITING`] messages on the route's input.
+    async fn fill(&self) {
+        create_topics(&[&self.input]).await;
+        let producer = producer();
+        for i in 0..WAITING {
+            produce(&producer, &self.input, None, &format!("m{i}"), &[]).await;
+        }
+    }
+
+    /// Starts hopper, which must fail; returns its error.
+    async fn start_failing(&self) -> String {
+        match hopper::Hopper::start(self.file.config(), options()).await {
+            Ok(hopper) => {
+                hopper.stop().await;
+                panic!("hopper started");
+            }
+            Err(e) => format!("{e:#}"),
+        }
+    }
+}
+
+/// The tasks alive on the test's runtime.
+fn alive_tasks() -> usize {
+    tokio::runtime::Handle::current()
+        .metrics()
+        .num_alive_tasks()
+}
+
+/// A subscriber that deletes `topic` from the test broker when hopper logs
+/// `message`, before hopper goes on: the log line is written on the task
+/// that starts hopper, which waits for the deletion.
+fn delete_topic_on(message: &'static str, topic: String) -> impl tracing::Subscriber {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    struct Hook {
+        message: &'static str,
+        topic: String,
+    }
+    struct Message(bool, &'static str);
+    impl tracing::field::Visit for Message {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "message" && format!("{value:?}") == self.1 {
+                self.0 = true;
+            }
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Hook {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            let mut seen = Message(false, self.message);
+            event.record(&mut seen);
+            if !seen.0 {
+                return;
+            }
+            let topic = self.topic.clone();
+            std::thread::spawn(move || delete_topic(&topic))
+                .join()
+                .unwrap();
+        }
+    }
+    tracing_subscriber::registry().with(Hook { message, topic })
+}
+
+/// Deletes `topic` and waits until the broker's metadata no longer has it.
+fn delete_topic(topic: &str) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::Consumer as _;
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let deleted = futures::executor::block_on(admin.delete_topics(&[topic], &options)).unwrap();
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let metadata: rdkafka::consumer::BaseConsumer = client_config().create().unwrap();
+    let deadline = std::time::Instant::now() + PATIENCE;
+    while std::time::Instant::now() < deadline {
+        let topics = metadata
+            .fetch_metadata(None, Duration::from_secs(10))
+            .unwrap();
+        if !topics.topics().iter().any(|t| t.name() == topic) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("{topic} is still in the metadata");
+}
+
+/// Regression: a delay relay whose cancellation table could not be loaded
+/// failed `Hopper::start` after every route's pipeline had been spawned,
+/// and those routes went on consuming and committing in a process that had
+/// been told hopper did not start.
+#[tokio::test]
+async fn a_cancellation_table_that_cannot_load_leaves_no_route_committing() {
+    // The same setup with a working relay: the route commits what waits on
+    // its input, and this is how long that takes.
+    let working = RouteAndRelay::new("");
+    working.fill().await;
+    let began = std::time::Instant::now();
+    let hopper = working.file.start().await;
+    until_committed_on(&working.group, &working.input, WAITING).await;
+    let took = began.elapsed();
+    hopper.stop().await;
+
+    // The cancellation topic goes once every topic exists, so the table's
+    // load finds no topic to read.
+    let broken = RouteAndRelay::new("");
+    broken.fill().await;
+    let tasks = alive_tasks();
+    let hooked = tracing::subscriber::set_default(delete_topic_on(
+        "Topics created.",
+        broken.cancels.clone(),
+    ));
+    let error = broken.start_failing().await;
+    drop(hooked);
+    assert!(
+        error.contains("loading the delay relay's cancellation table"),
+        "{error}"
+    );
+    assert!(error.contains(&broken.cancels), "{error}");
+    // Twice the time the working route took to commit, and more.
+    tokio::time::sleep(took * 2 + Duration::from_secs(2)).await;
+    assert_eq!(
+        committed_on(&broken.group, &broken.input),
+        0,
+        "the route committed after the failed start"
+    );
+    assert!(alive_tasks() <= tasks, "tasks were left running");
+}
+
+/// A part that fails to build after every route was built (the admin
+/// server, whose address is taken) leaves nothing running: the routes
+/// consume and commit nothing, and no task of the start is left.
+#[tokio::test]
+async fn a_part_failing_after_the_routes_were_built_leaves_nothing_running() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap();
+    let setup = RouteAndRelay::new(&format!("[admin]\nlisten = \"{addr}\"\n"));
+    setup.fill().await;
+    let tasks = alive_tasks();
+    let error = setup.start_failing().await;
+    assert!(
+        error.contains(&format!("cannot listen on {addr}")),
+        "{error}"
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(committed_on(&setup.group, &setup.input), 0);
+    assert!(alive_tasks() <= tasks, "tasks were left running");
+}

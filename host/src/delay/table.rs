@@ -17,7 +17,7 @@
 //! takes for [`SWEEP_SLICE`] entries at a time, never for the whole table.
 //!
 //! On start the table is read to the end of the topic before the relay
-//! forwards anything ([`CancelTable::start`] returns only then).
+//! forwards anything ([`CancelTable::load`] returns only then).
 
 use super::cancel::{entry_key_id, entry_key_partition};
 use super::entries::{Entries, Entry};
@@ -150,8 +150,8 @@ pub struct CancelTable {
 }
 
 impl CancelTable {
-    /// An empty table with no bound; [`CancelTable::start`] fills and
-    /// follows it.
+    /// An empty table with no bound; [`CancelTable::load`] fills it, and
+    /// [`LoadedTable::follow`] follows it.
     pub fn new(topic: &str, lifetime: Duration, telemetry: Telemetry) -> CancelTable {
         CancelTable {
             entries: Mutex::new(Entries::new()),
@@ -434,20 +434,19 @@ impl CancelTable {
         Ok(true)
     }
 
-    /// Reads the cancellation topic to its end into a new table, then keeps
-    /// following it (and dropping expired entries) until `shutdown`.
-    pub async fn start(
+    /// Reads the cancellation topic to its end into a new table. Nothing
+    /// follows the topic until [`LoadedTable::follow`].
+    pub async fn load(
         cluster: &Cluster,
         topic: &str,
         lifetime: Duration,
         max: usize,
         telemetry: Telemetry,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<Arc<CancelTable>> {
+    ) -> anyhow::Result<LoadedTable> {
         let table = Arc::new(CancelTable::new(topic, lifetime, telemetry).bounded(max));
-        let consumer = reader(cluster, topic)?;
+        let reader = reader(cluster, topic)?;
         let started = std::time::Instant::now();
-        read_to_end(&consumer, topic, |record| table.apply(record)).await?;
+        read_to_end(&reader, topic, |record| table.apply(record)).await?;
         table.gauge();
         tracing::info!(
             topic,
@@ -455,6 +454,22 @@ impl CancelTable {
             took_ms = started.elapsed().as_millis() as u64,
             "Cancellation table loaded."
         );
+        Ok(LoadedTable { table, reader })
+    }
+}
+
+/// A table read to the end of its topic, with the reader that goes on from
+/// there once it follows.
+pub struct LoadedTable {
+    pub table: Arc<CancelTable>,
+    reader: StreamConsumer<ReaderContext>,
+}
+
+impl LoadedTable {
+    /// Keeps following the topic (and dropping expired entries) until
+    /// `shutdown`.
+    pub fn follow(self, shutdown: CancellationToken) -> Arc<CancelTable> {
+        let LoadedTable { table, reader } = self;
         let following = table.clone();
         tokio::spawn(async move {
             let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -462,7 +477,7 @@ impl CancelTable {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = sweep.tick() => following.sweep_yielding(now_ms()).await,
-                    record = consumer.recv() => match record {
+                    record = reader.recv() => match record {
                         Ok(record) => following.apply(&record),
                         Err(KafkaError::PartitionEOF(_)) => {}
                         Err(e) => {
@@ -473,7 +488,7 @@ impl CancelTable {
                 }
             }
         });
-        Ok(table)
+        table
     }
 }
 
