@@ -20,6 +20,7 @@ pub mod delay;
 pub mod dlq;
 pub mod egress;
 pub mod embedded;
+mod error;
 pub mod events;
 pub mod headers;
 pub mod health;
@@ -45,6 +46,7 @@ pub mod traceparent;
 pub mod types;
 
 pub use allocator::{Allocator, tune_allocator};
+pub use error::{Error, HandlerError, IoError};
 pub use startup::{MAX_SHUTDOWN_TIMEOUT, Options, Stopped};
 
 use config::Config;
@@ -64,8 +66,9 @@ impl Hopper {
     /// server and the reloader; only then starts them. Nothing starts
     /// unless all of that succeeds, and a start that fails stops what it
     /// started before it returns; a failure names every handler that could
-    /// not be loaded.
-    pub async fn start(config: Config, options: Options) -> anyhow::Result<Hopper> {
+    /// not be loaded. The [`Error`]'s kind says what failed (the config,
+    /// Kafka, a handler, ...).
+    pub async fn start(config: Config, options: Options) -> Result<Hopper, Error> {
         let running = startup::start(config, options).await?;
         Ok(Hopper { running })
     }

@@ -292,6 +292,11 @@ pub struct HopProducer {
     room: Arc<Room>,
 }
 
+/// A second gate was offered to a hop producer ([`HopProducer::set_gate`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the hop producer already has a gate")]
+pub struct GateTaken;
+
 impl HopProducer {
     /// Wraps a producer created from `config`, and starts the task that
     /// produces failed hops again. It holds at most `hops_held` hops the
@@ -306,7 +311,7 @@ impl HopProducer {
         telemetry: Telemetry,
         pending: TaskTracker,
         halt: Arc<Halt>,
-    ) -> anyhow::Result<Arc<HopProducer>> {
+    ) -> rdkafka::error::KafkaResult<Arc<HopProducer>> {
         let (redo, redos) = mpsc::unbounded_channel();
         let room = Arc::new(Room::new(hops_held));
         let context = HopContext {
@@ -350,10 +355,8 @@ impl HopProducer {
 
     /// Has `gate` look at every hop before it is produced. Set once, before
     /// the first hop; a second gate is refused.
-    pub fn set_gate(&self, gate: Arc<dyn Gate>) -> Result<(), &'static str> {
-        self.gate
-            .set(gate)
-            .map_err(|_| "the hop producer already has a gate")
+    pub fn set_gate(&self, gate: Arc<dyn Gate>) -> Result<(), GateTaken> {
+        self.gate.set(gate).map_err(|_| GateTaken)
     }
 
     /// Enqueues `record`; once it is acknowledged, `event` is emitted and

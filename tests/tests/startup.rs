@@ -214,14 +214,30 @@ impl RouteAndRelay {
         }
     }
 
-    /// Starts hopper, which must fail; returns its error.
+    /// Starts hopper, which must fail; returns its error, with its causes.
     async fn start_failing(&self) -> String {
-        match hopper::Hopper::start(self.file.config(), options()).await {
-            Ok(hopper) => {
-                hopper.stop().await;
-                panic!("hopper started");
+        start_failing(self.file.config()).await.1
+    }
+}
+
+/// Starts hopper with `config`, which must fail; returns the error and its
+/// text with every cause, which reads as `anyhow` reads the chain.
+async fn start_failing(config: hopper::config::Config) -> (hopper::Error, String) {
+    match hopper::Hopper::start(config, options()).await {
+        Ok(hopper) => {
+            hopper.stop().await;
+            panic!("hopper started");
+        }
+        Err(e) => {
+            let text = format!("{e:#}");
+            let mut chain = e.to_string();
+            let mut cause = std::error::Error::source(&e);
+            while let Some(c) = cause {
+                chain.push_str(&format!(": {c}"));
+                cause = c.source();
             }
-            Err(e) => format!("{e:#}"),
+            assert_eq!(text, chain, "`{{:#}}` and the error's causes differ");
+            (e, text)
         }
     }
 }
@@ -353,4 +369,67 @@ async fn a_part_failing_after_the_routes_were_built_leaves_nothing_running() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(committed_on(&setup.group, &setup.input), 0);
     assert!(alive_tasks() <= tasks, "tasks were left running");
+}
+
+/// An embedder tells what failed from the error's kind: a config that
+/// cannot run, a broker that does not answer, a handler that does not
+/// load.
+#[tokio::test]
+async fn an_embedder_tells_what_failed_from_the_errors_kind() {
+    use hopper::config::ConfigError;
+    use hopper::kafka::KafkaError;
+    let dir = tempfile::tempdir().unwrap();
+    let broken = dir.path().join("notes.wasm");
+    std::fs::write(&broken, b"hello").unwrap();
+    let name = rand_name("kinds");
+    let route = |handler: &std::path::Path| {
+        TestConfig::new(&route_table(&name, &format!("{name}.in"), handler, ""))
+    };
+
+    let mut config = route(&plugin("noop")).config();
+    config.kafka.brokers = Some(" ".into());
+    let (error, text) = start_failing(config).await;
+    assert!(
+        matches!(error, hopper::Error::Config(ConfigError::NoBrokers)),
+        "{text}"
+    );
+
+    let config = route(&plugin("noop")).config();
+    let options = hopper::Options {
+        shutdown_timeout: hopper::MAX_SHUTDOWN_TIMEOUT * 2,
+        ..options()
+    };
+    let error = hopper::Hopper::start(config, options).await.err().unwrap();
+    assert!(
+        matches!(
+            error,
+            hopper::Error::Config(ConfigError::ShutdownTimeout { .. })
+        ),
+        "{error:#}"
+    );
+
+    let (error, text) = start_failing(route(&broken).config()).await;
+    let hopper::Error::Handler(hopper::HandlerError::Load(failures)) = &error else {
+        panic!("not a handler error: {text}");
+    };
+    assert_eq!(failures.len(), 1, "{text}");
+    assert_eq!(failures[0].0, name);
+    assert!(
+        matches!(failures[0].1, hopper::plugin::LoadError::NotWasm { .. }),
+        "{text}"
+    );
+    assert!(text.contains(&format!("route `{name}`")), "{text}");
+
+    // Nothing listens on port 1: after the connection deadline.
+    let mut config = route(&plugin("noop")).config();
+    config.kafka.brokers = Some("127.0.0.1:1".into());
+    let (error, text) = start_failing(config).await;
+    assert!(
+        matches!(error, hopper::Error::Kafka(KafkaError::Connect { .. })),
+        "{text}"
+    );
+    assert!(
+        text.starts_with("cannot connect to Kafka at 127.0.0.1:1"),
+        "{text}"
+    );
 }

@@ -25,10 +25,9 @@ use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hop::OutRecord;
-use crate::kafka::Cluster;
+use crate::kafka::{Cluster, Doing as _, KafkaError as Error};
 use crate::produce::Gate;
 use crate::types::{CancelKind, InboxPosition};
-use anyhow::Context;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
@@ -406,14 +405,14 @@ impl CancelTable {
         cluster: &Cluster,
         topic: &str,
         lifetime: Duration,
-    ) -> anyhow::Result<bool> {
+    ) -> Result<bool, Error> {
         if !cluster.kafka.create_topics || cluster.existing_topics()?.contains(topic) {
             return Ok(false);
         }
         let admin: AdminClient<crate::kafka::WatchedContext> = cluster
             .producer_config()
             .create_with_context(cluster.watched("admin"))
-            .context("creating an admin client")?;
+            .doing(|| "creating an admin client".into())?;
         let retention = lifetime.as_millis().to_string();
         let new = NewTopic::new(
             topic,
@@ -426,9 +425,7 @@ impl CancelTable {
         for result in admin.create_topics([&new], &options).await? {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => {
-                    anyhow::bail!("cannot create the cancellation topic `{topic}`: {code}")
-                }
+                Err((topic, code)) => return Err(Error::CreateCancels { topic, code }),
             }
         }
         Ok(true)
@@ -442,7 +439,7 @@ impl CancelTable {
         lifetime: Duration,
         max: usize,
         telemetry: Telemetry,
-    ) -> anyhow::Result<LoadedTable> {
+    ) -> Result<LoadedTable, Error> {
         let table = Arc::new(CancelTable::new(topic, lifetime, telemetry).bounded(max));
         let reader = reader(cluster, topic)?;
         let started = std::time::Instant::now();
@@ -494,7 +491,7 @@ impl LoadedTable {
 
 /// A reader of the whole cancellation topic, from its beginning, in no
 /// consumer group.
-fn reader(cluster: &Cluster, topic: &str) -> anyhow::Result<StreamConsumer<ReaderContext>> {
+fn reader(cluster: &Cluster, topic: &str) -> Result<StreamConsumer<ReaderContext>, Error> {
     let mut config = cluster.consumer_config(&format!("{topic}.reader"));
     config
         .set("enable.auto.commit", "false")
@@ -502,27 +499,28 @@ fn reader(cluster: &Cluster, topic: &str) -> anyhow::Result<StreamConsumer<Reade
         .set("fetch.wait.max.ms", "10");
     let consumer: StreamConsumer<ReaderContext> = config
         .create_with_context(ReaderContext(cluster.watch().clone()))
-        .with_context(|| format!("creating the reader of `{topic}`"))?;
+        .doing(|| format!("creating the reader of `{topic}`"))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .with_context(|| format!("reading the partitions of `{topic}`"))?;
+        .doing(|| format!("reading the partitions of `{topic}`"))?;
     let partitions: Vec<i32> = metadata
         .topics()
         .iter()
         .find(|t| t.name() == topic)
         .map(|t| t.partitions().iter().map(|p| p.id()).collect())
         .unwrap_or_default();
-    anyhow::ensure!(
-        !partitions.is_empty(),
-        "the cancellation topic `{topic}` has no partitions"
-    );
+    if partitions.is_empty() {
+        return Err(Error::NoPartitions {
+            topic: topic.to_string(),
+        });
+    }
     let mut assignment = TopicPartitionList::new();
     for partition in &partitions {
         assignment.add_partition_offset(topic, *partition, Offset::Beginning)?;
     }
     consumer
         .assign(&assignment)
-        .with_context(|| format!("reading `{topic}`"))?;
+        .doing(|| format!("reading `{topic}`"))?;
     Ok(consumer)
 }
 
@@ -533,14 +531,14 @@ async fn read_to_end(
     consumer: &StreamConsumer<ReaderContext>,
     topic: &str,
     mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let assignment = consumer.assignment()?;
     let mut unread = HashSet::new();
     for element in assignment.elements() {
         let partition = element.partition();
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
-            .with_context(|| format!("reading the end of `{topic}`[{partition}]"))?;
+            .doing(|| format!("reading the end of `{topic}`[{partition}]"))?;
         if high > low {
             unread.insert((partition, high));
         }
@@ -555,7 +553,12 @@ async fn read_to_end(
             Err(KafkaError::PartitionEOF(partition)) => {
                 unread.retain(|(p, _)| *p != partition);
             }
-            Err(e) => anyhow::bail!("reading the cancellation topic `{topic}`: {e}"),
+            Err(error) => {
+                return Err(Error::ReadCancels {
+                    topic: topic.to_string(),
+                    error,
+                });
+            }
         }
     }
     Ok(())
@@ -569,7 +572,7 @@ pub async fn lookup(
     topic: &str,
     lifetime: Duration,
     id: &str,
-) -> anyhow::Result<Vec<CancelView>> {
+) -> Result<Vec<CancelView>, Error> {
     let table = CancelTable::new(topic, lifetime, Telemetry::new());
     let consumer = reader(cluster, topic)?;
     read_to_end(&consumer, topic, |record| {

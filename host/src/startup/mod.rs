@@ -15,11 +15,11 @@ mod pipelines;
 
 pub(crate) use pipelines::Supervision;
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
+use crate::error::{Error, HandlerError};
 use crate::events::Telemetry;
-use crate::kafka::Cluster;
+use crate::kafka::{Cluster, Doing as _, KafkaError};
 use crate::{admin, delay, health, lag, plugin, reload, renewable, route};
-use anyhow::Context as _;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -46,13 +46,12 @@ pub const MAX_SHUTDOWN_TIMEOUT: std::time::Duration = std::time::Duration::from_
 impl Options {
     /// Checks the options on their own: the shutdown timeout is at most
     /// [`MAX_SHUTDOWN_TIMEOUT`].
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.shutdown_timeout > MAX_SHUTDOWN_TIMEOUT {
-            anyhow::bail!(
-                "the shutdown timeout must be at most {}, not {}",
-                humantime::format_duration(MAX_SHUTDOWN_TIMEOUT),
-                humantime::format_duration(self.shutdown_timeout)
-            );
+            return Err(ConfigError::ShutdownTimeout {
+                max: MAX_SHUTDOWN_TIMEOUT,
+                asked: self.shutdown_timeout,
+            });
         }
         Ok(())
     }
@@ -106,7 +105,7 @@ pub(crate) struct Running {
 }
 
 /// Builds every part of a hopper, then starts them all (the module's doc).
-pub(crate) async fn start(config: Config, options: Options) -> anyhow::Result<Running> {
+pub(crate) async fn start(config: Config, options: Options) -> Result<Running, Error> {
     build(config, options).await?.start().await
 }
 
@@ -137,21 +136,21 @@ struct Relay {
 /// Builds every part of a hopper; nothing of it consumes, commits, follows
 /// or serves until [`Built::start`]. A failure names every handler that
 /// could not be loaded.
-async fn build(config: Config, options: Options) -> anyhow::Result<Built> {
+async fn build(config: Config, options: Options) -> Result<Built, Error> {
     options.validate()?;
     let cluster = Cluster::of(&config.kafka)?;
     // Nothing starts unless a broker answers and takes the credentials:
     // a wrong password or CA fails here, by name, within seconds.
     let check = cluster.clone();
-    tokio::task::spawn_blocking(move || check.check_connection()).await??;
+    tokio::task::spawn_blocking(move || check.check_connection())
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))?;
     let metrics_on = config.admin.as_ref().is_some_and(|a| a.metrics);
-    let telemetry = Telemetry::for_config(&config, metrics_on)
-        .with_tracing(config.tracing.as_ref())
-        .map_err(anyhow::Error::msg)
-        .context("starting span export")?;
+    let telemetry =
+        Telemetry::for_config(&config, metrics_on).with_tracing(config.tracing.as_ref())?;
     telemetry.health().set_connection(cluster.watch().clone());
     let mut runtime = plugin::Runtime::for_routes(&config.routes)
-        .context("starting the WebAssembly runtime")?
+        .map_err(HandlerError::Runtime)?
         .with_telemetry(telemetry.clone());
     if let Some(dir) = &options.cache_dir {
         runtime = runtime.with_cache(dir.clone())?;
@@ -172,11 +171,11 @@ async fn build(config: Config, options: Options) -> anyhow::Result<Built> {
                 );
                 handlers.push(handler);
             }
-            Err(e) => failures.push(format!("route `{}`: {e}", route.name)),
+            Err(e) => failures.push((route.name.clone(), e)),
         }
     }
     if !failures.is_empty() {
-        anyhow::bail!("{}", failures.join("\n"));
+        return Err(HandlerError::Load(failures).into());
     }
 
     // The cancellation topic is compacted: created with its settings
@@ -207,7 +206,7 @@ async fn build(config: Config, options: Options) -> anyhow::Result<Built> {
         let mut topics: Vec<String> = route.topics.clone();
         topics.extend(processor.tiers.keys().cloned());
         let built = pipelines::build(&cluster, &telemetry, &route.group, &topics, processor, None)
-            .with_context(|| format!("starting route `{}`", route.name))?;
+            .map_err(|e| starting(format!("route `{}`", route.name), e))?;
         routes.push(built);
     }
 
@@ -217,7 +216,7 @@ async fn build(config: Config, options: Options) -> anyhow::Result<Built> {
             let metadata = cluster
                 .consumer_config(&relay.group)
                 .create_with_context(cluster.watched("the delay relay's metadata"))
-                .context("creating the delay relay's metadata client")?;
+                .doing(|| "creating the delay relay's metadata client".into())?;
             // Read to its end before the relay forwards anything, so a
             // cancel recorded before a crash or a rebalance still holds.
             let table = delay::CancelTable::load(
@@ -228,13 +227,13 @@ async fn build(config: Config, options: Options) -> anyhow::Result<Built> {
                 telemetry.clone(),
             )
             .await
-            .context("loading the delay relay's cancellation table")?;
+            .map_err(|e| KafkaError::CancelTable(Box::new(e)))?;
             let entries = Arc::new(
                 renewable::AwaitedProducer::new(
                     cluster.producer_config(),
                     "the delay relay's cancellation entries",
                 )
-                .context("creating the delay relay's cancellation producer")?,
+                .doing(|| "creating the delay relay's cancellation producer".into())?,
             );
             let processor = delay::DelayProcessor::new(
                 Arc::new(relay.clone()),
@@ -254,7 +253,7 @@ async fn build(config: Config, options: Options) -> anyhow::Result<Built> {
                 processor,
                 Some(gate),
             )
-            .context("starting the delay relay")?;
+            .map_err(|e| starting("the delay relay".into(), e))?;
             Some(Relay {
                 pipeline,
                 table,
@@ -298,7 +297,7 @@ impl Built {
     /// relay's table follows its topic, the admin server serves. A pipeline
     /// that cannot subscribe stops every part started before it, and the
     /// start waits for them to end before it returns the error.
-    async fn start(self) -> anyhow::Result<Running> {
+    async fn start(self) -> Result<Running, Error> {
         let Built {
             cluster,
             telemetry,
@@ -329,7 +328,7 @@ impl Built {
                 shutdown.cancel();
                 loops.wait().await;
                 reloader.stop().await;
-                return Err(e);
+                return Err(e.into());
             }
         };
         cluster.follow_recovery(shutdown.clone());
@@ -382,13 +381,13 @@ fn start_pipelines(
     start: &pipelines::Start<'_>,
     routes: Vec<pipelines::Built<route::RouteProcessor>>,
     relay: Option<Relay>,
-) -> anyhow::Result<Followed> {
+) -> Result<Followed, KafkaError> {
     for built in routes {
         let route = built.processor().route.clone();
         let topics = built.topics().join(",");
         built
             .start(start)
-            .with_context(|| format!("starting route `{}`", route.name))?;
+            .map_err(|e| starting(format!("route `{}`", route.name), e))?;
         tracing::info!(
             route = route.name,
             topics,
@@ -404,7 +403,7 @@ fn start_pipelines(
     relay
         .pipeline
         .start(start)
-        .context("starting the delay relay")?;
+        .map_err(|e| starting("the delay relay".into(), e))?;
     let table = relay.table.follow(start.shutdown.clone());
     tracing::info!(
         inbox = settings.inbox,
@@ -413,6 +412,15 @@ fn start_pipelines(
         "Delay relay started."
     );
     Ok((Some(table), Some(relay.entries)))
+}
+
+/// `pipeline` (`route `name`` or `the delay relay`) could not be built or
+/// started.
+fn starting(pipeline: String, error: KafkaError) -> KafkaError {
+    KafkaError::Pipeline {
+        pipeline,
+        source: Box::new(error),
+    }
 }
 
 impl Running {

@@ -4,9 +4,8 @@
 
 use crate::events::Telemetry;
 use crate::hop::{self, Processor};
-use crate::kafka::{self, Cluster};
+use crate::kafka::{self, Cluster, Doing as _, KafkaError};
 use crate::{pipeline, produce};
-use anyhow::Context as _;
 use rdkafka::consumer::Consumer;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -52,7 +51,7 @@ pub(crate) fn build<P: Processor>(
     topics: &[String],
     processor: P,
     gate: Option<Arc<dyn produce::Gate>>,
-) -> anyhow::Result<Built<P>> {
+) -> Result<Built<P>, KafkaError> {
     let pipeline::Connected {
         consumer,
         rebalances,
@@ -62,7 +61,7 @@ pub(crate) fn build<P: Processor>(
         processor.name(),
         cluster.watch().clone(),
     )
-    .context("creating the consumer")?;
+    .doing(|| "creating the consumer".into())?;
     let acks = TaskTracker::new();
     let halt = Arc::new(hop::Halt::default());
     let producer = produce::HopProducer::new(
@@ -74,9 +73,12 @@ pub(crate) fn build<P: Processor>(
         acks.clone(),
         halt.clone(),
     )
-    .context("creating the producer")?;
+    .doing(|| "creating the producer".into())?;
     if let Some(gate) = gate {
-        producer.set_gate(gate).map_err(anyhow::Error::msg)?;
+        // A producer just made has no gate yet.
+        producer
+            .set_gate(gate)
+            .expect("a new producer takes its gate");
     }
     Ok(Built {
         topics: topics.to_vec(),
@@ -106,7 +108,7 @@ impl<P: Processor> Built<P> {
     /// Subscribes the consumer and spawns the loop, under a supervisor that
     /// notices when it ends: a pipeline that fails (or whose loop panics)
     /// stops the whole hopper, non-zero.
-    pub fn start(self, start: &Start<'_>) -> anyhow::Result<()> {
+    pub fn start(self, start: &Start<'_>) -> Result<(), KafkaError> {
         let Built {
             topics,
             shared,
@@ -116,7 +118,7 @@ impl<P: Processor> Built<P> {
         shared
             .consumer
             .subscribe(&subscription)
-            .context("subscribing")?;
+            .doing(|| "subscribing".into())?;
         let name = shared.processor.name().to_string();
         let assigned = Arc::downgrade(&shared.consumer);
         start.telemetry.health().set_assignment_probe(
