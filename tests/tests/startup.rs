@@ -1,6 +1,7 @@
 //! What `hopper run` does before any message moves: a config without
-//! brokers is refused unless the in-memory broker is asked for, and topics
-//! created with replication 1 are called out.
+//! brokers is refused unless the in-memory broker is asked for, topics
+//! created with replication 1 are called out, a start that fails leaves
+//! nothing running, and its error's kind says what failed.
 //!
 //! Regression: a config that forgot `kafka.brokers` silently ran on an
 //! in-memory broker that loses everything on exit.
