@@ -8,21 +8,38 @@ use crate::config::Config;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
 
+/// Why the embedded broker could not serve a config.
+#[derive(Debug, thiserror::Error)]
+pub enum EmbeddedError {
+    #[error("cannot start the embedded broker: {0}")]
+    Start(rdkafka::error::KafkaError),
+    #[error("cannot create topic {topic} on the embedded broker: {error}")]
+    CreateTopic {
+        topic: String,
+        error: rdkafka::error::KafkaError,
+    },
+    /// Neither brokers nor the embedded broker were asked for.
+    #[error(
+        "no brokers: set kafka.brokers in the config, or pass --brokers (or HOPPER_BROKERS); \
+         to try hopper on an in-memory broker that keeps nothing, pass --embedded or set kafka.embedded = true"
+    )]
+    NoBrokers,
+}
+
 pub struct EmbeddedBroker {
     cluster: MockCluster<'static, DefaultProducerContext>,
 }
 
 impl EmbeddedBroker {
-    pub fn start() -> anyhow::Result<EmbeddedBroker> {
-        let cluster = MockCluster::new(1)
-            .map_err(|e| anyhow::anyhow!("cannot start the embedded broker: {e}"))?;
+    pub fn start() -> Result<EmbeddedBroker, EmbeddedError> {
+        let cluster = MockCluster::new(1).map_err(EmbeddedError::Start)?;
         Ok(EmbeddedBroker { cluster })
     }
 
     /// Starts a broker for `config`: creates every topic the config reads or
     /// writes and points `config.kafka.brokers` at it. The broker must
     /// outlive the hopper that uses it.
-    pub fn serve(config: &mut Config) -> anyhow::Result<EmbeddedBroker> {
+    pub fn serve(config: &mut Config) -> Result<EmbeddedBroker, EmbeddedError> {
         let broker = EmbeddedBroker::start()?;
         broker.create_topics(&config.all_topics(), config.kafka.partitions)?;
         config.kafka.brokers = Some(broker.bootstrap_servers());
@@ -34,7 +51,10 @@ impl EmbeddedBroker {
     /// true` in a config without brokers. A config with neither brokers nor
     /// the flag is an error that says how to fix it: an in-memory broker is
     /// never chosen silently, because it loses every message on exit.
-    pub fn when_asked(config: &mut Config, asked: bool) -> anyhow::Result<Option<EmbeddedBroker>> {
+    pub fn when_asked(
+        config: &mut Config,
+        asked: bool,
+    ) -> Result<Option<EmbeddedBroker>, EmbeddedError> {
         let has_brokers = config
             .kafka
             .brokers
@@ -44,10 +64,7 @@ impl EmbeddedBroker {
             return Ok(None);
         }
         if !asked && !config.kafka.embedded {
-            anyhow::bail!(
-                "no brokers: set kafka.brokers in the config, or pass --brokers (or HOPPER_BROKERS); \
-                 to try hopper on an in-memory broker that keeps nothing, pass --embedded or set kafka.embedded = true"
-            );
+            return Err(EmbeddedError::NoBrokers);
         }
         EmbeddedBroker::serve(config).map(Some)
     }
@@ -69,12 +86,13 @@ impl EmbeddedBroker {
         &self,
         topics: impl IntoIterator<Item = &'a String>,
         partitions: i32,
-    ) -> anyhow::Result<()> {
+    ) -> Result<(), EmbeddedError> {
         for topic in topics {
             self.cluster
                 .create_topic(topic, partitions, 1)
-                .map_err(|e| {
-                    anyhow::anyhow!("cannot create topic {topic} on the embedded broker: {e}")
+                .map_err(|error| EmbeddedError::CreateTopic {
+                    topic: topic.clone(),
+                    error,
                 })?;
         }
         Ok(())

@@ -178,6 +178,12 @@ pub enum LoadError {
     Transport(#[from] TransportError),
 }
 
+/// Why the WebAssembly runtime could not be made (wasmtime's engine or
+/// linker refused the settings), in wasmtime's words.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RuntimeError(String);
+
 /// The per-process WebAssembly runtime: one engine, one linker, the
 /// optional cache of compiled artifacts, and every route's grants.
 #[derive(Clone)]
@@ -213,7 +219,7 @@ impl Runtime {
     /// route's `max_instances` twice over, because a reload runs two
     /// versions of a handler side by side for a while (the calls still on
     /// the old version, and its idle instances until the last of them ends).
-    pub fn for_routes(routes: &[Route]) -> anyhow::Result<Runtime> {
+    pub fn for_routes(routes: &[Route]) -> Result<Runtime, RuntimeError> {
         let memory = routes.iter().map(|r| r.memory_bytes).max();
         let instances: usize = routes.iter().map(|r| r.max_instances).sum();
         Runtime::sized(memory.unwrap_or(64 << 20), (2 * instances).max(1))
@@ -221,7 +227,7 @@ impl Runtime {
 
     /// A runtime with [`STANDALONE_INSTANCES`] instance slots and linear
     /// memories of up to `max_memory_bytes`.
-    pub fn new(max_memory_bytes: usize) -> anyhow::Result<Runtime> {
+    pub fn new(max_memory_bytes: usize) -> Result<Runtime, RuntimeError> {
         Runtime::sized(max_memory_bytes, STANDALONE_INSTANCES)
     }
 
@@ -232,7 +238,7 @@ impl Runtime {
     /// Each memory slot reserves (not commits) 4 GiB of address space plus
     /// its guard, so the pool is sized from the config, not for the most any
     /// config could ask: a fixed 2,000 slots reserved 8 TiB per engine.
-    pub fn sized(max_memory_bytes: usize, instances: usize) -> anyhow::Result<Runtime> {
+    pub fn sized(max_memory_bytes: usize, instances: usize) -> Result<Runtime, RuntimeError> {
         let instances = u32::try_from(instances).unwrap_or(u32::MAX);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(instances)
@@ -305,7 +311,8 @@ impl Runtime {
         bindings::Handler::add_to_linker::<_, HasSelf<_>>(&mut linker, |s: &mut GuestState| s)
             .map_err(wasm_error)?;
 
-        let ticker = Arc::new(EpochTicker::start(engine.clone())?);
+        let ticker =
+            Arc::new(EpochTicker::start(engine.clone()).map_err(|e| RuntimeError(e.to_string()))?);
         Ok(Runtime {
             engine,
             ticker,
@@ -518,9 +525,10 @@ pub fn version_of(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// wasmtime's error type is its own; the host's edges speak anyhow.
-fn wasm_error(e: wasmtime::Error) -> anyhow::Error {
-    anyhow::anyhow!("{e:#}")
+/// wasmtime's error type is its own: its whole chain, on the runtime's
+/// error.
+fn wasm_error(e: wasmtime::Error) -> RuntimeError {
+    RuntimeError(format!("{e:#}"))
 }
 
 /// The innermost message of an error chain, on one line.

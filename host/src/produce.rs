@@ -291,6 +291,11 @@ pub struct HopProducer {
     room: Arc<Room>,
 }
 
+/// A second veto was offered to a hop producer ([`HopProducer::set_veto`]).
+#[derive(Debug, thiserror::Error)]
+#[error("the hop producer already has a veto")]
+pub struct VetoTaken;
+
 impl HopProducer {
     /// Wraps a producer created from `config`, and starts the task that
     /// produces failed hops again. It holds at most `hops_held` hops the
@@ -305,7 +310,7 @@ impl HopProducer {
         telemetry: Telemetry,
         pending: TaskTracker,
         halt: Arc<Halt>,
-    ) -> anyhow::Result<Arc<HopProducer>> {
+    ) -> rdkafka::error::KafkaResult<Arc<HopProducer>> {
         let (redo, redos) = mpsc::unbounded_channel();
         let room = Arc::new(Room::new(hops_held));
         let context = HopContext {
@@ -349,10 +354,8 @@ impl HopProducer {
 
     /// Has `veto` look at every hop before it is produced. Set once, before
     /// the first hop; a second one is refused.
-    pub fn set_veto(&self, veto: Arc<dyn Veto>) -> Result<(), &'static str> {
-        self.veto
-            .set(veto)
-            .map_err(|_| "the hop producer already has a veto")
+    pub fn set_veto(&self, veto: Arc<dyn Veto>) -> Result<(), VetoTaken> {
+        self.veto.set(veto).map_err(|_| VetoTaken)
     }
 
     /// Enqueues `hop`'s record; once it is acknowledged, `done` is completed

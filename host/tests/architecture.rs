@@ -6,6 +6,11 @@
 //! comments, is an edge. Regression test for the cycles that once ran
 //! `pipeline` ↔ `produce`, `pipeline` ↔ `scheduler`, `pipeline` ↔ `events`
 //! and `config` ↔ `kafka`.
+//!
+//! lib.rs is the crate's map, above every module: its module declarations,
+//! re-exports and the `Hopper` facade over `startup`, which builds and
+//! starts everything and which no other module names. Regression test for
+//! the lib.rs that held start-up itself, the allocator and the options.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -133,6 +138,73 @@ fn the_module_graph_has_no_cycles() {
             cycle.join(" → ")
         );
     }
+}
+
+/// `startup` wires every module together, so it is the top of the graph:
+/// a module that named it would depend on all the others.
+#[test]
+fn no_module_names_startup() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let graph = module_graph(&src);
+    assert!(graph.contains_key("startup"), "no startup module");
+    for (module, uses) in &graph {
+        assert!(
+            !uses.contains("startup"),
+            "module `{module}` names `crate::startup`, the top of the module graph"
+        );
+    }
+}
+
+/// The statements a method of the `Hopper` facade may hold: it hands the
+/// call to what `startup` built.
+const FACADE_STATEMENTS: usize = 3;
+
+/// lib.rs holds module declarations, re-exports and the `Hopper` facade,
+/// whose methods are thin: what they do lives in the modules.
+#[test]
+fn lib_rs_is_the_map_and_the_facade() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lib.rs");
+    let file = syn::parse_file(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let mut wrong = Vec::new();
+    for item in &file.items {
+        match item {
+            syn::Item::Mod(m) if m.content.is_none() => {}
+            syn::Item::Use(_) => {}
+            syn::Item::Struct(s) if s.ident == "Hopper" => {}
+            syn::Item::Impl(i) if i.trait_.is_none() && names_hopper(&i.self_ty) => {
+                for member in &i.items {
+                    let syn::ImplItem::Fn(f) = member else {
+                        wrong.push("an impl item of `Hopper` that is not a method".to_string());
+                        continue;
+                    };
+                    let statements = f.block.stmts.len();
+                    if statements > FACADE_STATEMENTS {
+                        wrong.push(format!(
+                            "`Hopper::{}`, {statements} statements (at most {FACADE_STATEMENTS})",
+                            f.sig.ident
+                        ));
+                    }
+                }
+            }
+            syn::Item::Mod(m) => wrong.push(format!("the inline module `{}`", m.ident)),
+            syn::Item::Fn(f) => wrong.push(format!("the function `{}`", f.sig.ident)),
+            syn::Item::Struct(s) => wrong.push(format!("the struct `{}`", s.ident)),
+            syn::Item::Enum(e) => wrong.push(format!("the enum `{}`", e.ident)),
+            syn::Item::Const(c) => wrong.push(format!("the const `{}`", c.ident)),
+            syn::Item::Static(s) => wrong.push(format!("the static `{}`", s.ident)),
+            syn::Item::Impl(_) => wrong.push("an impl of something other than `Hopper`".into()),
+            _ => wrong.push("an item that is not a module, a re-export or `Hopper`".into()),
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "lib.rs is the crate's map (docs/architecture.md): modules, re-exports and the `Hopper` facade; move these into a module: {}",
+        wrong.join("; ")
+    );
+}
+
+fn names_hopper(ty: &syn::Type) -> bool {
+    matches!(ty, syn::Type::Path(p) if p.path.is_ident("Hopper"))
 }
 
 #[test]

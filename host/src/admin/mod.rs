@@ -76,9 +76,49 @@ pub struct Server {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// An admin server bound to its address that serves nothing yet: hopper
+/// binds it while it builds everything, and serves once all of it was
+/// built. Dropped, it frees the address.
+pub struct Bound {
+    listener: tokio::net::TcpListener,
+    addr: SocketAddr,
+    session: Option<String>,
+    state: Arc<State>,
+}
+
+impl Bound {
+    /// Serves until [`Server::stop`].
+    pub fn serve(self) -> Server {
+        let Bound {
+            listener,
+            addr,
+            session,
+            state,
+        } = self;
+        let app = router(state);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        let task = tokio::spawn(async move {
+            let serve = axum::serve(listener, app)
+                .with_graceful_shutdown(async move { stopped.cancelled().await });
+            if let Err(e) = serve.await {
+                tracing::error!(error = %e, "Admin server failed.");
+            }
+        });
+        tracing::info!(address = %addr, "Admin server listening.");
+        Server {
+            addr,
+            session,
+            stop,
+            task,
+        }
+    }
+}
+
 impl Server {
-    /// Binds `admin.listen` and serves until [`Server::stop`].
-    pub async fn start(context: Context, admin: Admin) -> Result<Server, AdminError> {
+    /// Binds `admin.listen`, and makes the session token when no token is
+    /// configured; serves nothing until [`Bound::serve`].
+    pub async fn bind(context: Context, admin: Admin) -> Result<Bound, AdminError> {
         let listener = tokio::net::TcpListener::bind(admin.listen)
             .await
             .map_err(|source| AdminError::Listen {
@@ -105,22 +145,11 @@ impl Server {
             context,
             admin,
         });
-        let app = router(state);
-        let stop = CancellationToken::new();
-        let stopped = stop.clone();
-        let task = tokio::spawn(async move {
-            let serve = axum::serve(listener, app)
-                .with_graceful_shutdown(async move { stopped.cancelled().await });
-            if let Err(e) = serve.await {
-                tracing::error!(error = %e, "Admin server failed.");
-            }
-        });
-        tracing::info!(address = %addr, "Admin server listening.");
-        Ok(Server {
+        Ok(Bound {
+            listener,
             addr,
             session,
-            stop,
-            task,
+            state,
         })
     }
 

@@ -255,6 +255,15 @@ pub enum ConfigError {
         path: PathBuf,
         problems: Vec<String>,
     },
+    #[error("no brokers: set kafka.brokers in the config or pass --brokers")]
+    NoBrokers,
+    /// `Options::shutdown_timeout` past `MAX_SHUTDOWN_TIMEOUT`.
+    #[error(
+        "the shutdown timeout must be at most {}, not {}",
+        humantime::format_duration(*max),
+        humantime::format_duration(*asked)
+    )]
+    ShutdownTimeout { max: Duration, asked: Duration },
 }
 
 struct Problems<'a>(&'a [String]);

@@ -235,7 +235,7 @@ pub struct DelayProcessor {
 }
 
 impl DelayProcessor {
-    /// `table` must be loaded ([`CancelTable::start`]) before the relay
+    /// `table` must be loaded ([`CancelTable::load`]) before the relay
     /// forwards anything.
     pub fn new(
         relay: Arc<DelayRelay>,

@@ -4,6 +4,18 @@ use crate::clock::now_ms;
 use crate::headers;
 use std::time::Duration;
 
+/// Why a schedule or a cancel was not sent.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    #[error("an id is 1 to {} bytes, not {len}", headers::MAX_ID_BYTES)]
+    Id { len: usize },
+    #[error("cannot produce to {inbox}: {error}")]
+    Produce {
+        inbox: String,
+        error: rdkafka::error::KafkaError,
+    },
+}
+
 /// A message to deliver later: the library side of `hopper send`. Any Kafka
 /// client can do the same by producing to the inbox with these headers.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +39,7 @@ impl DelayedMessage {
         &self,
         producer: &rdkafka::producer::FutureProducer,
         inbox: &str,
-    ) -> anyhow::Result<(i32, i64)> {
+    ) -> Result<(i32, i64), SendError> {
         use rdkafka::message::{Header, OwnedHeaders};
         let mut owned = OwnedHeaders::new();
         for (key, value) in &self.headers {
@@ -61,7 +73,10 @@ impl DelayedMessage {
         let delivery = producer
             .send(record, Duration::from_secs(30))
             .await
-            .map_err(|(e, _)| anyhow::anyhow!("cannot produce to {inbox}: {e}"))?;
+            .map_err(|(error, _)| SendError::Produce {
+                inbox: inbox.to_string(),
+                error,
+            })?;
         Ok((delivery.partition, delivery.offset))
     }
 }
@@ -74,14 +89,11 @@ pub async fn cancel(
     producer: &rdkafka::producer::FutureProducer,
     inbox: &str,
     id: &str,
-) -> anyhow::Result<(i32, i64)> {
+) -> Result<(i32, i64), SendError> {
     use rdkafka::message::{Header, OwnedHeaders};
-    anyhow::ensure!(
-        !id.is_empty() && id.len() <= headers::MAX_ID_BYTES,
-        "an id is 1 to {} bytes, not {}",
-        headers::MAX_ID_BYTES,
-        id.len()
-    );
+    if id.is_empty() || id.len() > headers::MAX_ID_BYTES {
+        return Err(SendError::Id { len: id.len() });
+    }
     let owned = OwnedHeaders::new()
         .insert(Header {
             key: headers::CANCEL,
@@ -97,6 +109,9 @@ pub async fn cancel(
     let delivery = producer
         .send(record, Duration::from_secs(30))
         .await
-        .map_err(|(e, _)| anyhow::anyhow!("cannot produce to {inbox}: {e}"))?;
+        .map_err(|(error, _)| SendError::Produce {
+            inbox: inbox.to_string(),
+            error,
+        })?;
     Ok((delivery.partition, delivery.offset))
 }

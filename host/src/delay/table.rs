@@ -17,7 +17,7 @@
 //! forward takes for [`SWEEP_SLICE`] entries at a time, never for the whole table.
 //!
 //! On start the table is read to the end of the topic before the relay
-//! forwards anything ([`CancelTable::start`] returns only then).
+//! forwards anything ([`CancelTable::load`] returns only then).
 
 use super::cancel::{entry_key_id, entry_key_partition};
 use super::entries::{Entries, Entry};
@@ -25,10 +25,9 @@ use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hop::{OutRecord, Outcome};
-use crate::kafka::Cluster;
+use crate::kafka::{Cluster, Doing as _, KafkaError as Error};
 use crate::produce::Veto;
 use crate::types::{CancelKind, InboxPosition};
-use anyhow::Context;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::ClientContext;
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
@@ -150,8 +149,8 @@ pub struct CancelTable {
 }
 
 impl CancelTable {
-    /// An empty table with no bound; [`CancelTable::start`] fills and
-    /// follows it.
+    /// An empty table with no bound; [`CancelTable::load`] fills it, and
+    /// [`LoadedTable::follow`] follows it.
     pub fn new(topic: &str, lifetime: Duration, telemetry: Telemetry) -> CancelTable {
         CancelTable {
             entries: Mutex::new(Entries::new()),
@@ -406,14 +405,14 @@ impl CancelTable {
         cluster: &Cluster,
         topic: &str,
         lifetime: Duration,
-    ) -> anyhow::Result<bool> {
+    ) -> Result<bool, Error> {
         if !cluster.kafka.create_topics || cluster.existing_topics()?.contains(topic) {
             return Ok(false);
         }
         let admin: AdminClient<crate::kafka::WatchedContext> = cluster
             .producer_config()
             .create_with_context(cluster.watched("admin"))
-            .context("creating an admin client")?;
+            .doing(|| "creating an admin client".into())?;
         let retention = lifetime.as_millis().to_string();
         let new = NewTopic::new(
             topic,
@@ -426,28 +425,25 @@ impl CancelTable {
         for result in admin.create_topics([&new], &options).await? {
             match result {
                 Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => {
-                    anyhow::bail!("cannot create the cancellation topic `{topic}`: {code}")
-                }
+                Err((topic, code)) => return Err(Error::CreateCancels { topic, code }),
             }
         }
         Ok(true)
     }
 
-    /// Reads the cancellation topic to its end into a new table, then keeps
-    /// following it (and dropping expired entries) until `shutdown`.
-    pub async fn start(
+    /// Reads the cancellation topic to its end into a new table. Nothing
+    /// follows the topic until [`LoadedTable::follow`].
+    pub async fn load(
         cluster: &Cluster,
         topic: &str,
         lifetime: Duration,
         max: usize,
         telemetry: Telemetry,
-        shutdown: CancellationToken,
-    ) -> anyhow::Result<Arc<CancelTable>> {
+    ) -> Result<LoadedTable, Error> {
         let table = Arc::new(CancelTable::new(topic, lifetime, telemetry).bounded(max));
-        let consumer = reader(cluster, topic)?;
+        let reader = reader(cluster, topic)?;
         let started = std::time::Instant::now();
-        read_to_end(&consumer, topic, |record| table.apply(record)).await?;
+        read_to_end(&reader, topic, |record| table.apply(record)).await?;
         table.gauge();
         tracing::info!(
             topic,
@@ -455,6 +451,22 @@ impl CancelTable {
             took_ms = started.elapsed().as_millis() as u64,
             "Cancellation table loaded."
         );
+        Ok(LoadedTable { table, reader })
+    }
+}
+
+/// A table read to the end of its topic, with the reader that goes on from
+/// there once it follows.
+pub struct LoadedTable {
+    pub table: Arc<CancelTable>,
+    reader: StreamConsumer<ReaderContext>,
+}
+
+impl LoadedTable {
+    /// Keeps following the topic (and dropping expired entries) until
+    /// `shutdown`.
+    pub fn follow(self, shutdown: CancellationToken) -> Arc<CancelTable> {
+        let LoadedTable { table, reader } = self;
         let following = table.clone();
         tokio::spawn(async move {
             let mut sweep = tokio::time::interval(SWEEP_EVERY);
@@ -462,7 +474,7 @@ impl CancelTable {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
                     _ = sweep.tick() => following.sweep_yielding(now_ms()).await,
-                    record = consumer.recv() => match record {
+                    record = reader.recv() => match record {
                         Ok(record) => following.apply(&record),
                         Err(KafkaError::PartitionEOF(_)) => {}
                         Err(e) => {
@@ -473,13 +485,13 @@ impl CancelTable {
                 }
             }
         });
-        Ok(table)
+        table
     }
 }
 
 /// A reader of the whole cancellation topic, from its beginning, in no
 /// consumer group.
-fn reader(cluster: &Cluster, topic: &str) -> anyhow::Result<StreamConsumer<ReaderContext>> {
+fn reader(cluster: &Cluster, topic: &str) -> Result<StreamConsumer<ReaderContext>, Error> {
     let mut config = cluster.consumer_config(&format!("{topic}.reader"));
     config
         .set("enable.auto.commit", "false")
@@ -487,27 +499,28 @@ fn reader(cluster: &Cluster, topic: &str) -> anyhow::Result<StreamConsumer<Reade
         .set("fetch.wait.max.ms", "10");
     let consumer: StreamConsumer<ReaderContext> = config
         .create_with_context(ReaderContext(cluster.watch().clone()))
-        .with_context(|| format!("creating the reader of `{topic}`"))?;
+        .doing(|| format!("creating the reader of `{topic}`"))?;
     let metadata = consumer
         .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .with_context(|| format!("reading the partitions of `{topic}`"))?;
+        .doing(|| format!("reading the partitions of `{topic}`"))?;
     let partitions: Vec<i32> = metadata
         .topics()
         .iter()
         .find(|t| t.name() == topic)
         .map(|t| t.partitions().iter().map(|p| p.id()).collect())
         .unwrap_or_default();
-    anyhow::ensure!(
-        !partitions.is_empty(),
-        "the cancellation topic `{topic}` has no partitions"
-    );
+    if partitions.is_empty() {
+        return Err(Error::NoPartitions {
+            topic: topic.to_string(),
+        });
+    }
     let mut assignment = TopicPartitionList::new();
     for partition in &partitions {
         assignment.add_partition_offset(topic, *partition, Offset::Beginning)?;
     }
     consumer
         .assign(&assignment)
-        .with_context(|| format!("reading `{topic}`"))?;
+        .doing(|| format!("reading `{topic}`"))?;
     Ok(consumer)
 }
 
@@ -518,14 +531,14 @@ async fn read_to_end(
     consumer: &StreamConsumer<ReaderContext>,
     topic: &str,
     mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
-) -> anyhow::Result<()> {
+) -> Result<(), Error> {
     let assignment = consumer.assignment()?;
     let mut unread = HashSet::new();
     for element in assignment.elements() {
         let partition = element.partition();
         let (low, high) = consumer
             .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
-            .with_context(|| format!("reading the end of `{topic}`[{partition}]"))?;
+            .doing(|| format!("reading the end of `{topic}`[{partition}]"))?;
         if high > low {
             unread.insert((partition, high));
         }
@@ -540,7 +553,12 @@ async fn read_to_end(
             Err(KafkaError::PartitionEOF(partition)) => {
                 unread.retain(|(p, _)| *p != partition);
             }
-            Err(e) => anyhow::bail!("reading the cancellation topic `{topic}`: {e}"),
+            Err(error) => {
+                return Err(Error::ReadCancels {
+                    topic: topic.to_string(),
+                    error,
+                });
+            }
         }
     }
     Ok(())
@@ -554,7 +572,7 @@ pub async fn lookup(
     topic: &str,
     lifetime: Duration,
     id: &str,
-) -> anyhow::Result<Vec<CancelView>> {
+) -> Result<Vec<CancelView>, Error> {
     let table = CancelTable::new(topic, lifetime, Telemetry::new());
     let consumer = reader(cluster, topic)?;
     read_to_end(&consumer, topic, |record| {

@@ -11,7 +11,7 @@ pub mod skip;
 pub use browse::{Dlq, DlqError, DlqFilter, DlqPage};
 pub use record::{DlqRecord, DlqSummary, RecordRef};
 pub use replay::{Pacer, Report as ReplayReport};
-pub use skip::{Skipped, is_undecodable, skip_undecodable};
+pub use skip::{SkipError, Skipped, is_undecodable, skip_undecodable};
 
 use crate::clock::now_ms;
 use crate::headers::{self, Envelope, Hop, Reason};

@@ -18,8 +18,7 @@
 use crate::config::{Config, RELAY_ROUTE};
 use crate::dlq::{Plan, plan};
 use crate::headers::{Envelope, Incoming, Reason};
-use crate::kafka::{Cluster, WatchedContext};
-use anyhow::{Context as _, bail};
+use crate::kafka::{Cluster, Doing as _, WatchedContext};
 use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{OwnedHeaders, OwnedMessage, Timestamp};
@@ -63,6 +62,62 @@ enum Look {
     Undecodable(String),
 }
 
+/// Why a skip changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum SkipError {
+    #[error("route `{0}` is not in the config")]
+    UnknownRoute(String),
+    #[error(
+        "group `{group}` is {state} with {members} member(s): stop every hopper that runs `{pipeline}` first (the skip commits for the group, which Kafka allows only while it is empty)"
+    )]
+    GroupActive {
+        group: String,
+        state: String,
+        members: usize,
+        pipeline: String,
+    },
+    #[error(
+        "{topic}[{partition}] reads fine at offset {from}, where group `{group}` stands: nothing to skip"
+    )]
+    Readable {
+        topic: String,
+        partition: i32,
+        from: i64,
+        group: String,
+    },
+    #[error(
+        "{topic}[{partition}] has nothing at offset {from}, where group `{group}` stands: nothing to skip"
+    )]
+    End {
+        topic: String,
+        partition: i32,
+        from: i64,
+        group: String,
+    },
+    #[error("{topic}[{partition}] gave nothing at offset {offset} within {PROBE_TIMEOUT:?}")]
+    Silent {
+        topic: String,
+        partition: i32,
+        offset: i64,
+    },
+    #[error(
+        "group `{group}` never assigned {topic}[{partition}] to the skip: is a hopper of it still running?"
+    )]
+    NotAssigned {
+        group: String,
+        topic: String,
+        partition: i32,
+    },
+    #[error(transparent)]
+    Kafka(#[from] crate::kafka::KafkaError),
+}
+
+impl From<KafkaError> for SkipError {
+    fn from(e: KafkaError) -> SkipError {
+        SkipError::Kafka(e.into())
+    }
+}
+
 /// Skips the undecodable batch where `pipeline` (a route's name, or
 /// `delay`) is stuck on `topic`[`partition`]. Fails, changing nothing,
 /// while a member of the pipeline's group runs, or when the partition
@@ -74,7 +129,7 @@ pub fn skip_undecodable(
     topic: &str,
     partition: i32,
     dry_run: bool,
-) -> anyhow::Result<Skipped> {
+) -> Result<Skipped, SkipError> {
     let (group, dlq) = if pipeline == RELAY_ROUTE
         && let Some(relay) = &config.delay
     {
@@ -84,7 +139,7 @@ pub fn skip_undecodable(
             .routes
             .iter()
             .find(|r| r.name == pipeline)
-            .with_context(|| format!("route `{pipeline}` is not in the config"))?;
+            .ok_or_else(|| SkipError::UnknownRoute(pipeline.to_string()))?;
         (route.group.clone(), route.dlq.clone())
     };
     let consumer: BaseConsumer<WatchedContext> = cluster
@@ -103,20 +158,21 @@ pub fn skip_undecodable(
     if let Some(state) = groups.as_ref().and_then(|g| g.groups().first())
         && !matches!(state.state(), "Empty" | "Dead" | "")
     {
-        bail!(
-            "group `{group}` is {} with {} member(s): stop every hopper that runs `{pipeline}` first (the skip commits for the group, which Kafka allows only while it is empty)",
-            state.state(),
-            state.members().len()
-        );
+        return Err(SkipError::GroupActive {
+            group,
+            state: state.state().to_string(),
+            members: state.members().len(),
+            pipeline: pipeline.to_string(),
+        });
     }
     let (low, high) = consumer
         .fetch_watermarks(topic, partition, PROBE_TIMEOUT)
-        .with_context(|| format!("reading the watermarks of {topic}[{partition}]"))?;
+        .doing(|| format!("reading the watermarks of {topic}[{partition}]"))?;
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
     let committed = consumer
         .committed_offsets(tpl, PROBE_TIMEOUT)
-        .context("reading the group's committed offset")?;
+        .doing(|| "reading the group's committed offset".into())?;
     let from = match committed
         .find_partition(topic, partition)
         .map(|e| e.offset())
@@ -126,12 +182,22 @@ pub fn skip_undecodable(
     };
     let error = match look(cluster, topic, partition, from)? {
         Look::Undecodable(error) => error,
-        Look::Readable => bail!(
-            "{topic}[{partition}] reads fine at offset {from}, where group `{group}` stands: nothing to skip"
-        ),
-        Look::End => bail!(
-            "{topic}[{partition}] has nothing at offset {from}, where group `{group}` stands: nothing to skip"
-        ),
+        Look::Readable => {
+            return Err(SkipError::Readable {
+                topic: topic.to_string(),
+                partition,
+                from,
+                group,
+            });
+        }
+        Look::End => {
+            return Err(SkipError::End {
+                topic: topic.to_string(),
+                partition,
+                from,
+                group,
+            });
+        }
     };
     // The first offset in (from, high] that does not fail as `from` does.
     let (mut bad, mut good) = (from, high);
@@ -199,7 +265,7 @@ pub fn skip_undecodable(
             ),
         )
         .map_err(|(e, _)| e)
-        .with_context(|| format!("writing the dead-letter record to `{dlq}`"))?;
+        .doing(|| format!("writing the dead-letter record to `{dlq}`"))?;
     skipped.dead_letter = Some(format!(
         "{dlq}:{}:{}",
         delivered.partition, delivered.offset
@@ -219,7 +285,7 @@ fn commit_as_member(
     topic: &str,
     partition: i32,
     offset: i64,
-) -> anyhow::Result<()> {
+) -> Result<(), SkipError> {
     consumer.subscribe(&[topic])?;
     let deadline = Instant::now() + PROBE_TIMEOUT * 2;
     loop {
@@ -232,16 +298,18 @@ fn commit_as_member(
             break;
         }
         if Instant::now() > deadline {
-            bail!(
-                "group `{group}` never assigned {topic}[{partition}] to the skip: is a hopper of it still running?"
-            );
+            return Err(SkipError::NotAssigned {
+                group: group.to_string(),
+                topic: topic.to_string(),
+                partition,
+            });
         }
     }
     let mut commit = TopicPartitionList::new();
     commit.add_partition_offset(topic, partition, Offset::Offset(offset))?;
     consumer
         .commit(&commit, CommitMode::Sync)
-        .with_context(|| format!("committing offset {offset} for group `{group}`"))?;
+        .doing(|| format!("committing offset {offset} for group `{group}`"))?;
     consumer.unsubscribe();
     Ok(())
 }
@@ -249,7 +317,7 @@ fn commit_as_member(
 /// Reads `topic`[`partition`] from `offset` with a consumer of its own, in
 /// no group, until it gives a record, the partition's end, or an error it
 /// cannot decode past.
-fn look(cluster: &Cluster, topic: &str, partition: i32, offset: i64) -> anyhow::Result<Look> {
+fn look(cluster: &Cluster, topic: &str, partition: i32, offset: i64) -> Result<Look, SkipError> {
     let consumer: BaseConsumer<WatchedContext> = cluster
         .consumer_config("hopper-skip-probe")
         .set("enable.auto.commit", "false")
@@ -267,5 +335,9 @@ fn look(cluster: &Cluster, topic: &str, partition: i32, offset: i64) -> anyhow::
             Some(Err(_)) | None => {}
         }
     }
-    bail!("{topic}[{partition}] gave nothing at offset {offset} within {PROBE_TIMEOUT:?}")
+    Err(SkipError::Silent {
+        topic: topic.to_string(),
+        partition,
+        offset,
+    })
 }

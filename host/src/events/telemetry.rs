@@ -66,7 +66,7 @@ impl Telemetry {
     pub fn with_tracing(
         mut self,
         tracing: Option<&crate::config::TracingConfig>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, crate::trace::ExportError> {
         if let Some(config) = tracing.filter(|t| t.endpoint.is_some()) {
             self.tracer = crate::trace::Tracer::start(
                 config,

@@ -9,7 +9,7 @@ pub mod watch;
 
 pub use watch::{CONNECT_DEADLINE, ConnectionWatch, WatchedContext};
 
-use crate::config::KafkaConfig;
+use crate::config::{ConfigError, KafkaConfig};
 use rdkafka::ClientConfig;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -41,6 +41,69 @@ pub const RECOVERY_PROBE_EVERY: Duration = Duration::from_secs(5);
 
 /// How long metadata and admin calls may take before startup gives up.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// librdkafka's own error.
+pub use rdkafka::error::KafkaError as ClientError;
+
+/// What went wrong talking to Kafka: each names the brokers, the topics or
+/// what hopper was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaError {
+    /// No broker answered, or one refused the client's settings or
+    /// credentials.
+    #[error("cannot connect to Kafka at {brokers}: {cause}")]
+    Connect { brokers: String, cause: String },
+    #[error("cannot read topic metadata from {brokers}: {error}")]
+    Metadata { brokers: String, error: ClientError },
+    #[error("{} topic(s) are missing and kafka.create_topics is false: {}", missing.len(), missing.join(", "))]
+    Missing { missing: Vec<String> },
+    #[error("cannot create topics: {}", failures.join("; "))]
+    CreateTopics { failures: Vec<String> },
+    #[error("cannot create the cancellation topic `{topic}`: {code}")]
+    CreateCancels {
+        topic: String,
+        code: RDKafkaErrorCode,
+    },
+    #[error("topics were created but never appeared in metadata: {}", topics.join(", "))]
+    NotInMetadata { topics: Vec<String> },
+    #[error("the cancellation topic `{topic}` has no partitions")]
+    NoPartitions { topic: String },
+    #[error("reading the cancellation topic `{topic}`: {error}")]
+    ReadCancels { topic: String, error: ClientError },
+    /// librdkafka refused a call; `doing` says what hopper was doing.
+    #[error("{doing}")]
+    Client {
+        doing: String,
+        #[source]
+        source: ClientError,
+    },
+    #[error(transparent)]
+    Librdkafka(#[from] ClientError),
+    /// A route's pipeline (`route `name``) or the relay's (`the delay
+    /// relay`) could not be built or started.
+    #[error("starting {pipeline}")]
+    Pipeline {
+        pipeline: String,
+        #[source]
+        source: Box<KafkaError>,
+    },
+    #[error("loading the delay relay's cancellation table")]
+    CancelTable(#[source] Box<KafkaError>),
+}
+
+/// Says what hopper was doing when librdkafka refused a call.
+pub trait Doing<T> {
+    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, KafkaError>;
+}
+
+impl<T> Doing<T> for Result<T, ClientError> {
+    fn doing(self, doing: impl FnOnce() -> String) -> Result<T, KafkaError> {
+        self.map_err(|source| KafkaError::Client {
+            doing: doing(),
+            source,
+        })
+    }
+}
 
 /// Where the clients connect, and the extra properties they carry.
 #[derive(Debug, Clone)]
@@ -90,7 +153,7 @@ impl Cluster {
     /// anything starts. Fails at once on an authentication or TLS failure,
     /// and after [`CONNECT_DEADLINE`] when no broker answers, with the cause
     /// in words an operator can act on. Blocks: call it off the runtime.
-    pub fn check_connection(&self) -> anyhow::Result<()> {
+    pub fn check_connection(&self) -> Result<(), KafkaError> {
         let failure: Arc<Mutex<Option<watch::Failure>>> = Arc::default();
         let last: Arc<Mutex<Option<String>>> = Arc::default();
         let probe = Probe {
@@ -175,22 +238,22 @@ impl Cluster {
         client.fetch_metadata(None, Duration::from_secs(5)).is_ok()
     }
 
-    fn cannot_connect(&self, cause: String) -> anyhow::Error {
-        let cause = self.kafka.redact(&cause).into_owned();
-        anyhow::anyhow!("cannot connect to Kafka at {}: {cause}", self.brokers)
+    fn cannot_connect(&self, cause: String) -> KafkaError {
+        KafkaError::Connect {
+            brokers: self.brokers.clone(),
+            cause: self.kafka.redact(&cause).into_owned(),
+        }
     }
 
     /// The cluster `kafka.brokers` names. Fails when it names none: the
     /// embedded broker is started only when asked for
     /// ([`crate::embedded::EmbeddedBroker::serve`]).
-    pub fn of(kafka: &KafkaConfig) -> anyhow::Result<Cluster> {
+    pub fn of(kafka: &KafkaConfig) -> Result<Cluster, ConfigError> {
         let brokers = kafka
             .brokers
             .clone()
             .filter(|b| !b.trim().is_empty())
-            .ok_or_else(|| {
-                anyhow::anyhow!("no brokers: set kafka.brokers in the config or pass --brokers")
-            })?;
+            .ok_or(ConfigError::NoBrokers)?;
         Ok(Cluster::new(brokers, kafka.clone()))
     }
 
@@ -204,8 +267,8 @@ impl Cluster {
     }
 
     /// An idempotent, acks=all producer.
-    pub fn producer(&self) -> anyhow::Result<FutureProducer> {
-        Ok(self.producer_config().create()?)
+    pub fn producer(&self) -> Result<FutureProducer, ClientError> {
+        self.producer_config().create()
     }
 
     /// Settings of an idempotent, acks=all producer. `kafka.properties`
@@ -284,12 +347,15 @@ impl Cluster {
     }
 
     /// Topics that exist on the cluster.
-    pub fn existing_topics(&self) -> anyhow::Result<BTreeSet<String>> {
+    pub fn existing_topics(&self) -> Result<BTreeSet<String>, KafkaError> {
         let consumer: BaseConsumer<WatchedContext> =
             self.base().create_with_context(self.watched("metadata"))?;
-        let metadata = consumer.fetch_metadata(None, ADMIN_TIMEOUT).map_err(|e| {
-            anyhow::anyhow!("cannot read topic metadata from {}: {e}", self.brokers)
-        })?;
+        let metadata = consumer
+            .fetch_metadata(None, ADMIN_TIMEOUT)
+            .map_err(|error| KafkaError::Metadata {
+                brokers: self.brokers.clone(),
+                error,
+            })?;
         Ok(metadata
             .topics()
             .iter()
@@ -300,18 +366,17 @@ impl Cluster {
 
     /// Makes sure every topic in `wanted` exists: creates the missing ones
     /// when the config allows it, and otherwise fails naming all of them.
-    pub async fn ensure_topics(&self, wanted: &BTreeSet<String>) -> anyhow::Result<Vec<String>> {
+    pub async fn ensure_topics(
+        &self,
+        wanted: &BTreeSet<String>,
+    ) -> Result<Vec<String>, KafkaError> {
         let existing = self.existing_topics()?;
         let missing: Vec<String> = wanted.difference(&existing).cloned().collect();
         if missing.is_empty() {
             return Ok(missing);
         }
         if !self.kafka.create_topics {
-            anyhow::bail!(
-                "{} topic(s) are missing and kafka.create_topics is false: {}",
-                missing.len(),
-                missing.join(", ")
-            );
+            return Err(KafkaError::Missing { missing });
         }
         let admin: AdminClient<WatchedContext> =
             self.base().create_with_context(self.watched("admin"))?;
@@ -336,7 +401,7 @@ impl Cluster {
             }
         }
         if !failures.is_empty() {
-            anyhow::bail!("cannot create topics: {}", failures.join("; "));
+            return Err(KafkaError::CreateTopics { failures });
         }
         self.wait_for_topics(&missing).await?;
         if self.kafka.replication == 1 {
@@ -351,7 +416,7 @@ impl Cluster {
     }
 
     /// New topics take a moment to show up in metadata with leaders.
-    async fn wait_for_topics(&self, topics: &[String]) -> anyhow::Result<()> {
+    async fn wait_for_topics(&self, topics: &[String]) -> Result<(), KafkaError> {
         let deadline = tokio::time::Instant::now() + ADMIN_TIMEOUT;
         loop {
             let existing = self.existing_topics()?;
@@ -360,14 +425,9 @@ impl Cluster {
                 return Ok(());
             }
             if tokio::time::Instant::now() > deadline {
-                anyhow::bail!(
-                    "topics were created but never appeared in metadata: {}",
-                    pending
-                        .iter()
-                        .map(|s| s.as_str())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                );
+                return Err(KafkaError::NotInMetadata {
+                    topics: pending.into_iter().cloned().collect(),
+                });
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

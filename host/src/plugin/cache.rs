@@ -148,17 +148,17 @@ impl ArtifactCache {
         }
     }
 
-    fn write(&self, path: &Path, component: &Component) -> anyhow::Result<()> {
+    fn write(&self, path: &Path, component: &Component) -> std::io::Result<()> {
         let artifact = component
             .serialize()
-            .map_err(|e| anyhow::anyhow!("{e:#}"))?;
+            .map_err(|e| std::io::Error::other(format!("{e:#}")))?;
         let mut bytes = Vec::with_capacity(HEADER + artifact.len());
         bytes.extend_from_slice(MAGIC);
         bytes.extend_from_slice(&Sha256::digest(&artifact));
         bytes.extend_from_slice(&artifact);
         let tmp = tempfile::NamedTempFile::new_in(&self.dir)?;
         std::fs::write(tmp.path(), &bytes)?;
-        tmp.persist(path)?;
+        tmp.persist(path).map_err(|e| e.error)?;
         Ok(())
     }
 }

@@ -43,14 +43,20 @@ struct Exporting {
     scope: InstrumentationScope,
 }
 
+/// Why span export could not start. Names the endpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("tracing.endpoint is not set")]
+    NoEndpoint,
+    #[error("tracing.endpoint `{endpoint}`: {detail}")]
+    Endpoint { endpoint: String, detail: String },
+}
+
 impl Tracer {
     /// The tracer of a `[tracing]` table: starts the export task on the
     /// current runtime. Spans it drops are counted on `dropped`.
-    pub fn start(config: &TracingConfig, dropped: Counter) -> Result<Tracer, String> {
-        let endpoint = config
-            .endpoint
-            .clone()
-            .ok_or("tracing.endpoint is not set")?;
+    pub fn start(config: &TracingConfig, dropped: Counter) -> Result<Tracer, ExportError> {
+        let endpoint = config.endpoint.clone().ok_or(ExportError::NoEndpoint)?;
         let client = Client::new();
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -58,7 +64,10 @@ impl Tracer {
             .with_timeout(EXPORT_TIMEOUT)
             .with_http_client(client)
             .build()
-            .map_err(|e| format!("tracing.endpoint `{endpoint}`: {e}"))?;
+            .map_err(|e| ExportError::Endpoint {
+                endpoint: endpoint.clone(),
+                detail: e.to_string(),
+            })?;
         let mut attributes: Vec<KeyValue> = config
             .resource
             .iter()

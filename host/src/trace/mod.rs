@@ -15,7 +15,7 @@ pub use context::{
     Context, SpanId, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceId, Traceparent,
     is_trace_header, parse_traceparent,
 };
-pub use export::{Span, Tracer};
+pub use export::{ExportError, Span, Tracer};
 pub use opentelemetry::trace::SpanKind;
 
 tokio::task_local! {
