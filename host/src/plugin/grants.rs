@@ -5,6 +5,7 @@
 //! route's handler shares them, so a reload keeps the pooled connections.
 //! The [`Registry`] hands each load the route's grants, built on first use.
 
+use super::canned::CannedHttp;
 use crate::config::{Grants, Route};
 use crate::egress::{Resolve, Transport, TransportError, TransportSettings};
 use crate::events::{Counter, Telemetry};
@@ -18,6 +19,9 @@ pub(super) struct RouteGrants {
     /// `None` when the route grants no hosts: every request is denied
     /// without a client ever being built.
     pub(super) transport: Option<Transport<WasiBody>>,
+    /// Answers requests the grants allow in place of the transport, for
+    /// `hopper plugin test`; `None`: requests go out.
+    pub(super) canned: Option<Arc<CannedHttp>>,
     pub(super) telemetry: Telemetry,
     pub(super) counters: GrantCounters,
 }
@@ -53,9 +57,10 @@ impl RouteGrants {
         route: &Route,
         telemetry: &Telemetry,
         resolver: Option<Arc<dyn Resolve>>,
+        canned: Option<Arc<CannedHttp>>,
     ) -> Result<RouteGrants, TransportError> {
         let config = route.grants.clone();
-        let transport = if config.allowed_hosts.is_empty() {
+        let transport = if config.allowed_hosts.is_empty() || canned.is_some() {
             None
         } else {
             let limits = &config.http;
@@ -79,6 +84,7 @@ impl RouteGrants {
         Ok(RouteGrants {
             config,
             transport,
+            canned,
             telemetry: telemetry.clone(),
             counters,
         })
@@ -92,6 +98,8 @@ pub(super) struct Registry {
     routes: Mutex<HashMap<String, Arc<RouteGrants>>>,
     /// Resolves names for every route's client; `None`: the system's.
     resolver: Option<Arc<dyn Resolve>>,
+    /// Answers every route's requests instead of a client, when set.
+    canned: Option<Arc<CannedHttp>>,
 }
 
 impl Registry {
@@ -99,6 +107,16 @@ impl Registry {
         Registry {
             routes: Mutex::default(),
             resolver: Some(resolver),
+            canned: None,
+        }
+    }
+
+    /// A registry whose routes' requests are answered by `canned`.
+    pub(super) fn with_canned(canned: Arc<CannedHttp>) -> Registry {
+        Registry {
+            routes: Mutex::default(),
+            resolver: None,
+            canned: Some(canned),
         }
     }
 
@@ -115,7 +133,12 @@ impl Registry {
         {
             return Ok(grants.clone());
         }
-        let grants = Arc::new(RouteGrants::new(route, telemetry, self.resolver.clone())?);
+        let grants = Arc::new(RouteGrants::new(
+            route,
+            telemetry,
+            self.resolver.clone(),
+            self.canned.clone(),
+        )?);
         routes.insert(route.name.clone(), grants.clone());
         Ok(grants)
     }
