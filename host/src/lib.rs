@@ -40,6 +40,7 @@ pub mod scheduler;
 pub mod spans;
 pub mod trace;
 pub mod traceparent;
+pub mod trial;
 pub mod types;
 
 /// The memory allocator of hopper's binaries and benchmarks. A hop makes
