@@ -43,6 +43,7 @@ pub mod spans;
 mod startup;
 pub mod trace;
 pub mod traceparent;
+pub mod trial;
 pub mod types;
 
 pub use allocator::{Allocator, tune_allocator};

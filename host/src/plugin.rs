@@ -8,6 +8,7 @@
 
 mod cache;
 mod call;
+pub mod canned;
 mod emit;
 mod fit;
 mod grants;
@@ -342,6 +343,21 @@ impl Runtime {
     pub fn with_resolver(mut self, resolver: Arc<dyn crate::egress::Resolve>) -> Runtime {
         self.grants = Arc::new(grants::Registry::with_resolver(resolver));
         self
+    }
+
+    /// Answers handlers' HTTP requests from `canned` instead of the network,
+    /// once the route's grants allowed them (`hopper plugin test`).
+    pub fn with_canned_http(mut self, canned: Arc<canned::CannedHttp>) -> Runtime {
+        self.grants = Arc::new(grants::Registry::with_canned(canned));
+        self
+    }
+
+    /// `handler`, compiled already, under `route`'s grants, limits and
+    /// config: what a test needs for each set of secrets, without compiling
+    /// again.
+    pub fn rebind(&self, handler: &Handler, route: &Route) -> Result<Handler, LoadError> {
+        let grants = self.grants.for_route(route, &self.telemetry)?;
+        Ok(handler.rebound(grants, route))
     }
 
     /// Keeps compiled artifacts in `dir`, and looks there before compiling.

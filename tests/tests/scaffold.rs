@@ -1,7 +1,8 @@
 //! `hopper plugin new` in every language: the project builds with its one
-//! command, `hopper plugin check` accepts the result and names the grants it
-//! needs, and the handler makes its HTTP call and emits its record when a
-//! route grants them.
+//! command, passes its own cases (`./test.sh`, `hopper plugin test`),
+//! `hopper plugin check` accepts the result and names the grants it needs,
+//! and the handler makes its HTTP call and emits its record when a route
+//! grants them.
 //!
 //! The build scripts reuse the toolchains `cargo xtask build-plugins`
 //! installed (`HOPPER_TOOLS` points at them), and the Rust project builds in
@@ -59,7 +60,7 @@ fn scaffold_build_check(lang: &'static str, root: PathBuf) -> Result<PathBuf, St
             String::from_utf8_lossy(&out.stderr)
         ));
     }
-    for file in ["build.sh", "wit/handler.wit"] {
+    for file in ["build.sh", "test.sh", "cases.toml", "wit/handler.wit"] {
         if !dir.join(file).is_file() {
             return Err(format!("{lang}: the project has no {file}"));
         }
@@ -76,6 +77,20 @@ fn scaffold_build_check(lang: &'static str, root: PathBuf) -> Result<PathBuf, St
             "{lang}: build.sh failed ({}):\n{}\n{}",
             out.status,
             String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+
+    // The project's own cases, through its own script.
+    let mut test = Command::new(dir.join("test.sh"));
+    test.env("HOPPER", hopper_bin())
+        .env("HOPPER_CACHE_DIR", hopper_tests::cache_dir());
+    let out = run_bounded(test, &format!("{lang} test.sh"));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !out.status.success() || !text.contains("6 cases: 6 passed, 0 failed.") {
+        return Err(format!(
+            "{lang}: test.sh failed ({}):\n{text}\n{}",
+            out.status,
             String::from_utf8_lossy(&out.stderr)
         ));
     }
@@ -240,6 +255,6 @@ fn plugin_check_lists_the_grants_a_components_imports_need() {
         !acting.contains("extra:"),
         "wasi:http is provided: {acting}"
     );
-    let scripted = check("scripted");
-    assert!(scripted.contains("grants needed: none"), "{scripted}");
+    let noop = check("noop");
+    assert!(noop.contains("grants needed: none"), "{noop}");
 }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 const MAX_PAGE: usize = 500;
 
 /// An API error: a status and a message that names the problem.
-pub(super) struct ApiError(StatusCode, String);
+pub(super) struct ApiError(pub(super) StatusCode, pub(super) String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -47,7 +47,7 @@ impl From<DlqError> for ApiError {
     }
 }
 
-fn bad_request(message: impl Into<String>) -> ApiError {
+pub(super) fn bad_request(message: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, message.into())
 }
 
@@ -58,7 +58,7 @@ pub(super) const MAX_DLQ_READS: usize = 2;
 
 /// Runs `read` against the config's dead-letter topics on the blocking pool,
 /// when fewer than [`MAX_DLQ_READS`] are in flight.
-async fn with_dlq<T: Send + 'static>(
+pub(super) async fn with_dlq<T: Send + 'static>(
     state: &State,
     read: impl FnOnce(&Dlq<'_>) -> Result<T, DlqError> + Send + 'static,
 ) -> Result<T, ApiError> {
@@ -268,7 +268,7 @@ pub(super) struct ListQuery {
     limit: Option<usize>,
 }
 
-fn instant(name: &str, value: Option<String>) -> Result<Option<i64>, ApiError> {
+pub(super) fn instant(name: &str, value: Option<String>) -> Result<Option<i64>, ApiError> {
     match value.filter(|v| !v.trim().is_empty()) {
         None => Ok(None),
         Some(v) => crate::delay::parse_instant(v.trim())

@@ -8,7 +8,8 @@
 //! Without, the server makes a session token at start, which reads only
 //! ([`Server::session_token`]; `hopper run` logs the console's URL with it
 //! and writes it to a file for the CLI), and calls that change state
-//! (replay, cancel) are refused. A non-loopback listen needs a configured
+//! (replay, cancel) or run an uploaded handler (`/api/dlq/try`) are
+//! refused. A non-loopback listen needs a configured
 //! token to start. Tokens are compared in constant time. The API and the
 //! console also refuse a `Host` that is not this server's
 //! (`auth::host_allowed`), so a web page that rebinds its name to 127.0.0.1
@@ -22,6 +23,7 @@
 
 mod api;
 mod auth;
+mod candidate;
 mod console;
 
 use crate::config::{Admin, Config};
@@ -185,6 +187,17 @@ fn router(state: Arc<State>) -> Router {
                 state.clone(),
                 auth::require_token,
             )),
+        )
+        .route(
+            "/dlq/try",
+            post(candidate::dlq_try)
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    candidate::MAX_CANDIDATE_BYTES,
+                ))
+                .route_layer(axum::middleware::from_fn_with_state(
+                    state.clone(),
+                    auth::require_token,
+                )),
         )
         .route("/delay/cancels/{id}", get(api::delay_show))
         .route(

@@ -1,14 +1,17 @@
 //! Dead-lettering: every record hopper writes to a dead-letter topic is
 //! built here, by routes and by the delay relay alike, so every DLQ record
 //! carries the same context headers (docs/headers.md). Reading them back
-//! ([`browse`]) and replaying them ([`replay`]) live beside it.
+//! ([`browse`]), replaying them ([`replay`]) and trying a new handler on
+//! them ([`candidate`]) live beside it.
 
 pub mod browse;
+pub mod candidate;
 pub mod record;
 pub mod replay;
 pub mod skip;
 
 pub use browse::{Dlq, DlqError, DlqFilter, DlqPage};
+pub use candidate::{HttpMode, TryReport, try_candidate};
 pub use record::{DlqRecord, DlqSummary, RecordRef};
 pub use replay::{Pacer, Report as ReplayReport};
 pub use skip::{SkipError, Skipped, is_undecodable, skip_undecodable};

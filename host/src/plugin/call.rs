@@ -122,6 +122,27 @@ impl Handler {
         }
     }
 
+    /// This version under another route's grants, limits and config.
+    pub(super) fn rebound(&self, grants: Arc<RouteGrants>, route: &Route) -> Handler {
+        let inner = &*self.inner;
+        let guest = &inner.guest;
+        Handler::new(
+            (inner.engine.clone(), inner._ticker.clone()),
+            inner.pre.clone(),
+            GuestInfo {
+                route: route.name.clone(),
+                handler: guest.handler.clone(),
+                version: guest.version.clone(),
+                short_version: guest.short_version.clone(),
+                config: route.config.clone(),
+                budget: LineBudget::new(),
+                grants,
+            },
+            route,
+            (inner.cached, inner.load_time),
+        )
+    }
+
     /// File stem of the handler, for example `order_timeout`.
     pub fn name(&self) -> &str {
         &self.inner.guest.handler

@@ -5,6 +5,7 @@
 //! route's handler shares them, so a reload keeps the pooled connections.
 //! The [`Registry`] hands each load the route's grants, built on first use.
 
+use super::canned::CannedHttp;
 use crate::config::{Grants, Route};
 use crate::egress::{Resolve, Transport, TransportError, TransportSettings};
 use crate::events::{HttpCounters, Telemetry};
@@ -19,6 +20,9 @@ pub(super) struct RouteGrants {
     /// `None` when the route grants no hosts: every request is denied
     /// without a client ever being built.
     pub(super) transport: Option<Transport<WasiBody>>,
+    /// Answers requests the grants allow in place of the transport, for
+    /// `hopper plugin test`; `None`: requests go out.
+    pub(super) canned: Option<Arc<CannedHttp>>,
     pub(super) telemetry: Telemetry,
     /// Its handler's HTTP requests.
     pub(super) http: HttpCounters,
@@ -31,9 +35,10 @@ impl RouteGrants {
         route: &Route,
         telemetry: &Telemetry,
         resolver: Option<Arc<dyn Resolve>>,
+        canned: Option<Arc<CannedHttp>>,
     ) -> Result<RouteGrants, TransportError> {
         let config = route.grants.clone();
-        let transport = if config.allowed_hosts.is_empty() {
+        let transport = if config.allowed_hosts.is_empty() || canned.is_some() {
             None
         } else {
             let limits = &config.http;
@@ -52,6 +57,7 @@ impl RouteGrants {
         Ok(RouteGrants {
             config,
             transport,
+            canned,
             telemetry: telemetry.clone(),
             http: HttpCounters::register(metrics, route),
             emits_refused: metrics.handle(&series::EmittedRecords {
@@ -69,6 +75,8 @@ pub(super) struct Registry {
     routes: Mutex<HashMap<String, Arc<RouteGrants>>>,
     /// Resolves names for every route's client; `None`: the system's.
     resolver: Option<Arc<dyn Resolve>>,
+    /// Answers every route's requests instead of a client, when set.
+    canned: Option<Arc<CannedHttp>>,
 }
 
 impl Registry {
@@ -76,6 +84,16 @@ impl Registry {
         Registry {
             routes: Mutex::default(),
             resolver: Some(resolver),
+            canned: None,
+        }
+    }
+
+    /// A registry whose routes' requests are answered by `canned`.
+    pub(super) fn with_canned(canned: Arc<CannedHttp>) -> Registry {
+        Registry {
+            routes: Mutex::default(),
+            resolver: None,
+            canned: Some(canned),
         }
     }
 
@@ -92,7 +110,12 @@ impl Registry {
         {
             return Ok(grants.clone());
         }
-        let grants = Arc::new(RouteGrants::new(route, telemetry, self.resolver.clone())?);
+        let grants = Arc::new(RouteGrants::new(
+            route,
+            telemetry,
+            self.resolver.clone(),
+            self.canned.clone(),
+        )?);
         routes.insert(route.name.clone(), grants.clone());
         Ok(grants)
     }

@@ -156,6 +156,9 @@ impl HttpHooks {
     pub(super) fn refuse(&mut self, request: &HostOutgoingRequest) -> Option<ErrorCode> {
         let target = Target::of(request)?;
         let refusal = self.refusal(&target)?;
+        if let Some(canned) = &self.guest.grants.canned {
+            canned.denied(&target.method, &target.uri, refusal.text(&target));
+        }
         denied(&self.guest, &self.message_id, &target, || {
             refusal.text(&target)
         });
@@ -209,6 +212,9 @@ impl HttpHooks {
             if let Some(reason) = refused {
                 report.denied(reason);
                 return Err(Error::HttpRequestDenied);
+            }
+            if let Some(canned) = &report.guest.grants.canned {
+                return canned.answer(request, head_timeout, max_body).await;
             }
             let started = Instant::now();
             let transport = report

@@ -279,6 +279,38 @@ async function replay(dryRun) {
   }
 }
 
+/** Tries the chosen candidate on the filtered dead letters of one route. */
+async function tryCandidate() {
+  const result = $("try-result");
+  const why = $("try-why");
+  why.replaceChildren();
+  const file = $("try-file").files[0];
+  const route = $("filter-route").value;
+  if (!route || !file) {
+    result.textContent = "Choose a route in the filters and a candidate .wasm first.";
+    return;
+  }
+  const q = filterQuery();
+  q.delete("skip");
+  q.delete("limit");
+  q.set("http", $("try-http").value);
+  result.textContent = "Trying…";
+  try {
+    const report = await call("/api/dlq/try?" + q, {
+      method: "POST",
+      headers: { "Content-Type": "application/wasm", "Authorization": "Bearer " + $("token").value },
+      body: await file.arrayBuffer(),
+    });
+    result.textContent = `${report.total} tried (HTTP ${report.http}): ${report.ok} would succeed, `
+      + `${report.retry} would retry, ${report.dead} would be dead-lettered again, ${report.skipped} skipped`;
+    for (const w of report.why) {
+      why.appendChild(row([w.count, w.outcome, w.reason_class || "", w.reason || ""]));
+    }
+  } catch (e) {
+    result.textContent = "refused: " + e.message;
+  }
+}
+
 async function refresh() {
   try {
     await loadStatus();
@@ -324,6 +356,7 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   $("dry-run").addEventListener("click", () => replay(true));
   $("replay").addEventListener("click", () => replay(false));
+  $("try-form").addEventListener("submit", (e) => { e.preventDefault(); tryCandidate(); });
   for (const button of document.querySelectorAll(".views button")) {
     button.addEventListener("click", () => { state.view = button.dataset.view; renderPayload(); });
   }

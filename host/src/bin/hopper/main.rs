@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 mod demo;
+mod dlq_try;
 mod ops;
 mod scaffold;
 mod session;
+mod test_cases;
 
 #[global_allocator]
 static ALLOCATOR: hopper::Allocator = hopper::Allocator;
@@ -89,8 +91,9 @@ enum Command {
         #[command(subcommand)]
         command: PluginCommand,
     },
-    /// Dead-letter topics: list, show and replay records, straight against
-    /// the brokers (no running hopper needed).
+    /// Dead-letter topics: list, show and replay records, and try a
+    /// candidate handler on them, straight against the brokers (no running
+    /// hopper needed).
     Dlq {
         #[command(subcommand)]
         command: ops::DlqCommand,
@@ -169,6 +172,10 @@ enum PluginCommand {
         #[arg(long)]
         dir: Option<PathBuf>,
     },
+    /// Runs a handler on a cases file (messages, canned HTTP answers,
+    /// secrets and what should happen) with no broker, in the sandbox and
+    /// grants of `hopper run`. Exits 1 when a case fails.
+    Test(test_cases::TestArgs),
 }
 
 #[tokio::main]
@@ -182,6 +189,10 @@ async fn main() -> ExitCode {
     // handler logs, and problems.
     let default_filter = match cli.command {
         Command::Demo { .. } => "warn,hopper::plugin=info",
+        // One line per case: the handler's own logs only when asked for.
+        Command::Plugin {
+            command: PluginCommand::Test(_),
+        } => "warn",
         _ => "info",
     };
     init_logs(cli.log_format, default_filter);
@@ -217,8 +228,14 @@ async fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::New { lang, name, dir },
         } => plugin_new(lang, name, dir),
+        Command::Plugin {
+            command: PluginCommand::Test(args),
+        } => match test_cases::run(args, cache_dir).await {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Send(args) => send(args).await,
-        Command::Dlq { command } => ops::dlq(command).await,
+        Command::Dlq { command } => ops::dlq(command, cache_dir).await,
         Command::Delay { command } => ops::delay(command).await,
         Command::Status(target) => ops::status(target).await,
         Command::Skip(args) => ops::skip(args).await,
@@ -452,7 +469,7 @@ fn plugin_new(lang: scaffold::Lang, name: String, dir: Option<PathBuf>) -> anyho
         println!("  created {}", file.display());
     }
     println!(
-        "Build it with `{}/build.sh`, then `hopper plugin check {}/{name}.wasm`.",
+        "Build it with `{}/build.sh`, then test it with `{}/test.sh` (`hopper plugin test {name}.wasm cases.toml`).",
         dir.display(),
         dir.display()
     );

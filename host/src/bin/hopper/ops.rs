@@ -21,11 +21,15 @@ pub struct Target {
     brokers: Option<String>,
     /// Print JSON instead of a table.
     #[arg(long)]
-    json: bool,
+    pub(crate) json: bool,
 }
 
 impl Target {
-    fn load(&self) -> anyhow::Result<(Config, Cluster)> {
+    pub(crate) fn config_path(&self) -> &std::path::Path {
+        &self.config
+    }
+
+    pub(crate) fn load(&self) -> anyhow::Result<(Config, Cluster)> {
         let mut config = Config::load(&self.config)
             .with_context(|| format!("loading {}", self.config.display()))?;
         if let Some(brokers) = &self.brokers {
@@ -48,7 +52,7 @@ pub(crate) fn connected(cluster: Cluster) -> anyhow::Result<Cluster> {
 pub struct Filter {
     /// Records of this route (`delay`: the delay relay's).
     #[arg(long)]
-    route: Option<String>,
+    pub(crate) route: Option<String>,
     /// The reason class, such as FATAL.
     #[arg(long)]
     reason: Option<String>,
@@ -67,7 +71,7 @@ pub struct Filter {
 }
 
 impl Filter {
-    fn resolve(&self) -> anyhow::Result<DlqFilter> {
+    pub(crate) fn resolve(&self) -> anyhow::Result<DlqFilter> {
         let instant = |name: &str, value: &Option<String>| {
             value
                 .as_deref()
@@ -133,9 +137,13 @@ pub enum DlqCommand {
         #[arg(long)]
         rate: Option<u32>,
     },
+    /// Calls a candidate handler on the selected records of one route, in
+    /// the sandbox, and reports what it would do with each: succeed, retry
+    /// or be dead-lettered again, and why. Writes nothing to any topic.
+    Try(crate::dlq_try::TryArgs),
 }
 
-pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
+pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
     match command {
         DlqCommand::Ls {
             target,
@@ -260,6 +268,7 @@ pub async fn dlq(command: DlqCommand) -> anyhow::Result<()> {
             dry_run,
             rate,
         } => replay(target, records, filter, all, dry_run, rate).await,
+        DlqCommand::Try(args) => crate::dlq_try::run(args, cache_dir).await,
     }
 }
 
@@ -516,7 +525,7 @@ async fn live_status(
     serde_json::from_str(body).map_err(|e| e.to_string())
 }
 
-async fn blocking<T: Send + 'static, E: Into<anyhow::Error> + Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static, E: Into<anyhow::Error> + Send + 'static>(
     work: impl FnOnce() -> Result<T, E> + Send + 'static,
 ) -> anyhow::Result<T> {
     tokio::task::spawn_blocking(work)

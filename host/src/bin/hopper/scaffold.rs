@@ -1,6 +1,7 @@
 //! `hopper plugin new`: a handler project in Rust, Python, JavaScript or C,
 //! from templates built into the binary, with a copy of the WIT and a
-//! one-command build (`./build.sh`).
+//! one-command build (`./build.sh`), and cases for `hopper plugin test`
+//! with the script that runs them (`./test.sh`).
 
 use anyhow::{Context as _, bail};
 use std::path::{Path, PathBuf};
@@ -11,6 +12,13 @@ const COMPONENTIZE_PY: &str = "0.25.1";
 const COMPONENTIZE_JS: &str = "0.23.0";
 const JCO: &str = "1.35.0";
 const WIT_BINDGEN: &str = "0.63.0";
+
+/// Every project's cases for `hopper plugin test`, and the script that runs
+/// them: the four templates behave alike, so one file serves them all.
+const TESTS: [(&str, &str); 2] = [
+    ("cases.toml", include_str!("../../../templates/cases.toml")),
+    ("test.sh", include_str!("../../../templates/test.sh")),
+];
 
 /// The handler world, which every project gets.
 const WIT: &str = include_str!("../../../../wit/handler.wit");
@@ -137,6 +145,7 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     let all = files(lang)
         .iter()
         .copied()
+        .chain(TESTS)
         .chain([("wit/handler.wit", WIT)])
         .chain(http.iter().copied());
     for (path, template) in all {
@@ -180,6 +189,8 @@ mod tests {
             let written = new(lang, "my-handler", &dir).unwrap();
             assert!(written.contains(&dir.join("wit/handler.wit")));
             assert!(written.contains(&dir.join("build.sh")));
+            assert!(written.contains(&dir.join("cases.toml")));
+            assert!(written.contains(&dir.join("test.sh")));
             let http_world = written.contains(&dir.join("wit/handler-http.wit"));
             assert_eq!(
                 http_world,
