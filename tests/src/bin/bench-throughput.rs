@@ -625,6 +625,29 @@ impl Bench {
                 hop / sized
             );
         }
+        // A median of ratios hides how far the rounds spread: each round's
+        // ratio, rate and CPU per message, against the relay of that round.
+        let rounds_of = |name: &str| results.iter().find(|(n, _)| *n == name).map(|(_, all)| all);
+        println!("-- each round against its own relay: rate, cpu per message");
+        for (name, base) in [
+            (NOOP, BARE),
+            (TRACED_10, BARE),
+            (TRACED_100, BARE),
+            (METRICS, BARE),
+            (FRESH, BARE),
+            (JSON, BARE),
+            (HOP, SIZED),
+        ] {
+            let (Some(all), Some(bases)) = (rounds_of(name), rounds_of(base)) else {
+                continue;
+            };
+            let each: Vec<String> = all
+                .iter()
+                .zip(bases)
+                .map(|(f, b)| format!("{:.2}x/{:.2}x", f.rate / b.rate, f.own_us / b.own_us))
+                .collect();
+            println!("{name} against {base}: {}", each.join(" "));
+        }
     }
 
     /// Hopper with every message dead-lettered: the hop path, like for like
