@@ -98,7 +98,7 @@ pub fn classify(code: RDKafkaErrorCode, failures: u32) -> Failure {
 }
 
 /// A hop on its way to the broker: what its acknowledgement completes.
-pub struct InFlight {
+pub struct Unacked {
     done: Completion,
     /// What the hop is: its event is made from it on the acknowledgement.
     outcome: Outcome,
@@ -113,7 +113,7 @@ pub struct InFlight {
 /// A hop to produce again after a failed delivery, or to dead-letter.
 struct Redo {
     record: OutRecord,
-    hop: Box<InFlight>,
+    hop: Box<Unacked>,
     /// Set when the broker refused the hop for good: why, and its error.
     refused: Option<(Reason, String)>,
     /// Set when the producer that failed it failed for good.
@@ -204,15 +204,15 @@ impl ClientContext for HopContext {
 }
 
 impl ProducerContext for HopContext {
-    type DeliveryOpaque = Box<InFlight>;
+    type DeliveryOpaque = Box<Unacked>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, mut hop: Box<InFlight>) {
+    fn delivery(&self, result: &DeliveryResult<'_>, mut hop: Box<Unacked>) {
         self.room.free();
         match result {
             Ok(_) => {
                 // The token in `_pending` is dropped last: shutdown's drain
                 // waits until the offset is marked done.
-                let InFlight {
+                let Unacked {
                     done,
                     outcome,
                     _pending,
@@ -373,7 +373,7 @@ impl HopProducer {
             self.telemetry.emit(why);
             return;
         }
-        let hop = Box::new(InFlight {
+        let hop = Box::new(Unacked {
             done,
             outcome,
             failures: 0,
@@ -383,7 +383,7 @@ impl HopProducer {
         self.enqueue(record, hop).await;
     }
 
-    async fn enqueue(&self, record: OutRecord, mut hop: Box<InFlight>) {
+    async fn enqueue(&self, record: OutRecord, mut hop: Box<Unacked>) {
         let OutRecord {
             topic,
             key,
@@ -393,7 +393,7 @@ impl HopProducer {
         } = record;
         loop {
             self.room.take().await;
-            let mut base = BaseRecord::<[u8], [u8], Box<InFlight>>::with_opaque_to(&topic, hop)
+            let mut base = BaseRecord::<[u8], [u8], Box<Unacked>>::with_opaque_to(&topic, hop)
                 .timestamp(timestamp)
                 .headers(headers);
             if let Some(key) = &key {
@@ -452,7 +452,7 @@ impl HopProducer {
     /// place (same completion, so the source offset is done once the DLQ
     /// record is acknowledged). A dead-letter record refused for good halts
     /// the pipeline, and its source offset is never completed.
-    async fn refused(&self, record: OutRecord, hop: Box<InFlight>, reason: Reason, error: String) {
+    async fn refused(&self, record: OutRecord, hop: Box<Unacked>, reason: Reason, error: String) {
         // A dead-letter record too large with its payload whole is tried
         // once more, cut; one refused otherwise has nowhere left to go.
         let cuttable = reason == Reason::RecordTooLarge
@@ -495,10 +495,10 @@ impl HopProducer {
             .and_then(|a| a.parse().ok())
             .unwrap_or(0);
         let dead = crate::dlq::of_failed_hop(record, &self.dlq, reason, &error);
-        let InFlight {
+        let Unacked {
             done, _pending: p, ..
         } = *hop;
-        let hop = Box::new(InFlight {
+        let hop = Box::new(Unacked {
             done,
             outcome: Outcome::DeadLetter(DeadLetter {
                 route: self.pipeline.clone(),
