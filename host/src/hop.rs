@@ -8,7 +8,7 @@
 //! the source offset done in its partition's [`OffsetTracker`].
 
 use crate::clock::now_ms;
-pub use crate::config::{Concurrency, Ordering};
+pub use crate::config::Concurrency;
 use crate::events::Event;
 use crate::offsets::OffsetTracker;
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};

@@ -2,7 +2,7 @@
 //! the host. The `imports` fixture passes each generated value unchanged to
 //! one import and then returns `ok`, so any other verdict is the host's
 //! doing: a panic in a host function becomes a HANDLER_TRAP verdict
-//! (`plugin/call.rs`), which these targets would report.
+//! (`plugin/handler.rs`), which these targets would report.
 //!
 //! A plain `cargo test` runs 3,000 cases per import; `cargo xtask fuzz`
 //! runs a million (`PROPTEST_CASES=1000000`).

@@ -115,7 +115,7 @@ impl Processor for PanicsAt {
     /// Many at once, in no order: offsets after the panicked one finish.
     fn concurrency(&self) -> Concurrency {
         Concurrency {
-            ordering: Ordering::Unordered,
+            ordering: MessageOrder::Unordered,
             max_in_flight: 16,
         }
     }
