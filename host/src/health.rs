@@ -11,6 +11,7 @@
 use crate::breaker::BreakerState;
 use crate::clock::now_ms;
 use crate::kafka::ConnectionWatch;
+use crate::types::TopicPartition;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -35,8 +36,6 @@ pub struct Undecodable {
     #[serde(skip)]
     logged_ms: i64,
 }
-
-pub use crate::types::TopicPartition;
 
 /// How many partitions a pipeline's consumer has assigned now.
 pub type AssignmentProbe = Box<dyn Fn() -> usize + Send + Sync>;

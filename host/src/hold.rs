@@ -18,7 +18,7 @@ use rdkafka::message::Message;
 use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
-pub use crate::health::TopicPartition;
+use crate::types::TopicPartition;
 
 /// How far a tier message's due time may lie beyond `now + wait` and
 /// still be believed: room for the clocks of two hosts to disagree.
@@ -64,7 +64,7 @@ pub struct Hold {
 
 /// What to do with a message read from a tier.
 #[derive(Debug, PartialEq, Eq)]
-pub enum Gate {
+pub enum DueCheck {
     /// Due: hand it on.
     Pass,
     /// Not due: pause the partition, seek back to this offset, and resume at
@@ -86,19 +86,19 @@ impl Hold {
 
     /// Decides what to do with a message of `tp` due at `due_ms`, at
     /// `now_ms`. A message is never passed before it is due.
-    pub fn gate(&mut self, tp: &TopicPartition, due_ms: i64, now_ms: i64) -> Gate {
+    pub fn check(&mut self, tp: &TopicPartition, due_ms: i64, now_ms: i64) -> DueCheck {
         if self.held.contains_key(tp) {
-            return Gate::Discard;
+            return DueCheck::Discard;
         }
         if due_ms <= now_ms {
-            return Gate::Pass;
+            return DueCheck::Pass;
         }
         self.held.insert(tp.clone(), due_ms);
         self.by_due.insert((due_ms, tp.clone()));
         if let Some(heads) = &self.heads {
             heads.held(tp, due_ms);
         }
-        Gate::Hold { due_ms }
+        DueCheck::Hold { due_ms }
     }
 
     /// When the earliest held partition is due, if any is held.
@@ -182,25 +182,32 @@ mod tests {
     #[test]
     fn a_message_is_never_passed_early() {
         let mut hold = Hold::default();
-        assert_eq!(hold.gate(&tp(0), 1_000, 999), Gate::Hold { due_ms: 1_000 });
+        assert_eq!(
+            hold.check(&tp(0), 1_000, 999),
+            DueCheck::Hold { due_ms: 1_000 }
+        );
         assert_eq!(hold.take_due(999), Vec::<TopicPartition>::new());
         assert_eq!(hold.take_due(1_000), vec![tp(0)]);
-        assert_eq!(hold.gate(&tp(0), 1_000, 1_000), Gate::Pass);
+        assert_eq!(hold.check(&tp(0), 1_000, 1_000), DueCheck::Pass);
     }
 
     #[test]
     fn a_held_partition_discards_prefetched_messages() {
         let mut hold = Hold::default();
-        hold.gate(&tp(0), 5_000, 0);
-        assert_eq!(hold.gate(&tp(0), 5_001, 0), Gate::Discard);
-        assert_eq!(hold.gate(&tp(1), 0, 0), Gate::Pass, "other partitions flow");
+        hold.check(&tp(0), 5_000, 0);
+        assert_eq!(hold.check(&tp(0), 5_001, 0), DueCheck::Discard);
+        assert_eq!(
+            hold.check(&tp(1), 0, 0),
+            DueCheck::Pass,
+            "other partitions flow"
+        );
     }
 
     #[test]
     fn wakes_for_the_earliest_partition_first() {
         let mut hold = Hold::default();
-        hold.gate(&tp(0), 3_000, 0);
-        hold.gate(&tp(1), 2_000, 0);
+        hold.check(&tp(0), 3_000, 0);
+        hold.check(&tp(1), 2_000, 0);
         assert_eq!(hold.next_due(), Some(2_000));
         assert_eq!(hold.take_due(2_500), vec![tp(1)]);
         assert_eq!(hold.next_due(), Some(3_000));
@@ -213,8 +220,8 @@ mod tests {
     fn held_heads_are_reported_until_released_or_due() {
         let heads = HeldHeads::default();
         let mut hold = Hold::reporting(heads.clone());
-        hold.gate(&tp(0), 3_000, 0);
-        hold.gate(&tp(1), 2_000, 0);
+        hold.check(&tp(0), 3_000, 0);
+        hold.check(&tp(1), 2_000, 0);
         assert_eq!(heads.snapshot(), vec![(tp(0), 3_000), (tp(1), 2_000)]);
         hold.take_due(2_000);
         assert_eq!(heads.snapshot(), vec![(tp(0), 3_000)]);

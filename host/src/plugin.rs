@@ -7,20 +7,20 @@
 //! stdout — comes back as a `Verdict`, never as a host error.
 
 mod cache;
-mod call;
 pub mod canned;
 mod emit;
 mod fit;
 mod grants;
+mod handler;
 mod http;
 mod instance;
 mod output;
 mod state;
 
 pub use cache::{ArtifactCache, CacheError};
-pub use call::{Handled, Handler, HandlerSlot};
 pub use emit::Emitted;
 pub use fit::{Fit, Grant};
+pub use handler::{Handled, Handler, HandlerSlot};
 
 use crate::config::DEFAULT_MAX_INSTANCES;
 use crate::config::Route;
@@ -28,7 +28,7 @@ use crate::egress::TransportError;
 use crate::events::Telemetry;
 use crate::headers::Reason;
 use crate::types::VerdictKind;
-use call::GuestInfo;
+use handler::GuestInfo;
 use output::LineBudget;
 use sha2::{Digest, Sha256};
 use state::GuestState;

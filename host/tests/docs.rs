@@ -5,11 +5,12 @@
 //! blocks) is checked if it is one of two kinds of reference:
 //!
 //! - **A source path**: a span ending in `.rs` (`host/src/hold.rs`,
-//!   `plugin/call.rs`, `mod.rs`), optionally followed by `::name`
+//!   `plugin/handler.rs`, `mod.rs`), optionally followed by `::name`
 //!   (`tests/tests/trust.rs::some_test`), or a directory (`host/src/dlq/`,
 //!   `wit/deps/`: relative, with a `/`, ending in `/`). It must exist
 //!   relative to the repository's root, or be the tail of a path that does
-//!   (`plugin/call.rs` is `host/src/plugin/call.rs`), whole components only.
+//!   (`plugin/handler.rs` is `host/src/plugin/handler.rs`), whole
+//!   components only.
 //!   With `::name`, that file must define a function `name`.
 //! - **A Rust path**: `a::b` or longer, each segment an identifier
 //!   (`Metrics::record`, `pipeline::run`, `hopper::egress::Transport`); a
@@ -577,8 +578,8 @@ fn spans_are_read_as_references_or_skipped() {
         Some(Reference::Rust(vec!["Hopper".into(), "status".into()]))
     );
     assert_eq!(
-        reference("plugin/call.rs"),
-        Some(Reference::Path("plugin/call.rs".into(), None))
+        reference("plugin/handler.rs"),
+        Some(Reference::Path("plugin/handler.rs".into(), None))
     );
     assert_eq!(
         reference("tests/tests/x.rs::a_test"),

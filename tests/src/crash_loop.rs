@@ -25,7 +25,7 @@
 //! a hop not yet acknowledged, a delayed message's last stretch in memory).
 
 use crate::fleet::{HopperProcess, Ledger, Outgoing, Seen, acting_script};
-use crate::{TestConfig, create_topics_with, now_ms, plugin, rand_name, route_table};
+use crate::{ConfigBuilder, DelayTable, RouteTable, create_topics_with, now_ms, plugin, rand_name};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
@@ -300,23 +300,17 @@ pub async fn run(params: &Params) -> anyhow::Result<Summary> {
         sink: format!("{name}.later"),
     };
     create_topics_with(&[&t.input, &t.tier1, &t.done, &t.dlq, &t.inbox, &t.sink], 6).await;
-    let file = TestConfig::with_partitions(
-        6,
-        &format!(
-            "{}\n[delay]\ninbox = \"{}\"\ngroup = \"{}\"\ntiers = [\"1s\", \"5s\"]\n",
-            route_table(
-                &name,
-                &t.input,
-                &plugin("acting"),
-                &format!(
-                    "emit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3",
-                    t.done
-                ),
-            ),
-            t.inbox,
-            t.inbox,
-        ),
-    );
+    let file = ConfigBuilder::new()
+        .partitions(6)
+        .route(
+            RouteTable::named(&name, &plugin("acting"))
+                .topics(&[&t.input])
+                .emit_topics(&[&t.done])
+                .retry(&["1s", "2s"])
+                .max_attempts(3),
+        )
+        .delay(DelayTable::named(&t.inbox).tiers(&["1s", "5s"]))
+        .write();
     let (dir, config) = (&file.dir, &file.path);
     // The input topic and the first tier too: where each message was, and
     // when its first hop was done (for the commit lag).

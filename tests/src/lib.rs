@@ -6,12 +6,15 @@
 //! its own nisshi (it must be installed: `cargo install nisshi --locked`).
 
 pub mod bench_server;
+pub mod config;
 pub mod crash_loop;
 pub mod fleet;
 pub mod http_server;
 pub mod logs;
 pub mod secured;
 pub mod track_server;
+
+pub use config::{AdminTable, ConfigBuilder, DelayTable, RouteTable, quoted};
 
 use hopper::config::Config;
 use hopper::kafka::Cluster;
@@ -169,8 +172,9 @@ pub const ORDER_TIMEOUT_BUILDS: [&str; 4] = [
 /// order; the rest is the JSON parser's own words, which differ by language.
 pub const NOT_AN_ORDER: &str = "payload is not an order: ";
 
-/// A one-route config around `handler`, with unique topic and group names.
-/// `extra` is appended inside the route table.
+/// A config file of one route (and maybe more tables) on the test broker,
+/// written by [`ConfigBuilder::test_route`] or [`RouteTable::test_route`]:
+/// the route's names, and the file.
 pub struct TestRoute {
     pub name: String,
     pub input: String,
@@ -180,22 +184,6 @@ pub struct TestRoute {
 }
 
 impl TestRoute {
-    pub fn new(handler: &Path, extra: &str) -> TestRoute {
-        let name = rand_name("route");
-        let input = format!("{name}.in");
-        let TestConfig {
-            dir,
-            path: config_path,
-        } = TestConfig::new(&route_table(&name, &input, handler, extra));
-        TestRoute {
-            dlq: format!("{name}.dlq"),
-            name,
-            input,
-            dir,
-            config_path,
-        }
-    }
-
     pub fn config(&self) -> Config {
         load_config(&self.config_path)
     }
@@ -207,11 +195,13 @@ impl TestRoute {
     }
 }
 
-/// A route around `handler` named `direct`, resolved from a config file the
-/// way `hopper run` resolves it, for calling the handler without a broker.
-/// `extra` goes inside the route table.
-pub fn resolve_route(handler: &Path, extra: &str) -> hopper::config::Route {
-    TestConfig::raw(&route_table("direct", "direct.in", handler, extra))
+/// `route`, renamed `direct`, resolved from a config file the way
+/// `hopper run` resolves it, for calling its handler without a broker.
+pub fn resolve_route(route: RouteTable) -> hopper::config::Route {
+    ConfigBuilder::new()
+        .without_kafka()
+        .route(route.rename("direct"))
+        .write()
         .load()
         .routes
         .remove(0)
@@ -441,8 +431,8 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(sha2::Sha256::digest(bytes))
 }
 
-/// Writes a config file with `body` after a `[kafka]` table that points at
-/// the test broker, and loads it.
+/// A config file in a directory of its own, written by
+/// [`ConfigBuilder::write`] (or as text, by [`TestConfig::raw`]).
 pub struct TestConfig {
     pub dir: tempfile::TempDir,
     pub path: PathBuf,
@@ -450,15 +440,10 @@ pub struct TestConfig {
 
 impl TestConfig {
     /// `body` after a `[kafka]` table on the test broker, two partitions a
-    /// topic.
+    /// topic: for the benchmarks, whose routes come as TOML text (tests
+    /// build theirs with [`ConfigBuilder`]).
     pub fn new(body: &str) -> TestConfig {
-        Self::with_partitions(2, body)
-    }
-
-    /// `body` after a `[kafka]` table on the test broker, `partitions` a
-    /// topic.
-    pub fn with_partitions(partitions: i32, body: &str) -> TestConfig {
-        Self::raw(&format!("{}\n{body}\n", kafka_table(partitions)))
+        Self::raw(&format!("{}\n{body}\n", ConfigBuilder::new().toml()))
     }
 
     /// A config file holding `text` and nothing else: for a `[kafka]` table
@@ -487,24 +472,6 @@ impl TestConfig {
     }
 }
 
-/// A `[kafka]` table on the test broker, creating topics of `partitions`
-/// partitions.
-pub fn kafka_table(partitions: i32) -> String {
-    format!(
-        "[kafka]\nbrokers = \"{}\"\npartitions = {partitions}\n",
-        brokers()
-    )
-}
-
-/// A `[[route]]` table: route `name` reading `input` with `handler`, and
-/// `extra` (keys, or tables of the route such as `[route.config]`) after it.
-pub fn route_table(name: &str, input: &str, handler: &Path, extra: &str) -> String {
-    format!(
-        "[[route]]\nname = \"{name}\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\n{extra}\n",
-        handler.display()
-    )
-}
-
 /// Loads a test config the way `hopper run` does, against the test broker.
 fn load_config(path: &Path) -> Config {
     let mut config = Config::load(path).unwrap();
@@ -516,9 +483,9 @@ fn load_config(path: &Path) -> Config {
     config
 }
 
-/// A one-route config around `handler`, with `extra` inside the route
-/// table, loaded as `hopper run` loads it, and its handler loaded
-/// in-process: for what only a handler call decides, no broker needed.
+/// A route, renamed `inproc`, loaded as `hopper run` loads it, and its
+/// handler loaded in-process: for what only a handler call decides, no
+/// broker needed.
 pub struct InProcess {
     pub route: hopper::config::Route,
     pub handler: hopper::plugin::Handler,
@@ -528,39 +495,32 @@ pub struct InProcess {
 }
 
 impl InProcess {
-    pub fn new(handler: &Path, extra: &str) -> InProcess {
-        Self::with_config(handler, extra, "")
+    pub fn new(route: RouteTable) -> InProcess {
+        Self::with_config(route, ConfigBuilder::new())
     }
 
-    /// Like [`InProcess::new`], with `rest` after the route table (a
-    /// `[delay]` table, say).
-    pub fn with_config(handler: &Path, extra: &str, rest: &str) -> InProcess {
-        Self::with_runtime(handler, extra, rest, |runtime| runtime)
+    /// Like [`InProcess::new`], in `config` (a `[delay]` table, say); its
+    /// `[kafka]` table is left out.
+    pub fn with_config(route: RouteTable, config: ConfigBuilder) -> InProcess {
+        Self::with_runtime(route, config, |runtime| runtime)
     }
 
     /// Like [`InProcess::with_config`], with host names resolved by
     /// `resolver`.
     pub fn with_resolver(
-        handler: &Path,
-        extra: &str,
-        rest: &str,
+        route: RouteTable,
+        config: ConfigBuilder,
         resolver: std::sync::Arc<dyn hopper::egress::Resolve>,
     ) -> InProcess {
-        Self::with_runtime(handler, extra, rest, |runtime| {
-            runtime.with_resolver(resolver)
-        })
+        Self::with_runtime(route, config, |runtime| runtime.with_resolver(resolver))
     }
 
     fn with_runtime(
-        handler: &Path,
-        extra: &str,
-        rest: &str,
+        route: RouteTable,
+        config: ConfigBuilder,
         adapt: impl FnOnce(hopper::plugin::Runtime) -> hopper::plugin::Runtime,
     ) -> InProcess {
-        let file = TestConfig::raw(&format!(
-            "{}\n{rest}\n",
-            route_table("inproc", "inproc.in", handler, extra)
-        ));
+        let file = config.without_kafka().route(route.rename("inproc")).write();
         let mut config = file.load();
         let telemetry = hopper::events::Telemetry::new();
         let runtime = hopper::plugin::Runtime::new(64 << 20)
@@ -683,7 +643,6 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-/// How long [`next_matching`] waits before the test fails.
 /// The value of counter series `series` of `telemetry`; a series that is not
 /// registered fails the test, naming it.
 pub fn count<S: Series + std::fmt::Debug>(
@@ -696,26 +655,42 @@ pub fn count<S: Series + std::fmt::Debug>(
         .unwrap_or_else(|| panic!("{series:?} is not registered"))
 }
 
+/// How long any one expectation of a test (a record on a topic, an event,
+/// a commit) may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
 
-/// The next event that `pick` accepts, within `PATIENCE`. Every event read
-/// on the way is passed to `seen` as well.
-pub async fn next_matching<T>(
+/// [`PATIENCE`] for a route whose handler is a Python or JavaScript
+/// component: loading one compiles 12-21 MB of Wasm in the dev profile.
+pub const COMPILE_PATIENCE: Duration = Duration::from_secs(240);
+
+/// Reads hopper's events until `found` returns a value, and returns it;
+/// panics after [`PATIENCE`], saying it waited for `what`. `found` sees
+/// every event, so it may also count or collect on the way.
+pub async fn wait_for_event<T>(
     events: &mut tokio::sync::broadcast::Receiver<hopper::events::Event>,
-    mut seen: impl FnMut(&hopper::events::Event),
-    mut pick: impl FnMut(&hopper::events::Event) -> Option<T>,
+    what: &str,
+    found: impl FnMut(&hopper::events::Event) -> Option<T>,
 ) -> T {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
+    wait_for_event_within(events, PATIENCE, what, found).await
+}
+
+/// [`wait_for_event`], failing after `patience`.
+pub async fn wait_for_event_within<T>(
+    events: &mut tokio::sync::broadcast::Receiver<hopper::events::Event>,
+    patience: Duration,
+    what: &str,
+    mut found: impl FnMut(&hopper::events::Event) -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + patience;
     loop {
         match tokio::time::timeout_at(deadline, events.recv()).await {
             Ok(Ok(event)) => {
-                seen(&event);
-                if let Some(found) = pick(&event) {
-                    return found;
+                if let Some(value) = found(&event) {
+                    return value;
                 }
             }
-            Ok(Err(e)) => panic!("event stream: {e}"),
-            Err(_) => panic!("timed out waiting for an event"),
+            Ok(Err(e)) => panic!("waiting for {what}: the event stream failed: {e}"),
+            Err(_) => panic!("waited {patience:?} for {what}, in vain"),
         }
     }
 }

@@ -21,16 +21,18 @@ use std::time::Duration;
 const MESSAGES: usize = 20;
 
 /// A route around `fetch` calling `server`'s `/flaky`, with a 1s and a 2s
-/// tier and three attempts; `extra` goes after its tables.
-fn fetch_route(server: &TestServer, extra: &str) -> TestRoute {
-    TestRoute::new(
-        &plugin("fetch"),
-        &format!(
-            "allowed_hosts = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3\n\n[route.config]\nurl = \"{}\"\n{extra}",
-            server.origin(),
-            server.url("/flaky"),
-        ),
-    )
+/// tier and three attempts, and what `more` adds, in `config`.
+fn fetch_route(
+    server: &TestServer,
+    more: impl FnOnce(RouteTable) -> RouteTable,
+    config: ConfigBuilder,
+) -> TestRoute {
+    let route = RouteTable::new(&plugin("fetch"))
+        .allowed_hosts(&[server.origin()])
+        .retry(&["1s", "2s"])
+        .max_attempts(3)
+        .config("url", server.url("/flaky"));
+    config.route(more(route)).test_route()
 }
 
 async fn send_messages(route: &TestRoute) {
@@ -73,7 +75,15 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     server.set_down(true);
     let route = fetch_route(
         &server,
-        "[route.breaker]\nretryable_rate = 0.5\nmin_calls = 5\nwindow = 10\ncool_down = \"3s\"\nmax_cool_down = \"3s\"\nprobes = 1\n\n[admin]\nlisten = \"127.0.0.1:0\"\n",
+        |r| {
+            r.breaker("retryable_rate", 0.5)
+                .breaker("min_calls", 5)
+                .breaker("window", 10)
+                .breaker("cool_down", quoted("3s"))
+                .breaker("max_cool_down", quoted("3s"))
+                .breaker("probes", 1)
+        },
+        ConfigBuilder::new().admin(AdminTable::loopback()),
     );
     let hopper = route.start().await;
     let health = hopper.telemetry().health().clone();
@@ -84,17 +94,20 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
 
     // Five retryable verdicts of five calls open it.
     let mut before = Vec::new();
-    next_matching(
+    wait_for_event(
         &mut events,
-        |e| before.push(e.clone()),
-        |e| match e {
-            Event::BreakerOpened(events::BreakerOpened {
-                retryable: 5,
-                calls: 5,
-                reopened: false,
-                ..
-            }) => Some(()),
-            _ => None,
+        "the breaker to open after 5 retryable calls of 5",
+        |e| {
+            before.push(e.clone());
+            match e {
+                Event::BreakerOpened(events::BreakerOpened {
+                    retryable: 5,
+                    calls: 5,
+                    reopened: false,
+                    ..
+                }) => Some(()),
+                _ => None,
+            }
         },
     )
     .await;
@@ -117,11 +130,10 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     // the cool-down ends. The input is not paused: the messages still on it
     // are handled and wait in the first tier.
     let mut open = Vec::new();
-    next_matching(
-        &mut events,
-        |e| open.push(e.clone()),
-        |e| matches!(e, Event::BreakerHalfOpen(events::BreakerHalfOpen { .. })).then_some(()),
-    )
+    wait_for_event(&mut events, "the breaker to turn half-open", |e| {
+        open.push(e.clone());
+        matches!(e, Event::BreakerHalfOpen(events::BreakerHalfOpen { .. })).then_some(())
+    })
     .await;
     assert!(now_ms() >= until_ms, "half-open before the cool-down ended");
     // The tiers are paused at the broker, not only guarded: no tier message
@@ -146,14 +158,13 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     // The probe still gets 503: open again, for another cool-down. Then the
     // service comes back.
     let mut probing = Vec::new();
-    next_matching(
-        &mut events,
-        |e| probing.push(e.clone()),
-        |e| match e {
+    wait_for_event(&mut events, "the breaker to open again", |e| {
+        probing.push(e.clone());
+        match e {
             Event::BreakerOpened(events::BreakerOpened { reopened: true, .. }) => Some(()),
             _ => None,
-        },
-    )
+        }
+    })
     .await;
     assert!(
         probing.iter().any(|e| matches!(
@@ -174,7 +185,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     let mut closed = false;
     let mut after = Vec::new();
     while !(closed && ok.len() == MESSAGES) {
-        let event = next_matching(&mut events, |_| {}, |e| Some(e.clone())).await;
+        let event = wait_for_event(&mut events, "the next event", |e| Some(e.clone())).await;
         match &event {
             Event::Handled(events::Handled {
                 id,
@@ -221,7 +232,7 @@ async fn without_a_breaker_the_same_outage_dead_letters_every_message() {
     init_tracing();
     let server = TestServer::start();
     server.set_down(true);
-    let route = fetch_route(&server, "");
+    let route = fetch_route(&server, |r| r, ConfigBuilder::new());
     let hopper = route.start().await;
     assert_eq!(hopper.telemetry().health().breaker(&route.name), None);
     send_messages(&route).await;
@@ -247,7 +258,13 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
     server.set_down(true);
     let route = fetch_route(
         &server,
-        "[route.breaker]\nmin_calls = 5\nwindow = 5\ncool_down = \"3s\"\npause_input = true\n",
+        |r| {
+            r.breaker("min_calls", 5)
+                .breaker("window", 5)
+                .breaker("cool_down", quoted("3s"))
+                .breaker("pause_input", true)
+        },
+        ConfigBuilder::new(),
     );
     let hopper = route.start().await;
     let mut events = hopper.events();
@@ -263,27 +280,21 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
         )
         .await;
     }
-    next_matching(
-        &mut events,
-        |_| {},
-        |e| matches!(e, Event::BreakerOpened(events::BreakerOpened { .. })).then_some(()),
-    )
+    wait_for_event(&mut events, "the breaker to open", |e| {
+        matches!(e, Event::BreakerOpened(events::BreakerOpened { .. })).then_some(())
+    })
     .await;
     // The input is paused at the broker once this is reported: what arrives
     // now waits.
     let input = route.input.clone();
-    next_matching(
-        &mut events,
-        |_| {},
-        |e| match e {
-            Event::PartitionsSuspended(events::PartitionsSuspended { partitions, .. })
-                if partitions.iter().any(|tp| tp.topic == input) =>
-            {
-                Some(())
-            }
-            _ => None,
-        },
-    )
+    wait_for_event(&mut events, "the input to be suspended", |e| match e {
+        Event::PartitionsSuspended(events::PartitionsSuspended { partitions, .. })
+            if partitions.iter().any(|tp| tp.topic == input) =>
+        {
+            Some(())
+        }
+        _ => None,
+    })
     .await;
     for i in 0..5 {
         let id = format!("late{i}");
@@ -298,11 +309,10 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
     }
     server.set_down(false);
     let mut open = Vec::new();
-    next_matching(
-        &mut events,
-        |e| open.push(e.clone()),
-        |e| matches!(e, Event::BreakerHalfOpen(events::BreakerHalfOpen { .. })).then_some(()),
-    )
+    wait_for_event(&mut events, "the breaker to turn half-open", |e| {
+        open.push(e.clone());
+        matches!(e, Event::BreakerHalfOpen(events::BreakerHalfOpen { .. })).then_some(())
+    })
     .await;
     for event in &open {
         if let Event::Handled(events::Handled { id, topic, .. }) = event {
@@ -315,18 +325,14 @@ async fn with_pause_input_new_messages_wait_on_the_input_while_the_breaker_is_op
     // late messages from the input, the early ones from the tier.
     let mut ok = std::collections::HashSet::new();
     while ok.len() < 10 {
-        let id = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::Handled(events::Handled {
-                    id,
-                    verdict: VerdictKind::Ok,
-                    ..
-                }) => Some(id.clone()),
-                _ => None,
-            },
-        )
+        let id = wait_for_event(&mut events, "the next ok call", |e| match e {
+            Event::Handled(events::Handled {
+                id,
+                verdict: VerdictKind::Ok,
+                ..
+            }) => Some(id.clone()),
+            _ => None,
+        })
         .await;
         ok.insert(id);
     }

@@ -12,26 +12,22 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 /// A route around the `fetch` fixture calling `server`, on an input of
-/// `partitions` partitions, with `extra` inside the route table.
-async fn route(server: &TrackServer, partitions: i32, extra: &str) -> (TestConfig, String) {
+/// `partitions` partitions, a call timeout of 10 s, and what `more` adds
+/// to the route.
+async fn route(
+    server: &TrackServer,
+    partitions: i32,
+    more: impl FnOnce(RouteTable) -> RouteTable,
+) -> (TestConfig, String) {
     let name = rand_name("conc");
     let input = format!("{name}.in");
     create_topics_with(&[&input], partitions).await;
-    let timeout = if extra.contains("timeout") {
-        ""
-    } else {
-        "timeout = \"10s\"\n"
-    };
-    let config = TestConfig::new(&route_table(
-        &name,
-        &input,
-        &plugin("fetch"),
-        &format!(
-            "allowed_hosts = [\"{}\"]\n{timeout}{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"",
-            server.origin(),
-            server.url(),
-        ),
-    ));
+    let route = RouteTable::named(&name, &plugin("fetch"))
+        .allowed_hosts(&[server.origin()])
+        .timeout("10s")
+        .config("url", server.url())
+        .config("append-payload", "true");
+    let config = ConfigBuilder::new().route(more(route)).write();
     (config, input)
 }
 
@@ -60,7 +56,7 @@ async fn produce_all(topic: &str, records: &[(Option<i32>, Option<String>, Strin
 async fn key_order_is_offset_order_for_each_of_1000_keys_with_calls_in_flight() {
     init_tracing();
     let server = TrackServer::start();
-    let (config, input) = route(&server, 3, "ordering = \"key\"\nmax_in_flight = 64").await;
+    let (config, input) = route(&server, 3, |r| r.ordering("key").max_in_flight(64)).await;
     let hopper = config.start().await;
     // Three messages per key, each call 0-20 ms; `k.seq` names them.
     let mut rng = rand::rng();
@@ -113,12 +109,7 @@ async fn key_order_is_offset_order_for_each_of_1000_keys_with_calls_in_flight() 
 /// `ordering`, and returns the most calls open at once.
 async fn high_water_of(ordering: &str, keyed: bool) -> usize {
     let server = TrackServer::start();
-    let (config, input) = route(
-        &server,
-        1,
-        &format!("ordering = \"{ordering}\"\nmax_in_flight = 16"),
-    )
-    .await;
+    let (config, input) = route(&server, 1, |r| r.ordering(ordering).max_in_flight(16)).await;
     let hopper = config.start().await;
     let records: Vec<_> = (0..200)
         .map(|i| (None, keyed.then(|| format!("k{i}")), format!("m{i}/50")))
@@ -156,11 +147,9 @@ async fn unordered_and_key_run_many_calls_of_one_partition_at_once_and_partition
 async fn a_partition_whose_handler_hangs_does_not_slow_the_others() {
     init_tracing();
     let server = TrackServer::start();
-    let (config, input) = route(
-        &server,
-        3,
-        "ordering = \"partition\"\nmax_attempts = 1\ntimeout = \"8s\"",
-    )
+    let (config, input) = route(&server, 3, |r| {
+        r.ordering("partition").max_attempts(1).timeout("8s")
+    })
     .await;
     let hopper = config.start().await;
     // Partition 0 starts with a call that hangs until its timeout.

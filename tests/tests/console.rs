@@ -147,12 +147,10 @@ async fn text_of(browser: &Client, id: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!(
-            "\n[route.config]\nfixed = \"no\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
-        ),
-    );
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")).config("fixed", "no"))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
     let hopper = route.start().await;
     let producer = producer();
     for id in ["console-1", "console-2"] {
@@ -329,9 +327,9 @@ async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
         .find(|m| format!("{}:{}:{}", m.topic(), m.partition(), m.offset()) == chosen)
         .map(|m| String::from_utf8(m.key().unwrap().to_vec()).unwrap())
         .expect("the chosen record is one of the dead letters");
-    let verdict = next_matching(
+    let verdict = wait_for_event(
         &mut events,
-        |_| {},
+        "the call of the replayed record",
         |e| match e {
             Event::Handled(events::Handled {
                 id: got, verdict, ..
@@ -372,7 +370,10 @@ async fn the_console_reads_with_the_session_token_from_its_url() {
     if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
         return; // the environment gives a token; this case cannot be set up
     }
-    let route = TestRoute::new(&plugin("scripted"), "\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::loopback())
+        .test_route();
     let hopper = route.start().await;
     produce(
         &producer(),

@@ -4,27 +4,22 @@
 use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::Message;
-use std::time::Duration;
 use tokio::sync::broadcast::Receiver;
 
-/// How long any one expectation may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(60);
-
-/// Waits for events matching `pick` until `done` says so; returns them.
+/// Collects what `pick` takes from the events until `done` accepts the
+/// collection; returns it.
 async fn collect<T>(
     events: &mut Receiver<Event>,
+    what: &str,
     mut pick: impl FnMut(&Event) -> Option<T>,
     mut done: impl FnMut(&[T]) -> bool,
 ) -> Vec<T> {
     let mut out = Vec::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !done(&out) {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Ok(event)) => out.extend(pick(&event)),
-            Ok(Err(e)) => panic!("event stream: {e}"),
-            Err(_) => panic!("timed out; collected {} matching events", out.len()),
-        }
-    }
+    wait_for_event(events, what, |e| {
+        out.extend(pick(e));
+        done(&out).then_some(())
+    })
+    .await;
     out
 }
 
@@ -44,7 +39,9 @@ fn handled_id(id: &str) -> impl FnMut(&Event) -> Option<(u32, &'static str, i64)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ok_commits_and_is_not_handled_again_after_restart() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "retry = [\"1s\"]");
+    let route = RouteTable::new(&plugin("scripted"))
+        .retry(&["1s"])
+        .test_route();
     let producer = producer();
     produce(
         &producer,
@@ -57,7 +54,13 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
 
     let hopper = route.start().await;
     let mut events = hopper.events();
-    let seen = collect(&mut events, handled_id("first"), |v| !v.is_empty()).await;
+    let seen = collect(
+        &mut events,
+        "the call of `first`",
+        handled_id("first"),
+        |v| !v.is_empty(),
+    )
+    .await;
     assert_eq!(seen[0].1, "ok");
     hopper.stop().await;
 
@@ -74,6 +77,7 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
     .await;
     let ids = collect(
         &mut events,
+        "the call of `second`",
         |e| match e {
             Event::Handled(events::Handled { id, .. }) => Some(id.clone()),
             _ => None,
@@ -88,10 +92,10 @@ async fn ok_commits_and_is_not_handled_again_after_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retryable_twice_then_ok_is_called_three_times_and_never_early() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        "retry = [\"1s\", \"2s\"]\nmax_attempts = 5",
-    );
+    let route = RouteTable::new(&plugin("scripted"))
+        .retry(&["1s", "2s"])
+        .max_attempts(5)
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -104,7 +108,7 @@ async fn retryable_twice_then_ok_is_called_three_times_and_never_early() {
     )
     .await;
 
-    let calls = collect(&mut events, handled_id("r3"), |v| {
+    let calls = collect(&mut events, "`r3` to end ok", handled_id("r3"), |v| {
         v.last().is_some_and(|c| c.1 == "ok")
     })
     .await;
@@ -135,7 +139,10 @@ async fn retryable_twice_then_ok_is_called_three_times_and_never_early() {
 async fn always_retryable_goes_to_the_dlq_after_max_attempts_with_every_header() {
     init_tracing();
     let handler = plugin("scripted");
-    let route = TestRoute::new(&handler, "retry = [\"1s\"]\nmax_attempts = 3");
+    let route = RouteTable::new(&handler)
+        .retry(&["1s"])
+        .max_attempts(3)
+        .test_route();
     let hopper = route.start().await;
     let producer = producer();
     let before = now_ms();
@@ -190,7 +197,7 @@ async fn always_retryable_goes_to_the_dlq_after_max_attempts_with_every_header()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fatal_goes_to_the_dlq_at_once() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "");
+    let route = RouteTable::new(&plugin("scripted")).test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     produce(
@@ -208,7 +215,10 @@ async fn fatal_goes_to_the_dlq_at_once() {
     assert_eq!(h["hopper-last-error"], "told to fail");
     assert_eq!(h["hopper-trail"], "dlq");
     assert_eq!(h["hopper-id"], "f1");
-    let calls = collect(&mut events, handled_id("f1"), |v| !v.is_empty()).await;
+    let calls = collect(&mut events, "the call of `f1`", handled_id("f1"), |v| {
+        !v.is_empty()
+    })
+    .await;
     assert_eq!(calls, vec![(1, "fatal", calls[0].2)]);
     hopper.stop().await;
 }
@@ -216,10 +226,12 @@ async fn fatal_goes_to_the_dlq_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        "retry = [\"1s\"]\nmax_attempts = 1\ntimeout = \"300ms\"\nmemory_mib = 16",
-    );
+    let route = RouteTable::new(&plugin("scripted"))
+        .retry(&["1s"])
+        .max_attempts(1)
+        .timeout("300ms")
+        .memory_mib(16)
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -241,6 +253,7 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
     }
     let calls = collect(
         &mut events,
+        "a call of every message of the script",
         |e| match e {
             Event::Handled(events::Handled {
                 id,
@@ -302,10 +315,11 @@ async fn hostile_guests_get_their_outcome_and_the_partition_moves_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trap_policy_retry_sends_a_trap_up_the_ladder() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        "retry = [\"1s\"]\nmax_attempts = 2\non_trap = \"retry\"",
-    );
+    let route = RouteTable::new(&plugin("scripted"))
+        .retry(&["1s"])
+        .max_attempts(2)
+        .on_trap("retry")
+        .test_route();
     let hopper = route.start().await;
     produce(
         &producer(),
@@ -326,7 +340,9 @@ async fn trap_policy_retry_sends_a_trap_up_the_ladder() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_envelopes_are_dead_lettered_with_the_header_named() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "retry = [\"1s\"]");
+    let route = RouteTable::new(&plugin("scripted"))
+        .retry(&["1s"])
+        .test_route();
     let hopper = route.start().await;
     let producer = producer();
     let long_id = "x".repeat(300);
@@ -400,7 +416,9 @@ async fn malformed_envelopes_are_dead_lettered_with_the_header_named() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_config_values_reach_the_guest() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "[route.config]\ncolour = \"blue\"");
+    let route = RouteTable::new(&plugin("scripted"))
+        .config("colour", "blue")
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -422,6 +440,7 @@ async fn route_config_values_reach_the_guest() {
     .await;
     let mut calls = collect(
         &mut events,
+        "the calls of `c1` and `c2`",
         |e| match e {
             Event::Handled(events::Handled { id, verdict, .. }) => {
                 Some((id.clone(), verdict.as_str()))
@@ -461,7 +480,7 @@ async fn handlers_that_do_not_fit_fail_at_startup_naming_the_file() {
         (text, "is not a WebAssembly file"),
     ];
     for (path, expected) in cases {
-        let route = TestRoute::new(&path, "");
+        let route = RouteTable::new(&path).test_route();
         let error = match hopper::Hopper::start(route.config(), options()).await {
             Ok(_) => panic!("{} was accepted", path.display()),
             Err(e) => format!("{e:#}"),

@@ -5,23 +5,24 @@ use hopper::events::{self, Event};
 use hopper_tests::*;
 use rdkafka::Message;
 use std::collections::HashMap;
-use std::time::Duration;
-
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A relay config with its own inbox and tiers of 1s, 2s and 4s.
-fn relay(extra: &str) -> (TestConfig, String) {
+fn relay() -> (TestConfig, String) {
     let name = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{name}\"\ngroup = \"{name}\"\ntiers = [\"1s\", \"2s\", \"4s\"]\nmax_delay = \"1h\"\n{extra}"
-    ));
+    let config = ConfigBuilder::new()
+        .delay(
+            DelayTable::named(&name)
+                .tiers(&["1s", "2s", "4s"])
+                .max_delay("1h"),
+        )
+        .write();
     (config, name)
 }
 
 /// A relay config with its inbox, and a new target topic.
 async fn relay_with_target() -> (TestConfig, String, String) {
     init_tracing();
-    let (config, inbox) = relay("");
+    let (config, inbox) = relay();
     let target = rand_name("target");
     create_topics(&[&target]).await;
     (config, inbox, target)
@@ -136,10 +137,10 @@ async fn a_delayed_message_to_a_route_is_handled_after_its_time() {
     init_tracing();
     let route = rand_name("route");
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n\n{}",
-        route_table(&route, &format!("{route}.in"), &plugin("scripted"), "")
-    ));
+    let config = ConfigBuilder::new()
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]))
+        .route(RouteTable::named(&route, &plugin("scripted")))
+        .write();
     let hopper = config.start().await;
     let mut events = hopper.events();
     let at = now_ms() + 2_000;
@@ -151,22 +152,15 @@ async fn a_delayed_message_to_a_route_is_handled_after_its_time() {
         ..Default::default()
     };
     message.send(&producer(), &inbox).await.unwrap();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
-        match tokio::time::timeout_at(deadline, events.recv())
-            .await
-            .expect("handled in time")
-        {
-            Ok(Event::Handled(events::Handled {
-                id, verdict, at_ms, ..
-            })) if id == "late-ok" => {
-                assert_eq!(verdict, "ok");
-                assert!(at_ms >= at, "handled {} ms early", at - at_ms);
-                break;
-            }
-            _ => {}
-        }
-    }
+    let (verdict, at_ms) = wait_for_event(&mut events, "the call of `late-ok`", |e| match e {
+        Event::Handled(events::Handled {
+            id, verdict, at_ms, ..
+        }) if id == "late-ok" => Some((*verdict, *at_ms)),
+        _ => None,
+    })
+    .await;
+    assert_eq!(verdict, "ok");
+    assert!(at_ms >= at, "handled {} ms early", at - at_ms);
     hopper.stop().await;
 }
 

@@ -16,16 +16,20 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-/// A relay config with its own inbox, tiers of 1s, 2s and 4s, and `extra`.
-fn relay(partitions: i32, extra: &str) -> (TestConfig, String) {
+/// A relay config on topics of `partitions` partitions with its own inbox,
+/// tiers of 1s, 2s and 4s, and what `more` adds to the relay.
+fn relay(partitions: i32, more: impl FnOnce(DelayTable) -> DelayTable) -> (TestConfig, String) {
+    relay_in(ConfigBuilder::new().partitions(partitions), more)
+}
+
+/// [`relay`], in `config`.
+fn relay_in(
+    config: ConfigBuilder,
+    more: impl FnOnce(DelayTable) -> DelayTable,
+) -> (TestConfig, String) {
     let name = rand_name("cancel");
-    let config = TestConfig::with_partitions(
-        partitions,
-        &format!(
-            "[delay]\ninbox = \"{name}\"\ngroup = \"{name}\"\ntiers = [\"1s\", \"2s\", \"4s\"]\n{extra}"
-        ),
-    );
-    (config, name)
+    let delay = more(DelayTable::named(&name).tiers(&["1s", "2s", "4s"]));
+    (config.delay(delay).write(), name)
 }
 
 /// Schedules `id` (key = id) for `at` with `payload`, and `extra` headers.
@@ -141,7 +145,7 @@ fn by_id(records: &[OwnedMessage]) -> HashMap<String, Vec<&OwnedMessage>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
     init_tracing();
-    let (config, inbox) = relay(2, "");
+    let (config, inbox) = relay(2, |d| d);
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let hopper = config.start().await;
@@ -261,7 +265,7 @@ async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_good() {
     init_tracing();
-    let (config, inbox) = relay(1, "");
+    let (config, inbox) = relay(1, |d| d);
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let hopper = config.start().await;
@@ -314,7 +318,7 @@ async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     init_tracing();
-    let (config, inbox) = relay(2, "max_delay = \"3s\"\ncancel_grace = \"1s\"\n");
+    let (config, inbox) = relay(2, |d| d.max_delay("3s").key("cancel_grace", quoted("1s")));
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let hopper = config.start().await;
@@ -322,20 +326,16 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     let mut events = hopper.events();
     let producer = producer();
     schedule(&producer, &inbox, &target, "early", now_ms(), "", &[]).await;
-    next_matching(
-        &mut events,
-        |_| {},
-        |e| match e {
-            Event::Delivered(d) if d.id == "early" => Some(()),
-            _ => None,
-        },
-    )
+    wait_for_event(&mut events, "`early` delivered", |e| match e {
+        Event::Delivered(d) if d.id == "early" => Some(()),
+        _ => None,
+    })
     .await;
     cancel(&producer, &inbox, "early").await;
     cancel(&producer, &inbox, "never").await;
-    next_matching(
+    wait_for_event(
         &mut events,
-        |_| {},
+        "the cancel of `early` found too late",
         |e| match e {
             Event::CancelTooLate(e) if e.id == "early" => Some(()),
             _ => None,
@@ -344,14 +344,10 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     .await;
     let mut expired = HashMap::new();
     while expired.len() < 2 {
-        let e = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::CancellationExpired(e) => Some(e.clone()),
-                _ => None,
-            },
-        )
+        let e = wait_for_event(&mut events, "a cancellation to expire", |e| match e {
+            Event::CancellationExpired(e) => Some(e.clone()),
+            _ => None,
+        })
         .await;
         expired.insert(e.id.clone(), e);
     }
@@ -432,7 +428,7 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_holds_across_a_kill_of_the_relay() {
     init_tracing();
-    let (config, inbox) = relay(2, "");
+    let (config, inbox) = relay(2, |d| d);
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let spawn = || {
@@ -495,7 +491,7 @@ async fn a_cancel_holds_across_a_kill_of_the_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_relays_share_every_cancel() {
     init_tracing();
-    let (config, inbox) = relay(3, "");
+    let (config, inbox) = relay(3, |d| d);
     let target = rand_name("target");
     create_topics(&[&target]).await;
     // Tiers of two partitions, the inbox of three: where the inbox reads
@@ -597,9 +593,9 @@ async fn three_relays_share_every_cancel() {
 async fn operators_cancel_and_show_by_id() {
     init_tracing();
     const TOKEN: &str = "cancel-token";
-    let (config, inbox) = relay(
-        2,
-        &format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"),
+    let (config, inbox) = relay_in(
+        ConfigBuilder::new().admin(AdminTable::loopback().token(TOKEN)),
+        |d| d,
     );
     let target = rand_name("target");
     create_topics(&[&target]).await;
@@ -623,7 +619,12 @@ async fn operators_cancel_and_show_by_id() {
     assert_eq!(status, 401, "no token: {answer}");
     let (status, answer) = http(addr, "POST", "/api/delay/cancel", Some(TOKEN), Some(body)).await;
     assert_eq!(status, 200, "{answer}");
-    next_matching(&mut events, |_| {}, known("by-api")).await;
+    wait_for_event(
+        &mut events,
+        "the relay to know the cancel of `by-api`",
+        known("by-api"),
+    )
+    .await;
     let shown = get_json_as(addr, "/api/delay/cancels/by-api", Some(TOKEN)).await;
     assert_eq!(shown["cancellations"][0]["kind"], "cancel", "{shown}");
     let shown = get_json_as(addr, "/api/delay/cancels/kept", Some(TOKEN)).await;
@@ -648,7 +649,12 @@ async fn operators_cancel_and_show_by_id() {
     };
     let sent = cli(&["cancel", "--id", "by-cli"]);
     assert!(sent.contains("Cancel of `by-cli` sent to"), "{sent}");
-    next_matching(&mut events, |_| {}, known("by-cli")).await;
+    wait_for_event(
+        &mut events,
+        "the relay to know the cancel of `by-cli`",
+        known("by-cli"),
+    )
+    .await;
     let shown: serde_json::Value =
         serde_json::from_str(&cli(&["show", "--id", "by-cli", "--json"])).unwrap();
     assert_eq!(shown["cancellations"][0]["kind"], "cancel", "{shown}");
@@ -708,7 +714,7 @@ async fn produce_to(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_reaches_only_its_partition_and_only_schedules_keyed_by_their_id() {
     init_tracing();
-    let (config, inbox) = relay(2, "");
+    let (config, inbox) = relay(2, |d| d);
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let hopper = config.start().await;
@@ -751,9 +757,19 @@ async fn a_cancel_reaches_only_its_partition_and_only_schedules_keyed_by_their_i
     // partition 0, once partition 1's is known everywhere.
     send(1, b"inv-42".to_vec(), "inv-42", schedule("inv-42")).await;
     send(1, b"inv-42".to_vec(), "", cancel_of("inv-42")).await;
-    next_matching(&mut events, |_| {}, known("inv-42", 1)).await;
+    wait_for_event(
+        &mut events,
+        "the relay to know the schedule of `inv-42`",
+        known("inv-42", 1),
+    )
+    .await;
     send(0, b"inv-42".to_vec(), "", cancel_of("inv-42")).await;
-    next_matching(&mut events, |_| {}, known("inv-42", 0)).await;
+    wait_for_event(
+        &mut events,
+        "the relay to know the cancel of `inv-42`",
+        known("inv-42", 0),
+    )
+    .await;
 
     // A schedule on partition 0 and a cancel of its id on partition 1 only:
     // no order relates them, and the cancel does not reach it.
@@ -823,7 +839,7 @@ async fn a_cancel_reaches_only_its_partition_and_only_schedules_keyed_by_their_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_cancels_are_dead_lettered_as_cancel_table_full() {
     init_tracing();
-    let (config, inbox) = relay(1, "max_cancellations = 3\n");
+    let (config, inbox) = relay(1, |d| d.key("max_cancellations", 3));
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let hopper = config.start().await;
@@ -836,9 +852,9 @@ async fn past_the_bound_cancels_are_dead_lettered_as_cancel_table_full() {
     for id in ["a", "b", "c"] {
         cancel(&producer, &inbox, id).await;
         let id = id.to_string();
-        next_matching(
+        wait_for_event(
             &mut events,
-            |_| {},
+            "the relay to know a cancellation",
             |e| match e {
                 Event::CancellationKnown(k) if k.id == id => Some(()),
                 _ => None,

@@ -21,8 +21,6 @@ use rdkafka::producer::FutureProducer;
 use rdkafka::types::RDKafkaRespErr;
 use std::time::Duration;
 
-const PATIENCE: Duration = Duration::from_secs(60);
-
 /// The high watermark of each partition of `topic`, summed: how many
 /// records it holds.
 fn records_in(brokers: &str, topic: &str) -> i64 {
@@ -49,9 +47,11 @@ async fn a_target_without_a_leader_for_a_while_is_waited_for_not_dead_lettered()
     logs::capture();
     let broker = EmbeddedBroker::start().unwrap();
     let bootstrap = broker.bootstrap_servers();
-    let file = TestConfig::raw(&format!(
-        "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 1\n\n[delay]\ntiers = [\"1s\"]\n"
-    ));
+    let file = ConfigBuilder::new()
+        .brokers(&bootstrap)
+        .partitions(1)
+        .delay(DelayTable::default().tiers(&["1s"]))
+        .write();
     let config = file.load();
     let relay = config.delay.clone().unwrap();
     broker.create_topics(&config.all_topics(), 1).unwrap();
@@ -145,9 +145,15 @@ async fn a_target_answered_with_an_error_for_target_lookup_timeout_is_dead_lette
     logs::capture();
     let broker = EmbeddedBroker::start().unwrap();
     let bootstrap = broker.bootstrap_servers();
-    let file = TestConfig::raw(&format!(
-        "[kafka]\nbrokers = \"{bootstrap}\"\npartitions = 1\n\n[delay]\ntiers = [\"1s\"]\ntarget_lookup_timeout = \"2s\"\n"
-    ));
+    let file = ConfigBuilder::new()
+        .brokers(&bootstrap)
+        .partitions(1)
+        .delay(
+            DelayTable::default()
+                .tiers(&["1s"])
+                .key("target_lookup_timeout", "\"2s\""),
+        )
+        .write();
     let config = file.load();
     let relay = config.delay.clone().unwrap();
     broker.create_topics(&config.all_topics(), 1).unwrap();
@@ -240,9 +246,13 @@ async fn a_target_answered_with_an_error_for_target_lookup_timeout_is_dead_lette
 async fn a_target_deleted_while_hopper_runs_dead_letters_instead_of_looping() {
     logs::capture();
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\", \"2s\"]\nmax_delay = \"1h\""
-    ));
+    let config = ConfigBuilder::new()
+        .delay(
+            DelayTable::named(&inbox)
+                .tiers(&["1s", "2s"])
+                .max_delay("1h"),
+        )
+        .write();
     let dlq = format!("{inbox}.dlq");
     let target = rand_name("target");
     create_topics(&[&target]).await;
@@ -368,10 +378,14 @@ async fn hoppers_own_topics_and_those_outside_targets_get_invalid_target() {
     let route = rand_name("route");
     let allowed = rand_name("allowed");
     let outside = rand_name("outside");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\ntargets = [\"{allowed}*\", \"{route}.in\", \"{route}.*\"]\n\n{}",
-        route_table(&route, &format!("{route}.in"), &plugin("noop"), "")
-    ));
+    let config = ConfigBuilder::new()
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]).targets(&[
+            format!("{allowed}*"),
+            format!("{route}.in"),
+            format!("{route}.*"),
+        ]))
+        .route(RouteTable::named(&route, &plugin("noop")))
+        .write();
     let loaded = config.config();
     let tier = loaded.routes[0].tiers()[0].1.clone();
     let relay_tier = loaded.delay.as_ref().unwrap().tiers[0].1.clone();

@@ -74,10 +74,10 @@ async fn post_candidate(
 /// dead-lettered `messages` messages, `command(i)` the payload of the
 /// i-th, and hopper running it.
 async fn dead_lettered(messages: usize) -> (TestRoute, hopper::Hopper) {
-    let route = TestRoute::new(
-        &plugin("fatal"),
-        &format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"),
-    );
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("fatal")))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
     let running = route.start().await;
     let producer = producer();
     for chunk in (0..messages).collect::<Vec<_>>().chunks(1_000) {

@@ -22,19 +22,16 @@ fn emit(topic: &str, payload: &str) -> serde_json::Value {
 
 /// A route around the `acting` fixture that may emit to a new topic, and
 /// that topic.
-async fn emitting_route(extra: &str) -> (TestRoute, String) {
+async fn emitting_route(more: impl FnOnce(RouteTable) -> RouteTable) -> (TestRoute, String) {
     init_tracing();
     let closed = rand_name("closed");
-    let route = TestRoute::new(
-        &plugin("acting"),
-        &format!("emit_topics = [\"{closed}\"]\n{extra}"),
-    );
+    let route = more(RouteTable::new(&plugin("acting")).emit_topics(&[&closed])).test_route();
     (route, closed)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn emitted_records_land_on_the_granted_topic_with_their_headers_and_a_stable_id() {
-    let (route, closed) = emitting_route("").await;
+    let (route, closed) = emitting_route(|r| r).await;
     let hopper = route.start().await;
     let producer = producer();
     let steps = json!([
@@ -98,15 +95,10 @@ async fn a_delayed_emit_goes_through_the_delay_relay_and_arrives_no_earlier() {
     let name = rand_name("route");
     let closed = rand_name("closed");
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n",
-        route_table(
-            &name,
-            &format!("{name}.in"),
-            &plugin("acting"),
-            &format!("emit_topics = [\"{closed}\"]")
-        )
-    ));
+    let config = ConfigBuilder::new()
+        .route(RouteTable::named(&name, &plugin("acting")).emit_topics(&[&closed]))
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]))
+        .write();
     let hopper = config.start().await;
     let steps = json!([{"emit": {"topic": closed, "payload": "later", "delay_ms": 1500}}]);
     let before = now_ms();
@@ -137,10 +129,11 @@ async fn a_delayed_emit_goes_through_the_delay_relay_and_arrives_no_earlier() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_emit_the_route_does_not_grant_is_an_error_the_handler_sees() {
     let acting = InProcess::new(
-        &plugin("acting"),
-        // Every emit counts against max_records, refused ones included: four
-        // refusals, two kept, and the seventh is one too many.
-        "emit_topics = [\"closed\"]\n[route.emit]\nmax_records = 6\nmax_bytes = 100",
+        RouteTable::new(&plugin("acting"))
+            .emit_topics(&["closed"])
+            // Every emit counts against max_records, refused ones included:
+            // four refusals, two kept, and the seventh is one too many.
+            .emit_limits(6, 100),
     );
     let steps = json!([
         emit("other", "x"),
@@ -205,7 +198,7 @@ async fn an_emit_the_route_does_not_grant_is_an_error_the_handler_sees() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_a_retryable_or_fatal_verdict_nothing_emitted_is_produced() {
-    let (route, closed) = emitting_route("retry = [\"1s\"]\nmax_attempts = 2").await;
+    let (route, closed) = emitting_route(|r| r.retry(&["1s"]).max_attempts(2)).await;
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -238,9 +231,9 @@ async fn on_a_retryable_or_fatal_verdict_nothing_emitted_is_produced() {
     assert_eq!(first[0].payload(), Some(&b"done"[..]));
     let mut discarded = HashMap::new();
     while discarded.values().sum::<usize>() < 3 {
-        let (id, count, verdict) = next_matching(
+        let (id, count, verdict) = wait_for_event(
             &mut events,
-            |_| {},
+            "a call whose emits were discarded",
             |e| match e {
                 Event::EmitsDiscarded(events::EmitsDiscarded {
                     id, count, verdict, ..
@@ -286,7 +279,7 @@ async fn a_kill_9_between_the_emit_and_the_commit_loses_no_record_and_no_message
     const MESSAGES: usize = 200;
     // One message at a time per partition, so the kill lands while both
     // partitions are busy, not after every message was handled.
-    let (route, closed) = emitting_route("ordering = \"partition\"").await;
+    let (route, closed) = emitting_route(|r| r.ordering("partition")).await;
     create_topics(&[&closed]).await;
     let spawn = || {
         Killed(

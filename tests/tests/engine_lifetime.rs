@@ -61,10 +61,10 @@ async fn every_stopped_hopper_frees_its_engine() {
     for round in 0..hoppers {
         // The admin server and the metrics make health (read by both) and
         // the lag sampler part of each hopper, as in production.
-        let route = TestRoute::new(
-            &plugin("noop"),
-            "\n[admin]\nlisten = \"127.0.0.1:0\"\nmetrics = true\n",
-        );
+        let route = ConfigBuilder::new()
+            .route(RouteTable::new(&plugin("noop")))
+            .admin(AdminTable::loopback().metrics())
+            .test_route();
         let hopper = route.start().await;
         let engine = hopper.engine();
         let mut events = hopper.events();
@@ -76,16 +76,12 @@ async fn every_stopped_hopper_frees_its_engine() {
         let producer = producer();
         produce(&producer, &route.input, None, "x", &[("hopper-id", &id)]).await;
         drop(producer);
-        let verdict = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::Handled(events::Handled {
-                    id: got, verdict, ..
-                }) if *got == id => Some(*verdict),
-                _ => None,
-            },
-        )
+        let verdict = wait_for_event(&mut events, "the round's call", |e| match e {
+            Event::Handled(events::Handled {
+                id: got, verdict, ..
+            }) if *got == id => Some(*verdict),
+            _ => None,
+        })
         .await;
         assert_eq!(verdict, "ok", "round {round}");
         assert_eq!(

@@ -20,15 +20,16 @@ use std::time::{Duration, Instant};
 /// broker sets them).
 fn config(name: &str, partitions: i32) -> (TestConfig, hopper::config::Config, String) {
     let input = format!("{name}.in");
-    let file = TestConfig::raw(&format!(
-        "[kafka]\npartitions = {partitions}\n\n{}",
-        route_table(
-            name,
-            &input,
-            &plugin("scripted"),
-            "retry = [\"1s\"]\nmax_attempts = 3"
+    let file = ConfigBuilder::new()
+        .unnamed_brokers()
+        .partitions(partitions)
+        .route(
+            RouteTable::named(name, &plugin("scripted"))
+                .topics(&[&input])
+                .retry(&["1s"])
+                .max_attempts(3),
         )
-    ));
+        .write();
     let config = file.load();
     (file, config, input)
 }
@@ -253,20 +254,18 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     let hopper = start(again).await;
     let mut events = hopper.events();
     let mut seen = Vec::new();
-    next_matching(
-        &mut events,
-        |e| seen.push(e.clone()),
-        |e| matches!(e, Event::Handled(events::Handled { id, .. }) if id == "d").then_some(()),
-    )
+    wait_for_event(&mut events, "the call of `d`", |e| {
+        seen.push(e.clone());
+        matches!(e, Event::Handled(events::Handled { id, .. }) if id == "d").then_some(())
+    })
     .await;
     // Offset 3 is done. A message of partition 1, handled after it, is
     // committed: the pipeline has committed since offset 3 was done.
     send_to(&producer, &input, Some(1), "e", "ok").await;
-    next_matching(
-        &mut events,
-        |e| seen.push(e.clone()),
-        |e| matches!(e, Event::Handled(events::Handled { id, .. }) if id == "e").then_some(()),
-    )
+    wait_for_event(&mut events, "the call of `e`", |e| {
+        seen.push(e.clone());
+        matches!(e, Event::Handled(events::Handled { id, .. }) if id == "e").then_some(())
+    })
     .await;
     until_committed(
         &broker,
@@ -296,11 +295,9 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
             .partition_leader(&dlq, partition, Some(1))
             .unwrap();
     }
-    next_matching(
-        &mut events,
-        |_| {},
-        |e| matches!(e, Event::DeadLettered(hop::DeadLetter { id, .. }) if id == "c").then_some(()),
-    )
+    wait_for_event(&mut events, "`c` dead-lettered", |e| {
+        matches!(e, Event::DeadLettered(hop::DeadLetter { id, .. }) if id == "c").then_some(())
+    })
     .await;
     until_committed(&broker, &group, &input, 0, 4, "c is dead-lettered").await;
     hopper.stop().await;

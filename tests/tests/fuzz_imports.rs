@@ -2,14 +2,14 @@
 //! the host. The `imports` fixture passes each generated value unchanged to
 //! one import and then returns `ok`, so any other verdict is the host's
 //! doing: a panic in a host function becomes a HANDLER_TRAP verdict
-//! (`plugin/call.rs`), which these targets would report.
+//! (`plugin/handler.rs`), which these targets would report.
 //!
 //! A plain `cargo test` runs 3,000 cases per import; `cargo xtask fuzz`
 //! runs a million (`PROPTEST_CASES=1000000`).
 
 use hopper::headers::Reason;
 use hopper::plugin::{Delivery, Handled, Handler, Runtime, Verdict};
-use hopper_tests::{cache_dir, plugin, resolve_route};
+use hopper_tests::{ConfigBuilder, DelayTable, RouteTable, cache_dir, plugin};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{Value, json};
@@ -48,13 +48,25 @@ fn fixture() -> &'static (tokio::runtime::Runtime, Handler) {
             .unwrap()
             .local_addr()
             .unwrap();
-        let route = resolve_route(
-            &plugin("imports"),
-            &format!(
-                "timeout = \"5s\"\nmemory_mib = 64\nallowed_hosts = [\"http://{nowhere}\"]\nemit_topics = [\"{GRANTED}\"]\ncancel_ids = [\"{CANCELLABLE}*\"]\n\n[route.config]\nk = \"v\"\n\"é\" = \"ü\"\n\n[route.secrets]\ntoken = \"file:{}\"\n\n[delay]\n",
-                secret.display()
-            ),
-        );
+        // A route that may call, emit, schedule and cancel, beside a relay.
+        let route = ConfigBuilder::new()
+            .without_kafka()
+            .route(
+                RouteTable::named("direct", &plugin("imports"))
+                    .timeout("5s")
+                    .memory_mib(64)
+                    .allowed_hosts(&[format!("http://{nowhere}")])
+                    .emit_topics(&[GRANTED])
+                    .cancel_ids(&[format!("{CANCELLABLE}*")])
+                    .config("k", "v")
+                    .config("é", "ü")
+                    .secret("token", format!("file:{}", secret.display())),
+            )
+            .delay(DelayTable::default())
+            .write()
+            .load()
+            .routes
+            .remove(0);
         let handler = tokio.block_on(async {
             Runtime::new(64 << 20)
                 .unwrap()

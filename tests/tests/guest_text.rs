@@ -108,13 +108,10 @@ async fn megabytes_of_reason_or_log_cost_the_host_their_copy_and_no_more() {
     let dir = tempfile::tempdir().unwrap();
     let secret = rand_name("tok");
     std::fs::write(dir.path().join("token"), &secret).unwrap();
-    let route = InProcess::new(
-        &plugin("acting"),
-        &format!(
-            "[route.secrets]\ntoken = \"file:{}\"",
-            dir.path().join("token").display()
-        ),
-    );
+    let route = InProcess::new(RouteTable::new(&plugin("acting")).secret(
+        "token",
+        format!("file:{}", dir.path().join("token").display()),
+    ));
     let script = |verdict: &str| {
         serde_json::json!({
             "steps": [

@@ -26,9 +26,10 @@ fn schedule(id: &str, topic: &str, delay_ms: u64, replace: bool) -> serde_json::
 /// `timeout-*`, with a delay relay of `max_delay = 1h`.
 fn granted() -> InProcess {
     InProcess::with_config(
-        &plugin("acting"),
-        "emit_topics = [\"timeouts\"]\ncancel_ids = [\"timeout-*\"]",
-        "[delay]\nmax_delay = \"1h\"",
+        RouteTable::new(&plugin("acting"))
+            .emit_topics(&["timeouts"])
+            .cancel_ids(&["timeout-*"]),
+        ConfigBuilder::new().delay(DelayTable::default().max_delay("1h")),
     )
 }
 
@@ -150,9 +151,11 @@ async fn schedules_and_cancels_outside_the_grants_or_limits_are_refused_by_name(
 
     // Schedules and cancels count against the same limits as `publish`.
     let limited = InProcess::with_config(
-        &plugin("acting"),
-        "emit_topics = [\"timeouts\"]\ncancel_ids = [\"*\"]\n[route.emit]\nmax_records = 4\nmax_bytes = 40",
-        "[delay]",
+        RouteTable::new(&plugin("acting"))
+            .emit_topics(&["timeouts"])
+            .cancel_ids(&["*"])
+            .emit_limits(4, 40),
+        ConfigBuilder::new().delay(DelayTable::default()),
     );
     let steps = json!([
         {"emit": {"topic": "timeouts", "payload": "x"}},
@@ -183,7 +186,7 @@ async fn schedules_and_cancels_outside_the_grants_or_limits_are_refused_by_name(
 
     // No relay: a schedule has nowhere to go, and a route cannot be granted
     // cancels without one (the config refuses `cancel_ids` then).
-    let no_relay = InProcess::new(&plugin("acting"), "emit_topics = [\"timeouts\"]");
+    let no_relay = InProcess::new(RouteTable::new(&plugin("acting")).emit_topics(&["timeouts"]));
     let steps =
         json!([schedule("timeout-o-1", "timeouts", 5000, false), {"cancel": "timeout-o-1"}]);
     let Verdict::Fatal { reason } = no_relay
@@ -209,18 +212,15 @@ async fn a_handlers_schedule_and_cancel_reach_the_inbox_with_the_contracts_heade
     let name = rand_name("route");
     let target = rand_name("timeouts");
     let inbox = rand_name("delay");
-    let config = TestConfig::with_partitions(
-        4,
-        &format!(
-            "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n",
-            route_table(
-                &name,
-                &format!("{name}.in"),
-                &plugin("acting"),
-                &format!("emit_topics = [\"{target}\"]\ncancel_ids = [\"timeout-*\"]"),
-            )
-        ),
-    );
+    let config = ConfigBuilder::new()
+        .partitions(4)
+        .route(
+            RouteTable::named(&name, &plugin("acting"))
+                .emit_topics(&[&target])
+                .cancel_ids(&["timeout-*"]),
+        )
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]))
+        .write();
     let hopper = config.start().await;
     let mut events = hopper.events();
     let (kept, cancelled) = (rand_name("timeout-kept"), rand_name("timeout-gone"));
@@ -292,14 +292,10 @@ async fn a_handlers_schedule_and_cancel_reach_the_inbox_with_the_contracts_heade
     let mut kinds = Vec::new();
     while kinds.len() < 3 {
         kinds.push(
-            next_matching(
-                &mut events,
-                |_| {},
-                |e| match e {
-                    Event::Emitted(hop::Emit { id, kind, .. }) => Some((id.clone(), *kind)),
-                    _ => None,
-                },
-            )
+            wait_for_event(&mut events, "the next emitted record", |e| match e {
+                Event::Emitted(hop::Emit { id, kind, .. }) => Some((id.clone(), *kind)),
+                _ => None,
+            })
             .await,
         );
     }
@@ -332,15 +328,14 @@ async fn a_schedule_cancelled_by_a_later_call_never_reaches_its_target() {
     let name = rand_name("route");
     let target = rand_name("timeouts");
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n",
-        route_table(
-            &name,
-            &format!("{name}.in"),
-            &plugin("acting"),
-            &format!("emit_topics = [\"{target}\"]\ncancel_ids = [\"timeout-*\"]"),
+    let config = ConfigBuilder::new()
+        .route(
+            RouteTable::named(&name, &plugin("acting"))
+                .emit_topics(&[&target])
+                .cancel_ids(&["timeout-*"]),
         )
-    ));
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]))
+        .write();
     let hopper = config.start().await;
     let (gone, kept) = (rand_name("timeout-gone"), rand_name("timeout-kept"));
     let producer = producer();

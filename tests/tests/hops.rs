@@ -10,10 +10,10 @@
 //! hopper's.
 
 use hopper::config::KafkaConfig;
+use hopper::config::MessageOrder;
 use hopper::events::{self, Event, Telemetry};
 use hopper::hop::{
-    self, Action, Completion, Concurrency, Halt, Ordering, OutRecord, Outcome, PlannedHop,
-    Processor,
+    self, Action, Completion, Concurrency, Halt, OutRecord, Outcome, PlannedHop, Processor,
 };
 use hopper::kafka::Cluster;
 use hopper::metrics::series;
@@ -33,7 +33,9 @@ use tokio_util::task::TaskTracker;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_partition_goes_on() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "max_attempts = 1");
+    let route = RouteTable::new(&plugin("scripted"))
+        .max_attempts(1)
+        .test_route();
     create_topics_with(&[&route.input], 1).await;
     let hopper = route.start().await;
     let mut events = hopper.events();
@@ -44,7 +46,7 @@ async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_pa
     produce(&producer, &route.input, None, &big, &[]).await;
     produce(&producer, &route.input, None, "ok", &[]).await;
 
-    let dead = consume(&route.dlq, 1, Duration::from_secs(60)).await;
+    let dead = consume(&route.dlq, 1, PATIENCE).await;
     let (headers, _) = header_map(&dead[0]);
     assert_eq!(headers["hopper-reason"], "RECORD_TOO_LARGE");
     assert_eq!(headers["hopper-payload-size"], "999800");
@@ -59,16 +61,12 @@ async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_pa
     );
     assert_eq!(headers["hopper-origin-offset"], "0");
     // The message after it is handled: the partition did not stall.
-    let verdict = next_matching(
-        &mut events,
-        |_| {},
-        |e| match e {
-            Event::Handled(events::Handled {
-                offset: 1, verdict, ..
-            }) => Some(*verdict),
-            _ => None,
-        },
-    )
+    let verdict = wait_for_event(&mut events, "the call of offset 1", |e| match e {
+        Event::Handled(events::Handled {
+            offset: 1, verdict, ..
+        }) => Some(*verdict),
+        _ => None,
+    })
     .await;
     assert_eq!(verdict, "ok");
     let dead_lettered = series::HopFailures {
@@ -80,8 +78,6 @@ async fn a_record_too_large_with_hoppers_headers_is_dead_lettered_cut_and_the_pa
 }
 
 const MESSAGES: i64 = 10;
-/// How long any one expectation may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Done for every message, but panics on the one at `panic_at`. Keeps the
 /// offsets it finished.
@@ -121,7 +117,7 @@ impl Processor for PanicsAt {
     /// Many at once, in no order: offsets after the panicked one finish.
     fn concurrency(&self) -> Concurrency {
         Concurrency {
-            ordering: Ordering::Unordered,
+            ordering: MessageOrder::Unordered,
             max_in_flight: 16,
         }
     }
@@ -315,9 +311,12 @@ async fn a_producer_failed_for_good_is_replaced_and_every_hop_it_held_is_produce
             );
         }
     };
-    next_matching(&mut events, retried, |e| match e {
-        Event::HopFailed(failed) if failed.error.contains("Fatal") => Some(()),
-        _ => None,
+    wait_for_event(&mut events, "a hop that failed for good", |e| {
+        retried(e);
+        match e {
+            Event::HopFailed(failed) if failed.error.contains("Fatal") => Some(()),
+            _ => None,
+        }
     })
     .await;
     // ... and every hop is acknowledged, on a new producer: all 100 offsets

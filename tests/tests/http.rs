@@ -18,8 +18,8 @@ use serde_json::json;
 struct Acting(InProcess);
 
 impl Acting {
-    fn new(grants: &str) -> Acting {
-        Acting(InProcess::new(&plugin("acting"), grants))
+    fn new(grants: impl FnOnce(RouteTable) -> RouteTable) -> Acting {
+        Acting(InProcess::new(grants(RouteTable::new(&plugin("acting")))))
     }
 
     /// Runs `steps` with verdict `fatal`, and returns the report.
@@ -37,16 +37,11 @@ impl Acting {
     }
 }
 
-fn hosts(entries: &[String]) -> String {
-    let quoted: Vec<String> = entries.iter().map(|e| format!("\"{e}\"")).collect();
-    format!("allowed_hosts = [{}]", quoted.join(", "))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() {
     let granted = TestServer::start();
     let other = TestServer::start();
-    let acting = Acting::new(&hosts(&[granted.origin()]));
+    let acting = Acting::new(|r| r.allowed_hosts(&[granted.origin()]));
     let mut events = acting.0.telemetry.subscribe();
 
     let report = acting
@@ -72,22 +67,18 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
         }),
         1
     );
-    let denied = next_matching(
-        &mut events,
-        |_| {},
-        |e| match e {
-            Event::HttpDenied(events::HttpDenied { url, reason, .. }) => {
-                Some((url.clone(), reason.clone()))
-            }
-            _ => None,
-        },
-    )
+    let denied = wait_for_event(&mut events, "a denied request", |e| match e {
+        Event::HttpDenied(events::HttpDenied { url, reason, .. }) => {
+            Some((url.clone(), reason.clone()))
+        }
+        _ => None,
+    })
     .await;
     assert_eq!(denied.0, other.url("/hello"));
     assert!(denied.1.contains("is not in allowed_hosts"), "{}", denied.1);
 
     // A route that grants nothing denies everything.
-    let none = Acting::new("");
+    let none = Acting::new(|r| r);
     let report = none.report(json!([{"get": granted.url("/hello")}])).await;
     assert!(
         report.ends_with("error ErrorCode::HttpRequestDenied at handle"),
@@ -99,7 +90,7 @@ async fn a_host_that_is_not_granted_is_denied_and_the_handler_sees_the_denial() 
 async fn a_redirect_to_a_host_that_is_not_granted_is_refused() {
     let granted = TestServer::start();
     let other = TestServer::start();
-    let acting = Acting::new(&hosts(&[granted.origin()]));
+    let acting = Acting::new(|r| r.allowed_hosts(&[granted.origin()]));
 
     let inside = granted.url(&format!("/redirect?to={}", granted.url("/hello")));
     let outside = granted.url(&format!("/redirect?to={}", other.url("/hello")));
@@ -119,7 +110,7 @@ async fn a_redirect_to_a_host_that_is_not_granted_is_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_metadata_address_is_refused_even_under_a_wildcard() {
-    let acting = Acting::new("allowed_hosts = [\"*://*:*\"]");
+    let acting = Acting::new(|r| r.allowed_hosts(&["*://*:*"]));
     let report = acting
         .report(json!([
             {"get": "http://169.254.169.254/latest/meta-data/"},
@@ -142,7 +133,7 @@ async fn a_metadata_address_is_refused_even_under_a_wildcard() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_100_mb_response_is_cut_at_the_cap_with_the_error_the_handler_sees() {
     let server = TestServer::start();
-    let acting = Acting::new(&hosts(&[server.origin()]));
+    let acting = Acting::new(|r| r.allowed_hosts(&[server.origin()]));
     const HUNDRED_MB: u64 = 100_000_000;
 
     // Announced by its content-length: refused before the body is read.
@@ -167,10 +158,10 @@ async fn a_100_mb_response_is_cut_at_the_cap_with_the_error_the_handler_sees() {
     );
 
     // The limit is the route's to choose.
-    let small = Acting::new(&format!(
-        "{}\n[route.http]\nmax_response_bytes = 1000",
-        hosts(&[server.origin()])
-    ));
+    let small = Acting::new(|r| {
+        r.allowed_hosts(&[server.origin()])
+            .http("max_response_bytes", 1000)
+    });
     let report = small
         .report(json!([{"get": server.url("/big/1001")}, {"get": server.url("/big/1000")}]))
         .await;
@@ -187,10 +178,12 @@ async fn a_100_mb_response_is_cut_at_the_cap_with_the_error_the_handler_sees() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn limits_per_call_have_their_documented_errors() {
     let server = TestServer::start();
-    let acting = Acting::new(&format!(
-        "{}\ntimeout = \"5s\"\n[route.http]\nmax_requests = 2\nfirst_byte_timeout = \"200ms\"",
-        hosts(&[server.origin()])
-    ));
+    let acting = Acting::new(|r| {
+        r.allowed_hosts(&[server.origin()])
+            .timeout("5s")
+            .http("max_requests", 2)
+            .http("first_byte_timeout", quoted("200ms"))
+    });
     let report = acting
         .report(json!([
             {"get": server.url("/slow/3000")},
@@ -213,11 +206,8 @@ async fn limits_per_call_have_their_documented_errors() {
 }
 
 /// A route around the `acting` fixture on the test broker, calling `server`.
-fn route_calling(server: &TestServer, extra: &str) -> TestRoute {
-    TestRoute::new(
-        &plugin("acting"),
-        &format!("{}\n{extra}", hosts(&[server.origin()])),
-    )
+fn route_calling(server: &TestServer, more: impl FnOnce(RouteTable) -> RouteTable) -> TestRoute {
+    more(RouteTable::new(&plugin("acting")).allowed_hosts(&[server.origin()])).test_route()
 }
 
 fn script(steps: serde_json::Value, verdict: &str) -> String {
@@ -234,7 +224,7 @@ fn script(steps: serde_json::Value, verdict: &str) -> String {
 async fn a_body_written_after_handle_larger_than_its_buffer_arrives_whole() {
     init_tracing();
     let server = TestServer::start();
-    let acting = Acting::new(&format!("timeout = \"20s\"\n{}", hosts(&[server.origin()])));
+    let acting = Acting::new(|r| r.timeout("20s").allowed_hosts(&[server.origin()]));
     let post = server.url("/echo-length");
     let report = acting
         .report(json!([
@@ -255,7 +245,7 @@ async fn a_body_written_after_handle_larger_than_its_buffer_arrives_whole() {
 async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
     init_tracing();
     let server = TestServer::start();
-    let route = route_calling(&server, "");
+    let route = route_calling(&server, |r| r);
     let hopper = route.start().await;
     let mut events = hopper.events();
     let payload = script(json!([{"get": server.url("/status/201")}]), "fatal");
@@ -274,16 +264,12 @@ async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
         h["hopper-last-error"],
         format!("GET {} -> 201 status 201", server.url("/status/201"))
     );
-    let (status, id, url) = next_matching(
-        &mut events,
-        |_| {},
-        |e| match e {
-            Event::HttpRequest(events::HttpRequest {
-                status, id, url, ..
-            }) => Some((*status, id.clone(), url.clone())),
-            _ => None,
-        },
-    )
+    let (status, id, url) = wait_for_event(&mut events, "an HTTP request", |e| match e {
+        Event::HttpRequest(events::HttpRequest {
+            status, id, url, ..
+        }) => Some((*status, id.clone(), url.clone())),
+        _ => None,
+    })
     .await;
     assert_eq!((status, id.as_str()), (Some(201), "g1"));
     assert_eq!(url, server.url("/status/201"));
@@ -299,10 +285,9 @@ async fn a_granted_host_is_called_and_the_handler_sees_its_status_and_body() {
 async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_retried() {
     init_tracing();
     let server = TestServer::start();
-    let route = route_calling(
-        &server,
-        "timeout = \"300ms\"\nretry = [\"1s\"]\nmax_attempts = 2",
-    );
+    let route = route_calling(&server, |r| {
+        r.timeout("300ms").retry(&["1s"]).max_attempts(2)
+    });
     let hopper = route.start().await;
     let mut events = hopper.events();
     let payload = script(json!([{"get": server.url("/slow/5000")}]), "ok");
@@ -318,19 +303,15 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
     let mut verdicts = Vec::new();
     let mut retried = None;
     while verdicts.len() < 2 {
-        let event = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::Handled(events::Handled { id, .. })
-                | Event::RetryScheduled(hop::Retry { id, .. })
-                    if id == "s1" =>
-                {
-                    Some(e.clone())
-                }
-                _ => None,
-            },
-        )
+        let event = wait_for_event(&mut events, "the call or retry of `s1`", |e| match e {
+            Event::Handled(events::Handled { id, .. })
+            | Event::RetryScheduled(hop::Retry { id, .. })
+                if id == "s1" =>
+            {
+                Some(e.clone())
+            }
+            _ => None,
+        })
         .await;
         match event {
             Event::Handled(events::Handled {
@@ -369,7 +350,7 @@ async fn a_thousand_requests_reuse_the_connections_of_the_calls_in_flight() {
     init_tracing();
     const MESSAGES: usize = 1000;
     let server = TestServer::start();
-    let route = route_calling(&server, "");
+    let route = route_calling(&server, |r| r);
     let config = route.config();
     let partitions = config.kafka.partitions as usize;
     let calls_at_once = (partitions * config.routes[0].concurrency.max_in_flight)
@@ -393,14 +374,10 @@ async fn a_thousand_requests_reuse_the_connections_of_the_calls_in_flight() {
 
     let mut ok = 0;
     while ok < MESSAGES {
-        let verdict = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::Handled(events::Handled { verdict, .. }) => Some(*verdict),
-                _ => None,
-            },
-        )
+        let verdict = wait_for_event(&mut events, "the next call", |e| match e {
+            Event::Handled(events::Handled { verdict, .. }) => Some(*verdict),
+            _ => None,
+        })
         .await;
         assert_eq!(verdict, "ok");
         ok += 1;

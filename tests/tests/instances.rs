@@ -6,14 +6,30 @@ use hopper::hop;
 use hopper_tests::*;
 use std::collections::HashMap;
 
+/// An instance policy: `instance`, and `warm_max_calls` if set.
+#[derive(Debug, Clone, Copy)]
+struct Policy(&'static str, Option<u32>);
+
+impl Policy {
+    fn on(self, route: RouteTable) -> RouteTable {
+        let route = route.instance(self.0);
+        match self.1 {
+            Some(calls) => route.key("warm_max_calls", calls),
+            None => route,
+        }
+    }
+}
+
 /// The hostile sequence of core.rs's
 /// `hostile_guests_get_their_outcome_and_the_partition_moves_on`, under an
 /// explicit instance policy.
-async fn hostile_sequence(policy: &str) {
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!("max_attempts = 1\ntimeout = \"300ms\"\nmemory_mib = 16\n{policy}"),
-    );
+async fn hostile_sequence(policy: Policy) {
+    let route = policy
+        .on(RouteTable::new(&plugin("scripted"))
+            .max_attempts(1)
+            .timeout("300ms")
+            .memory_mib(16))
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -32,14 +48,10 @@ async fn hostile_sequence(policy: &str) {
     }
     let mut verdicts = Vec::new();
     while verdicts.len() < script.len() {
-        let verdict = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::Handled(events::Handled { verdict, .. }) => Some(*verdict),
-                _ => None,
-            },
-        )
+        let verdict = wait_for_event(&mut events, "the next call", |e| match e {
+            Event::Handled(events::Handled { verdict, .. }) => Some(*verdict),
+            _ => None,
+        })
         .await;
         verdicts.push(verdict);
     }
@@ -48,7 +60,7 @@ async fn hostile_sequence(policy: &str) {
         vec![
             "trap", "ok", "timeout", "ok", "memory", "ok", "trap", "ok", "ok", "ok", "ok"
         ],
-        "{policy}"
+        "{policy:?}"
     );
     hopper.stop().await;
 }
@@ -56,19 +68,21 @@ async fn hostile_sequence(policy: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn warm_instances_survive_hostile_guests_and_the_partition_moves_on() {
     init_tracing();
-    hostile_sequence("instance = \"warm\"\nwarm_max_calls = 1000").await;
+    hostile_sequence(Policy("warm", Some(1000))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fresh_instances_survive_hostile_guests_and_the_partition_moves_on() {
     init_tracing();
-    hostile_sequence("instance = \"fresh\"").await;
+    hostile_sequence(Policy("fresh", None)).await;
 }
 
 /// What a `count` call said ("call N": the calls its instance served), or
 /// the trap, for each message of `script`, sent on one partition.
-async fn instance_calls(policy: &str, script: &[&str]) -> Vec<String> {
-    let route = TestRoute::new(&plugin("scripted"), &format!("max_attempts = 1\n{policy}"));
+async fn instance_calls(policy: Policy, script: &[&str]) -> Vec<String> {
+    let route = policy
+        .on(RouteTable::new(&plugin("scripted")).max_attempts(1))
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -84,16 +98,12 @@ async fn instance_calls(policy: &str, script: &[&str]) -> Vec<String> {
     }
     let mut errors: HashMap<String, String> = HashMap::new();
     while errors.len() < script.len() {
-        let (id, error) = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::DeadLettered(hop::DeadLetter { id, error, .. }) => {
-                    Some((id.clone(), error.clone()))
-                }
-                _ => None,
-            },
-        )
+        let (id, error) = wait_for_event(&mut events, "the next dead letter", |e| match e {
+            Event::DeadLettered(hop::DeadLetter { id, error, .. }) => {
+                Some((id.clone(), error.clone()))
+            }
+            _ => None,
+        })
         .await;
         errors.insert(id, error);
     }
@@ -116,7 +126,7 @@ async fn a_warm_instance_is_reused_retired_after_max_calls_and_dropped_after_a_t
     let script = [
         "count", "count", "trap", "count", "count", "count", "count", "count",
     ];
-    let warm = instance_calls("instance = \"warm\"\nwarm_max_calls = 3", &script).await;
+    let warm = instance_calls(Policy("warm", Some(3)), &script).await;
     assert_eq!(
         warm,
         [
@@ -124,7 +134,7 @@ async fn a_warm_instance_is_reused_retired_after_max_calls_and_dropped_after_a_t
         ],
         "a trapped instance is never entered again; a retired one is replaced"
     );
-    let fresh = instance_calls("instance = \"fresh\"", &script).await;
+    let fresh = instance_calls(Policy("fresh", None), &script).await;
     assert_eq!(
         fresh,
         [

@@ -10,8 +10,16 @@ use std::time::{Duration, Instant};
 const TOKEN: &str = "s3cret-token";
 
 /// `[admin]` on an ephemeral loopback port, with the test token.
-fn admin(extra: &str) -> String {
-    format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n{extra}")
+fn admin() -> AdminTable {
+    AdminTable::loopback().token(TOKEN)
+}
+
+/// `route` in a config with the admin server, for a test of it.
+fn administered(route: RouteTable) -> TestRoute {
+    ConfigBuilder::new()
+        .route(route)
+        .admin(admin())
+        .test_route()
 }
 
 /// The scrape at `addr`, parsed by a Prometheus text parser: sample values
@@ -85,10 +93,7 @@ async fn scrape_until(
 async fn metrics_parse_as_prometheus_text_and_count_a_known_mix_of_outcomes() {
     init_tracing();
     let handler = plugin("scripted");
-    let route = TestRoute::new(
-        &handler,
-        &format!("retry = [\"1s\"]\nmax_attempts = 2\n{}", admin("")),
-    );
+    let route = administered(RouteTable::new(&handler).retry(&["1s"]).max_attempts(2));
     let hopper = route.start().await;
     let addr = hopper.admin_addr().expect("the admin server runs");
     let producer = producer();
@@ -183,10 +188,7 @@ async fn metrics_parse_as_prometheus_text_and_count_a_known_mix_of_outcomes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_held_retry_partition_reports_when_its_head_is_due() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!("retry = [\"1h\"]\n{}", admin("")),
-    );
+    let route = administered(RouteTable::new(&plugin("scripted")).retry(&["1h"]));
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     produce(&producer(), &route.input, None, "retry", &[]).await;
@@ -210,7 +212,7 @@ async fn a_held_retry_partition_reports_when_its_head_is_due() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_api_call_needs_the_token_and_a_bad_request_names_the_field() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), &admin(""));
+    let route = administered(RouteTable::new(&plugin("scripted")));
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     let body = r#"{"filter": {}, "dry_run": true}"#;
@@ -303,10 +305,7 @@ async fn get_as_host(addr: SocketAddr, host: &str, path: &str, token: Option<&st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_api_needs_the_token_and_a_known_host_and_handlers_never_reach_it() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("acting"),
-        &format!("allowed_hosts = [\"*://*:*\"]\n{}", admin("")),
-    );
+    let route = administered(RouteTable::new(&plugin("acting")).allowed_hosts(&["*://*:*"]));
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     for path in ["/api/routes", "/api/status", "/api/handlers", "/api/dlq"] {
@@ -367,7 +366,10 @@ async fn no_handler_reads_another_hoppers_dead_letters_without_a_token_it_cannot
     if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
         return; // the environment gives a token; this case cannot be set up
     }
-    let other = TestRoute::new(&plugin("scripted"), "\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let other = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::loopback())
+        .test_route();
     let other_run = other.start().await;
     let b = other_run.admin_addr().unwrap();
     let session = other_run
@@ -386,7 +388,9 @@ async fn no_handler_reads_another_hoppers_dead_letters_without_a_token_it_cannot
     let listed = get_json_as(b, &format!("/api/dlq?route={}", other.name), Some(&session)).await;
     assert_eq!(listed["total"], 1, "the session token reads: {listed}");
 
-    let route = TestRoute::new(&plugin("acting"), "allowed_hosts = [\"*://*:*\"]\n");
+    let route = RouteTable::new(&plugin("acting"))
+        .allowed_hosts(&["*://*:*"])
+        .test_route();
     let hopper = route.start().await;
     let steps = json!({"steps": [
         {"get": format!("http://{b}/health")},
@@ -434,7 +438,7 @@ async fn no_handler_reads_another_hoppers_dead_letters_without_a_token_it_cannot
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_reads_in_flight_are_capped() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), &admin(""));
+    let route = administered(RouteTable::new(&plugin("scripted")));
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     let path = format!("/api/dlq?route={}", route.name);
@@ -475,7 +479,10 @@ async fn dlq_reads_in_flight_are_capped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_configured_token_nothing_can_change_state() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "\n[admin]\nlisten = \"127.0.0.1:0\"\n");
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::loopback())
+        .test_route();
     if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
         return; // the environment gives a token; this case cannot be set up
     }
@@ -509,7 +516,7 @@ async fn the_admin_server_is_not_reachable_off_loopback_unless_configured() {
     // Bound to 127.0.0.1: another loopback address of this host, 127.0.0.2,
     // finds nothing at the port. Bound to every address (as configured
     // below), it does.
-    let route = TestRoute::new(&plugin("scripted"), &admin(""));
+    let route = administered(RouteTable::new(&plugin("scripted")));
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     assert_eq!(addr.ip().to_string(), "127.0.0.1");
@@ -520,10 +527,10 @@ async fn the_admin_server_is_not_reachable_off_loopback_unless_configured() {
     );
     hopper.stop().await;
 
-    let open = TestRoute::new(
-        &plugin("scripted"),
-        &format!("\n[admin]\nlisten = \"0.0.0.0:0\"\ntoken = \"{TOKEN}\"\n"),
-    );
+    let open = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::listen("0.0.0.0:0").token(TOKEN))
+        .test_route();
     let hopper = open.start().await;
     let port = hopper.admin_addr().unwrap().port();
     let elsewhere = SocketAddr::new("127.0.0.2".parse().unwrap(), port);
@@ -539,7 +546,10 @@ async fn the_admin_server_is_not_reachable_off_loopback_unless_configured() {
 
 #[test]
 fn a_non_loopback_listen_without_a_token_is_refused_at_load() {
-    let config = TestConfig::new("[delay]\n\n[admin]\nlisten = \"0.0.0.0:9464\"\n");
+    let config = ConfigBuilder::new()
+        .delay(DelayTable::default())
+        .admin(AdminTable::listen("0.0.0.0:9464"))
+        .write();
     if std::env::var_os("HOPPER_ADMIN_TOKEN").is_some() {
         return;
     }

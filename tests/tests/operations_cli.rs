@@ -27,7 +27,7 @@ fn stderr(out: &std::process::Output) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_ls_show_and_status_read_straight_from_the_brokers() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "");
+    let route = RouteTable::new(&plugin("scripted")).test_route();
     let hopper_run = route.start().await;
     let producer = producer();
     // A hostile key: a terminal escape sequence and a newline.
@@ -154,7 +154,9 @@ async fn dlq_ls_show_and_status_read_straight_from_the_brokers() {
 async fn the_delay_relays_dead_letters_replay_once_the_target_exists() {
     init_tracing();
     let inbox = rand_name("inbox");
-    let config = TestConfig::new(&format!("[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n"));
+    let config = ConfigBuilder::new()
+        .delay(DelayTable::default().inbox(&inbox).tiers(&["1s"]))
+        .write();
     let hopper_run = config.start().await;
     let target = rand_name("late-target");
     produce(
@@ -269,7 +271,7 @@ fn run_until(
 async fn logs_are_json_lines_with_message_fields_or_plain_text_without_colour_in_a_pipe() {
     init_tracing();
     let handler = plugin("scripted");
-    let route = TestRoute::new(&handler, "");
+    let route = RouteTable::new(&handler).test_route();
     produce(
         &producer(),
         &route.input,
@@ -296,7 +298,7 @@ async fn logs_are_json_lines_with_message_fields_or_plain_text_without_colour_in
     assert_eq!(dead["reason"], "FATAL");
 
     // Text, into a pipe: no colour codes.
-    let other = TestRoute::new(&handler, "");
+    let other = RouteTable::new(&handler).test_route();
     let lines = run_until(other.config_path.to_str().unwrap(), None, |l| {
         l.contains("Route started.")
     });
@@ -326,10 +328,10 @@ async fn the_session_token_reaches_the_console_url_and_hopper_status_only() {
         .local_addr()
         .unwrap()
         .port();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!("\n[admin]\nlisten = \"127.0.0.1:{port}\"\n"),
-    );
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::listen(format!("127.0.0.1:{port}")))
+        .test_route();
     let config = route.config_path.to_str().unwrap();
     let runtime = tempfile::tempdir().unwrap();
     let mut child = Command::new(hopper_bin())

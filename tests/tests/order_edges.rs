@@ -6,7 +6,7 @@
 
 use hopper::config::Route;
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::{NOT_AN_ORDER, ORDER_TIMEOUT_BUILDS, plugin, resolve_route};
+use hopper_tests::{NOT_AN_ORDER, ORDER_TIMEOUT_BUILDS, RouteTable, plugin, resolve_route};
 use order_service::{Order, OrderService, Status};
 use std::path::Path;
 
@@ -112,15 +112,17 @@ fn route(handler: &Path, setup: Setup, service: &str, nowhere: &str) -> Route {
         Setup::HostNotGranted => (nowhere, Some(service.to_string()), CLOSED),
         Setup::TopicNotGranted => (service, Some(service.to_string()), "elsewhere"),
     };
-    let url = url
-        .map(|u| format!("order-service = \"{u}\"\n"))
-        .unwrap_or_default();
-    resolve_route(
-        handler,
-        &format!(
-            "retry = [\"1s\"]\nmax_attempts = 3\ntimeout = \"5s\"\nmemory_mib = 256\nallowed_hosts = [\"{allowed}\"]\nemit_topics = [\"{CLOSED}\"]\n\n[route.config]\n{url}closed-topic = \"{topic}\""
-        ),
-    )
+    let mut route = RouteTable::new(handler)
+        .retry(&["1s"])
+        .max_attempts(3)
+        .timeout("5s")
+        .memory_mib(256)
+        .allowed_hosts(&[allowed])
+        .emit_topics(&[CLOSED]);
+    if let Some(url) = url {
+        route = route.config("order-service", url);
+    }
+    resolve_route(route.config("closed-topic", topic))
 }
 
 /// What a call came to: the verdict, with the reason for a payload that is

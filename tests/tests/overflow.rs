@@ -17,8 +17,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
 use std::time::Duration;
 
-const PATIENCE: Duration = Duration::from_secs(60);
-
 /// Header names and raw values, in order.
 type Headers<'a> = Vec<(&'a str, &'a [u8])>;
 
@@ -93,7 +91,10 @@ fn tier_record<'a>(case: &'a str, hostile: (&'a str, &'a [u8])) -> Vec<(&'a str,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_headers_on_a_route_are_dead_lettered_and_the_route_goes_on() {
     init_tracing();
-    let route = TestRoute::new(&plugin("scripted"), "retry = [\"1s\"]\nmax_attempts = 3");
+    let route = RouteTable::new(&plugin("scripted"))
+        .retry(&["1s"])
+        .max_attempts(3)
+        .test_route();
     let hopper = route.start().await;
     let tier = format!("{}.retry.1s", route.name);
     let producer = producer();
@@ -200,9 +201,13 @@ async fn hostile_headers_on_a_route_are_dead_lettered_and_the_route_goes_on() {
 async fn hostile_schedules_on_the_delay_relay_are_dead_lettered_and_it_goes_on() {
     init_tracing();
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\", \"2s\"]\nmax_delay = \"1h\""
-    ));
+    let config = ConfigBuilder::new()
+        .delay(
+            DelayTable::named(&inbox)
+                .tiers(&["1s", "2s"])
+                .max_delay("1h"),
+        )
+        .write();
     let target = rand_name("target");
     create_topics(&[&target]).await;
     let hopper = config.start().await;
@@ -333,10 +338,10 @@ async fn hostile_schedules_on_the_delay_relay_are_dead_lettered_and_it_goes_on()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_dead_letter_records_are_listed_and_replayed_without_a_panic() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        "\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"t\"\n",
-    );
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::loopback().token("t"))
+        .test_route();
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     let producer = producer();

@@ -15,8 +15,6 @@ use std::time::Duration;
 use tokio::sync::broadcast::Receiver;
 
 const PARTITIONS: i32 = 4;
-/// How long any one expectation may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// Produces `count` messages with keys spread over every partition.
 async fn produce_batch(topic: &str, from: usize, count: usize) {
@@ -34,21 +32,20 @@ async fn handled_partitions(
     mut enough: impl FnMut(&BTreeSet<i32>) -> bool,
 ) -> BTreeSet<i32> {
     let mut seen = BTreeSet::new();
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while !enough(&seen) {
-        match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Ok(Event::Handled(events::Handled {
-                topic: t,
-                partition,
-                ..
-            }))) if t == topic => {
-                seen.insert(partition);
-            }
-            Ok(Ok(_)) | Ok(Err(tokio::sync::broadcast::error::RecvError::Lagged(_))) => {}
-            Ok(Err(e)) => panic!("event stream: {e}"),
-            Err(_) => panic!("handled messages of partitions {seen:?} of {topic} only"),
+    let what = format!("calls of messages of enough partitions of {topic}");
+    wait_for_event(events, &what, |e| {
+        if let Event::Handled(events::Handled {
+            topic: t,
+            partition,
+            ..
+        }) = e
+            && t == topic
+        {
+            seen.insert(*partition);
         }
-    }
+        enough(&seen).then_some(())
+    })
+    .await;
     seen
 }
 
@@ -58,10 +55,10 @@ async fn partitions_split_before_assignment_and_again_after_every_rebalance_lose
     let name = rand_name("split");
     let input = format!("{name}.in");
     let group = format!("hopper.{name}");
-    let config = TestConfig::with_partitions(
-        PARTITIONS,
-        &route_table(&name, &input, &plugin("noop"), "ordering = \"key\""),
-    );
+    let config = ConfigBuilder::new()
+        .partitions(PARTITIONS)
+        .route(RouteTable::named(&name, &plugin("noop")).ordering("key"))
+        .write();
     create_topics_with(&[&input], PARTITIONS).await;
 
     // Waiting before the first assignment: each partition's first fetch

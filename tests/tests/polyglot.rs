@@ -13,10 +13,6 @@ use rdkafka::consumer::Consumer;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// How long any one route may take to settle. Loading the Python and
-/// JavaScript components compiles 12-21 MB of Wasm in the dev profile.
-const PATIENCE: Duration = Duration::from_secs(240);
-
 /// (key and hopper-id, payload).
 const ORDERS: [(&str, &str); 7] = [
     ("o-1", r#"{"order_id":"o-1"}"#),
@@ -80,12 +76,16 @@ async fn run_scenario(stem: &'static str) -> Run {
     let url = service.url();
     let closed = rand_name("closed");
     let handler = plugin(stem);
-    let route = TestRoute::new(
-        &handler,
-        &format!(
-            "retry = [\"1s\"]\nmax_attempts = 3\ntimeout = \"5s\"\nmemory_mib = 256\nallowed_hosts = [\"{url}\"]\nemit_topics = [\"{closed}\"]\n\n[route.config]\norder-service = \"{url}\"\nclosed-topic = \"{closed}\""
-        ),
-    );
+    let route = RouteTable::new(&handler)
+        .retry(&["1s"])
+        .max_attempts(3)
+        .timeout("5s")
+        .memory_mib(256)
+        .allowed_hosts(&[&url])
+        .emit_topics(&[&closed])
+        .config("order-service", &url)
+        .config("closed-topic", &closed)
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -103,13 +103,8 @@ async fn run_scenario(stem: &'static str) -> Run {
     // Settled: every message reached ok or the DLQ.
     let mut calls: BTreeMap<String, Vec<(u32, &'static str)>> = BTreeMap::new();
     let mut settled = 0;
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    while settled < ORDERS.len() {
-        let event = match tokio::time::timeout_at(deadline, events.recv()).await {
-            Ok(Ok(event)) => event,
-            Ok(Err(e)) => panic!("{stem}: event stream: {e}"),
-            Err(_) => panic!("{stem}: timed out; calls so far {calls:?}"),
-        };
+    let what = format!("{stem}: every order to end ok or in the DLQ");
+    wait_for_event_within(&mut events, COMPILE_PATIENCE, &what, |event| {
         match event {
             Event::Handled(events::Handled {
                 id,
@@ -117,21 +112,23 @@ async fn run_scenario(stem: &'static str) -> Run {
                 verdict,
                 ..
             }) => {
-                if verdict == "ok" {
+                if *verdict == "ok" {
                     settled += 1;
                 }
                 calls
-                    .entry(id)
+                    .entry(id.clone())
                     .or_default()
-                    .push((attempt, verdict.as_str()));
+                    .push((*attempt, verdict.as_str()));
             }
             Event::DeadLettered(hop::DeadLetter { .. }) => settled += 1,
             _ => {}
         }
-    }
+        (settled == ORDERS.len()).then_some(())
+    })
+    .await;
 
     let mut dead = BTreeMap::new();
-    for record in consume(&route.dlq, 4, PATIENCE).await {
+    for record in consume(&route.dlq, 4, COMPILE_PATIENCE).await {
         let (h, counts) = header_map(&record);
         for (key, count) in &counts {
             assert_eq!(*count, 1, "{stem}: header {key} appears {count} times");
@@ -160,7 +157,7 @@ async fn run_scenario(stem: &'static str) -> Run {
     }
 
     let mut announced = BTreeMap::new();
-    for record in consume(&closed, 2, PATIENCE).await {
+    for record in consume(&closed, 2, COMPILE_PATIENCE).await {
         let (h, _) = header_map(&record);
         let mut header_names: Vec<String> = h.keys().cloned().collect();
         header_names.sort();

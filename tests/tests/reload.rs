@@ -21,13 +21,13 @@ struct Reloadable {
 }
 
 impl Reloadable {
-    fn new(extra: &str) -> Reloadable {
+    fn new() -> Reloadable {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("handler.wasm");
         let v1 = std::fs::read(plugin("scripted")).unwrap();
         let v2 = with_custom_section(&v1, "hopper-test", b"v2");
         std::fs::write(&path, &v1).unwrap();
-        let route = TestRoute::new(&path, extra);
+        let route = RouteTable::new(&path).test_route();
         Reloadable {
             _dir: dir,
             path,
@@ -55,7 +55,7 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
     init_tracing();
     const SWAPS: usize = 100;
     const MESSAGES: usize = 10_000;
-    let r = Reloadable::new("");
+    let r = Reloadable::new();
     let versions = [sha256_hex(&r.v1), sha256_hex(&r.v2)];
     assert_ne!(versions[0], versions[1]);
     let hopper = r.route.start().await;
@@ -97,15 +97,11 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
         };
         write_atomically(&r.path, bytes);
         let reloaded_at = handled.len();
-        next_matching(
-            &mut events,
-            |_| {},
-            |e| {
+        wait_for_event(&mut events, "the new version to be loaded", |e| {
                 record(e, &mut handled, &mut reloads);
                 matches!(e, Event::HandlerReloaded(events::HandlerReloaded { new_version, .. }) if new_version == new)
                     .then_some(())
-            },
-        )
+            })
         .await;
         // The next slice of the stream, produced while the new version serves.
         for _ in 0..MESSAGES / SWAPS {
@@ -129,15 +125,11 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
         }
         // The new version handles messages before the next swap.
         if !handled[reloaded_at..].iter().any(|(_, v)| v == new) {
-            next_matching(
-                &mut events,
-                |_| {},
-                |e| {
-                    record(e, &mut handled, &mut reloads);
-                    matches!(e, Event::Handled(events::Handled { version, .. }) if version == new)
-                        .then_some(())
-                },
-            )
+            wait_for_event(&mut events, "a call of the new version", |e| {
+                record(e, &mut handled, &mut reloads);
+                matches!(e, Event::Handled(events::Handled { version, .. }) if version == new)
+                    .then_some(())
+            })
             .await;
         }
         assert!(
@@ -149,14 +141,10 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
         ack.await.expect("delivered").expect("acknowledged");
     }
     while handled.len() < MESSAGES {
-        next_matching(
-            &mut events,
-            |_| {},
-            |e| {
-                record(e, &mut handled, &mut reloads);
-                matches!(e, Event::Handled(events::Handled { .. })).then_some(())
-            },
-        )
+        wait_for_event(&mut events, "the next call", |e| {
+            record(e, &mut handled, &mut reloads);
+            matches!(e, Event::Handled(events::Handled { .. })).then_some(())
+        })
         .await;
         assert!(
             started.elapsed() < Duration::from_secs(120),
@@ -196,7 +184,7 @@ async fn a_hundred_swaps_under_a_steady_stream_handle_every_message_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrives() {
     init_tracing();
-    let r = Reloadable::new("");
+    let r = Reloadable::new();
     let (v1, v2) = (sha256_hex(&r.v1), sha256_hex(&r.v2));
     let hopper = r.route.start().await;
     let mut events = hopper.events();
@@ -219,18 +207,25 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
 
     // A build that dies half-way through writing the file in place.
     std::fs::write(&r.path, &r.v2[..r.v2.len() / 2]).unwrap();
-    let error = next_matching(&mut events, &mut count_failures, |e| match e {
-        Event::HandlerReloadFailed(events::HandlerReloadFailed { version, error, .. })
-            if error.contains("does not compile") =>
-        {
-            assert_eq!(*version, v1, "the serving version is reported");
-            Some(error.clone())
-        }
-        Event::HandlerReloaded(events::HandlerReloaded { .. }) => {
-            panic!("a truncated file was loaded")
-        }
-        _ => None,
-    })
+    let error = wait_for_event(
+        &mut events,
+        "the reload of the truncated file to fail",
+        |e| {
+            count_failures(e);
+            match e {
+                Event::HandlerReloadFailed(events::HandlerReloadFailed {
+                    version, error, ..
+                }) if error.contains("does not compile") => {
+                    assert_eq!(*version, v1, "the serving version is reported");
+                    Some(error.clone())
+                }
+                Event::HandlerReloaded(events::HandlerReloaded { .. }) => {
+                    panic!("a truncated file was loaded")
+                }
+                _ => None,
+            }
+        },
+    )
     .await;
     assert!(error.contains(&r.path.display().to_string()), "{error}");
     let status = hopper.status();
@@ -245,18 +240,25 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
         &[("hopper-id", "during")],
     )
     .await;
-    let during = next_matching(&mut events, &mut count_failures, handled_version("during")).await;
+    let during = wait_for_event(&mut events, "the call of `during`", |e| {
+        count_failures(e);
+        handled_version("during")(e)
+    })
+    .await;
     assert_eq!(during, (v1.clone(), "ok"), "v1 keeps serving");
 
     // The next build writes the whole file.
     std::fs::write(&r.path, &r.v2).unwrap();
-    let (old, new) = next_matching(&mut events, &mut count_failures, |e| match e {
-        Event::HandlerReloaded(events::HandlerReloaded {
-            old_version,
-            new_version,
-            ..
-        }) => Some((old_version.clone(), new_version.clone())),
-        _ => None,
+    let (old, new) = wait_for_event(&mut events, "the reload of the whole file", |e| {
+        count_failures(e);
+        match e {
+            Event::HandlerReloaded(events::HandlerReloaded {
+                old_version,
+                new_version,
+                ..
+            }) => Some((old_version.clone(), new_version.clone())),
+            _ => None,
+        }
     })
     .await;
     assert_eq!((old, new), (v1.clone(), v2.clone()));
@@ -276,7 +278,11 @@ async fn a_truncated_file_leaves_the_old_version_serving_until_a_good_one_arrive
         &[("hopper-id", "after")],
     )
     .await;
-    let after = next_matching(&mut events, &mut count_failures, handled_version("after")).await;
+    let after = wait_for_event(&mut events, "the call of `after`", |e| {
+        count_failures(e);
+        handled_version("after")(e)
+    })
+    .await;
     assert_eq!(after, (v2, "ok"));
     assert!(failed >= 1);
     assert_eq!(
@@ -312,15 +318,15 @@ async fn a_handler_rolled_out_through_a_configmap_is_reloaded_and_links_stay_ins
     kubelet_swap(dir.path(), 1, &v1);
     let path = dir.path().join("handler.wasm");
     std::os::unix::fs::symlink("..data/handler.wasm", &path).unwrap();
-    let route = TestRoute::new(&path, "");
+    let route = RouteTable::new(&path).test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     assert_eq!(hopper.status()[0].version, sha256_hex(&v1));
 
     kubelet_swap(dir.path(), 2, &v2);
-    let (old, new) = next_matching(
+    let (old, new) = wait_for_event(
         &mut events,
-        |_: &Event| {},
+        "the swapped version to be loaded",
         |e| match e {
             Event::HandlerReloaded(events::HandlerReloaded {
                 old_version,
@@ -352,9 +358,9 @@ async fn a_handler_rolled_out_through_a_configmap_is_reloaded_and_links_stay_ins
         let tmp = dir.path().join("handler.wasm.tmp");
         std::os::unix::fs::symlink(target, &tmp).unwrap();
         std::fs::rename(&tmp, &path).unwrap();
-        let error = next_matching(
+        let error = wait_for_event(
             &mut events,
-            |_: &Event| {},
+            "the reload through the link to fail",
             |e| match e {
                 Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
                     Some(error.clone())
@@ -378,16 +384,12 @@ async fn a_handler_rolled_out_through_a_configmap_is_reloaded_and_links_stay_ins
     let tmp = dir.path().join("handler.wasm.tmp");
     std::os::unix::fs::symlink("..data/pipe", &tmp).unwrap();
     std::fs::rename(&tmp, &path).unwrap();
-    let error = next_matching(
-        &mut events,
-        |_: &Event| {},
-        |e| match e {
-            Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
-                Some(error.clone())
-            }
-            _ => None,
-        },
-    )
+    let error = wait_for_event(&mut events, "the reload to fail", |e| match e {
+        Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. }) => {
+            Some(error.clone())
+        }
+        _ => None,
+    })
     .await;
     assert!(error.contains("not a regular file"), "{error}");
     hopper.stop().await;
@@ -396,7 +398,7 @@ async fn a_handler_rolled_out_through_a_configmap_is_reloaded_and_links_stay_ins
 #[test]
 fn a_corrupt_cache_entry_is_a_miss_and_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
-    let route = TestRoute::new(&plugin("scripted"), "");
+    let route = RouteTable::new(&plugin("scripted")).test_route();
     let config = route.config();
     let route = &config.routes[0];
     let bytes = std::fs::read(&route.handler).unwrap();

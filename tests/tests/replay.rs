@@ -14,12 +14,11 @@ const TOKEN: &str = "replay-token";
 /// A route whose handler fails (`fatal`) every message `config:fixed=yes`
 /// until its config says `fixed = "yes"`: the cause, and the fix.
 fn broken_route(max_replays: u32, rate: u32) -> TestRoute {
-    TestRoute::new(
-        &plugin("scripted"),
-        &format!(
-            "\n[route.config]\nfixed = \"no\"\n\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n[replay]\nmax_replays = {max_replays}\nrate = {rate}\n"
-        ),
-    )
+    ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")).config("fixed", "no"))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .replay(max_replays, rate)
+        .test_route()
 }
 
 fn fix(route: &TestRoute) {
@@ -154,19 +153,15 @@ async fn a_replayed_record_is_handled_again_and_each_replay_is_counted_on_it() {
     for round in 1..=2u32 {
         let report = replay(addr, json!({ "records": [at(&dead)] })).await;
         assert_eq!(report["replayed"], 1, "{report}");
-        let (attempt, verdict) = next_matching(
-            &mut events,
-            |_| {},
-            |e| match e {
-                Event::Handled(events::Handled {
-                    id,
-                    attempt,
-                    verdict,
-                    ..
-                }) if id == "r1" => Some((*attempt, *verdict)),
-                _ => None,
-            },
-        )
+        let (attempt, verdict) = wait_for_event(&mut events, "the call of `r1`", |e| match e {
+            Event::Handled(events::Handled {
+                id,
+                attempt,
+                verdict,
+                ..
+            }) if id == "r1" => Some((*attempt, *verdict)),
+            _ => None,
+        })
         .await;
         assert_eq!(
             (attempt, verdict.as_str()),
@@ -321,13 +316,12 @@ async fn a_forged_dead_letter_is_skipped_and_never_reaches_the_topic_it_names() 
     let other = rand_name("other");
     let inbox = rand_name("inbox");
     let victim = rand_name("victim");
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!(
-            "\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n[delay]\ninbox = \"{inbox}\"\n\n{}",
-            route_table(&other, &format!("{other}.in"), &plugin("scripted"), "")
-        ),
-    );
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .delay(DelayTable::default().inbox(&inbox))
+        .route(RouteTable::named(&other, &plugin("scripted")))
+        .test_route();
     let hopper = route.start().await;
     let addr = hopper.admin_addr().unwrap();
     let producer = producer();

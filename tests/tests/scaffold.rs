@@ -9,7 +9,7 @@
 //! a target dir of its own that is kept between runs.
 
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::{hopper_bin, resolve_route};
+use hopper_tests::{RouteTable, hopper_bin, resolve_route};
 use order_service::{Order, OrderService, Status};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -124,13 +124,15 @@ async fn call_template(lang: &str, wasm: &Path, service: &OrderService) -> Resul
         .with_cache(hopper_tests::cache_dir())
         .unwrap();
     let url = service.url();
-    let bare = resolve_route(wasm, "timeout = \"5s\"\nmemory_mib = 256");
+    let bare = RouteTable::new(wasm).timeout("5s").memory_mib(256);
     let granted = resolve_route(
-        wasm,
-        &format!(
-            "timeout = \"5s\"\nmemory_mib = 256\nallowed_hosts = [\"{url}\"]\nemit_topics = [\"enriched\"]\n\n[route.config]\nlookup-url = \"{url}/orders/o-1\"\nout-topic = \"enriched\""
-        ),
+        bare.clone()
+            .allowed_hosts(&[&url])
+            .emit_topics(&["enriched"])
+            .config("lookup-url", format!("{url}/orders/o-1"))
+            .config("out-topic", "enriched"),
     );
+    let bare = resolve_route(bare);
     let delivery = || Delivery {
         id: "m-1".into(),
         topic: "direct.in".into(),

@@ -86,16 +86,16 @@ async fn a_group_that_loses_a_member_to_kill_9_and_one_to_a_stop_and_gains_one_l
         std::fs::write(&handler, &wasm).unwrap();
         process_of.insert(sha256_hex(&wasm), label);
         let config = own.join("hopper.toml");
-        let route = route_table(
-            &name,
-            &t.input,
-            &handler,
-            &format!(
-                "emit_topics = [\"{}\"]\nretry = [\"1s\", \"2s\"]\nmax_attempts = 3",
-                t.done
-            ),
-        );
-        std::fs::write(&config, format!("{}\n{route}", kafka_table(PARTITIONS))).unwrap();
+        let route = RouteTable::named(&name, &handler)
+            .topics(&[&t.input])
+            .emit_topics(&[&t.done])
+            .retry(&["1s", "2s"])
+            .max_attempts(3);
+        let text = ConfigBuilder::new()
+            .partitions(PARTITIONS)
+            .route(route)
+            .toml();
+        std::fs::write(&config, text).unwrap();
         configs.push(config);
     }
     let ledger = Ledger::start(&[
@@ -444,11 +444,15 @@ async fn three_processes_on_two_partitions_are_all_ready_and_spread_the_route() 
         let admin = hopper_tests::secured::free_port();
         // One partition for the input and one for its one tier: a
         // subscription of two partitions for three processes.
-        let config = TestConfig::raw(&format!(
-            "{}\n{}\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n",
-            kafka_table(1),
-            route_table(&route, &input, &plugin("scripted"), "retry = [\"1s\"]")
-        ));
+        let config = ConfigBuilder::new()
+            .partitions(1)
+            .route(
+                RouteTable::named(&route, &plugin("scripted"))
+                    .topics(&[&input])
+                    .retry(&["1s"]),
+            )
+            .admin(AdminTable::listen(format!("127.0.0.1:{admin}")))
+            .write();
         procs.push((
             HopperProcess::spawn(&format!("standby-{n}"), &config.path, logs.path()),
             config,

@@ -35,13 +35,12 @@ async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
     init_tracing();
     let server = TestServer::start();
     let secret = rand_name("s3cr3t");
-    let route = TestRoute::new(
-        &plugin("acting"),
-        &format!(
-            "allowed_hosts = [\"{}\"]\nretry = [\"1s\"]\nmax_attempts = 2\n[route.secrets]\ntoken = \"env:HOPPER_TEST_TOKEN\"",
-            server.origin()
-        ),
-    );
+    let route = RouteTable::new(&plugin("acting"))
+        .allowed_hosts(&[server.origin()])
+        .retry(&["1s"])
+        .max_attempts(2)
+        .secret("token", "env:HOPPER_TEST_TOKEN")
+        .test_route();
     let tier = format!("{}.retry.1s", route.name);
     let mut child = Command::new(hopper_bin())
         .args(["run", "--config"])
@@ -136,12 +135,15 @@ async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
 
 #[test]
 fn a_missing_secret_stops_startup_naming_the_route_and_the_secret() {
-    let file = TestConfig::raw(&route_table(
-        "orders",
-        "orders",
-        &plugin("acting"),
-        "[route.secrets]\napi-token = \"env:HOPPER_TEST_NEVER_SET\"\nca = \"file:missing.pem\"",
-    ));
+    let file = ConfigBuilder::new()
+        .without_kafka()
+        .route(
+            RouteTable::named("orders", &plugin("acting"))
+                .topics(&["orders"])
+                .secret("api-token", "env:HOPPER_TEST_NEVER_SET")
+                .secret("ca", "file:missing.pem"),
+        )
+        .write();
     let out = Command::new(hopper_bin())
         .args(["run", "--config"])
         .arg(&file.path)

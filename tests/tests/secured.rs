@@ -7,7 +7,10 @@
 use hopper_tests::secured::{
     MtlsBroker, PASSWORD, SecuredBroker, TokenEndpoint, USER_256, USER_512, free_port,
 };
-use hopper_tests::{cache_dir, header_map, hopper_bin, plugin, rand_name};
+use hopper_tests::{
+    ConfigBuilder, DelayTable, PATIENCE, RouteTable, cache_dir, header_map, hopper_bin, plugin,
+    rand_name,
+};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -17,18 +20,15 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-const PATIENCE: Duration = Duration::from_secs(60);
 /// The environment variable the configs read the password from.
 const PASSWORD_ENV: &str = "HOPPER_TEST_KAFKA_PASSWORD";
 
-/// A `[kafka]` table on `brokers` with `properties` (TOML lines).
-fn kafka_table(brokers: &str, properties: &[(&str, String)]) -> String {
-    let mut table =
-        format!("[kafka]\nbrokers = \"{brokers}\"\npartitions = 1\n[kafka.properties]\n");
-    for (key, value) in properties {
-        table.push_str(&format!("\"{key}\" = \"{value}\"\n"));
-    }
-    table
+/// A config on `brokers` with `properties`, one partition a topic.
+fn on_brokers(brokers: &str, properties: &[(&str, String)]) -> ConfigBuilder {
+    properties.iter().fold(
+        ConfigBuilder::new().brokers(brokers).partitions(1),
+        |config, (key, value)| config.kafka_property(key, value),
+    )
 }
 
 /// The SCRAM-SHA-512 properties of `broker`, the password read from the
@@ -262,11 +262,15 @@ async fn the_core_loop_runs_over_sasl_ssl_with_scram_sha_512() {
     let (input, inbox, target) = (rand_name("in"), rand_name("inbox"), rand_name("target"));
     let config = write_config(
         dir.path(),
-        &format!(
-            "{}\n[[route]]\nname = \"secured\"\ntopics = [\"{input}\"]\nhandler = \"{}\"\nretry = [\"1s\"]\nmax_attempts = 2\n\n[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n",
-            kafka_table(&broker.address, &scram(&broker)),
-            plugin("scripted").display()
-        ),
+        &on_brokers(&broker.address, &scram(&broker))
+            .route(
+                RouteTable::named("secured", &plugin("scripted"))
+                    .topics(&[&input])
+                    .retry(&["1s"])
+                    .max_attempts(2),
+            )
+            .delay(DelayTable::default().inbox(&inbox).tiers(&["1s"]))
+            .toml(),
     );
     let client = broker.client_config();
     let mut run = Run::start(&config);
@@ -371,10 +375,9 @@ fn relay_config(dir: &Path, brokers: &str, properties: &[(&str, String)]) -> (Pa
     let inbox = rand_name("inbox");
     let config = write_config(
         dir,
-        &format!(
-            "{}\n[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n",
-            kafka_table(brokers, properties)
-        ),
+        &on_brokers(brokers, properties)
+            .delay(DelayTable::default().inbox(&inbox).tiers(&["1s"]))
+            .toml(),
     );
     (config, inbox)
 }
@@ -573,10 +576,12 @@ async fn a_credential_rotated_away_after_start_is_counted_logged_once_and_unread
         let inbox = rand_name("inbox");
         let config = write_config(
             dir.path(),
-            &format!(
-                "{}\n[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n\n[admin]\nlisten = \"127.0.0.1:{admin}\"\n",
-                kafka_table(&broker.address, &properties)
-            ),
+            &on_brokers(&broker.address, &properties)
+                .delay(DelayTable::default().inbox(&inbox).tiers(&["1s"]))
+                .admin(hopper_tests::AdminTable::listen(format!(
+                    "127.0.0.1:{admin}"
+                )))
+                .toml(),
         );
         (config, inbox)
     };
@@ -701,10 +706,15 @@ async fn records_of_every_codec_are_read_and_hops_are_compressed_byte_for_byte()
     hopper_tests::create_topics(&[&target]).await;
     // The route's own hops (its dead letters here) and the relay's are
     // compressed too.
-    let config = hopper_tests::TestConfig::new(&format!(
-        "{}\n[delay]\ninbox = \"{inbox}\"\ntiers = [\"1s\"]\n\n[kafka.properties]\n\"compression.type\" = \"zstd\"\n",
-        hopper_tests::route_table(&route, &input, &plugin("fatal"), "max_attempts = 1")
-    ));
+    let config = ConfigBuilder::new()
+        .kafka_property("compression.type", "zstd")
+        .route(
+            RouteTable::named(&route, &plugin("fatal"))
+                .topics(&[&input])
+                .max_attempts(1),
+        )
+        .delay(DelayTable::default().inbox(&inbox).tiers(&["1s"]))
+        .write();
     let hopper_run = config.start().await;
     let mut sent = Vec::new();
     for codec in ["gzip", "snappy", "lz4", "zstd"] {

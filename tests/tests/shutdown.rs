@@ -12,24 +12,23 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// A config file for a one-partition route around the `fetch` fixture
-/// calling `server`, with `extra` inside the route table.
-async fn config(server: &TrackServer, extra: &str) -> (tempfile::TempDir, PathBuf, String) {
+/// calling `server`, with what `more` adds to the route.
+async fn config(
+    server: &TrackServer,
+    more: impl FnOnce(RouteTable) -> RouteTable,
+) -> (tempfile::TempDir, PathBuf, String) {
     let name = rand_name("stop");
     let input = format!("{name}.in");
     create_topics_with(&[&input], 1).await;
-    let TestConfig { dir, path } = TestConfig::with_partitions(
-        1,
-        &route_table(
-            &name,
-            &input,
-            &plugin("fetch"),
-            &format!(
-                "allowed_hosts = [\"{}\"]\ntimeout = \"30s\"\n{extra}\n[route.config]\nurl = \"{}\"\nappend-payload = \"true\"",
-                server.origin(),
-                server.url(),
-            ),
-        ),
-    );
+    let route = RouteTable::named(&name, &plugin("fetch"))
+        .allowed_hosts(&[server.origin()])
+        .timeout("30s")
+        .config("url", server.url())
+        .config("append-payload", "true");
+    let TestConfig { dir, path } = ConfigBuilder::new()
+        .partitions(1)
+        .route(more(route))
+        .write();
     (dir, path, input)
 }
 
@@ -89,8 +88,7 @@ fn log_of(path: &Path) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_finishes_the_calls_in_flight_commits_them_and_exits_0() {
     let server = TrackServer::start();
-    let (dir, config, input) =
-        config(&server, "ordering = \"unordered\"\nmax_in_flight = 16").await;
+    let (dir, config, input) = config(&server, |r| r.ordering("unordered").max_in_flight(16)).await;
     produce_ids(&input, (0..40).map(|i| format!("m{i}/1500"))).await;
     let log = dir.path().join("first.log");
     let mut hopper = start(&config, &log, &[]);
@@ -143,7 +141,7 @@ async fn sigterm_finishes_the_calls_in_flight_commits_them_and_exits_0() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_forces_a_non_zero_exit_and_a_late_drain_exits_non_zero() {
     let server = TrackServer::start();
-    let (dir, config, input) = config(&server, "ordering = \"unordered\"\nmax_in_flight = 4").await;
+    let (dir, config, input) = config(&server, |r| r.ordering("unordered").max_in_flight(4)).await;
     produce_ids(&input, (0..4).map(|i| format!("m{i}/20000"))).await;
 
     // A drain that would take 20 s: the second SIGTERM ends it at once.
@@ -201,10 +199,12 @@ async fn a_second_signal_forces_a_non_zero_exit_and_a_late_drain_exits_non_zero(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_with_256_calls_in_flight_loses_nothing_and_redelivers_at_most_the_window() {
     let server = TrackServer::start();
-    let (dir, config, input) = config(
-        &server,
-        "ordering = \"unordered\"\nmax_in_flight = 256\nmax_instances = 256\nmemory_mib = 16",
-    )
+    let (dir, config, input) = config(&server, |r| {
+        r.ordering("unordered")
+            .max_in_flight(256)
+            .key("max_instances", 256)
+            .memory_mib(16)
+    })
     .await;
     let total = 1000;
     produce_ids(&input, (0..total).map(|i| format!("m{i}/3000"))).await;
@@ -255,7 +255,7 @@ async fn kill_9_redoes_only_the_calls_in_flight_and_at_most_400_ms_of_done_calls
     const SERVICE_MS: u64 = 50;
     const WINDOW_MS: u64 = 400;
     let server = TrackServer::start();
-    let (dir, config, input) = config(&server, "ordering = \"partition\"").await;
+    let (dir, config, input) = config(&server, |r| r.ordering("partition")).await;
     let total = 2_000;
     produce_ids(&input, (0..total).map(|i| format!("m{i}/{SERVICE_MS}"))).await;
     let log = dir.path().join("killed.log");

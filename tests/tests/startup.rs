@@ -195,7 +195,7 @@ impl RouteAndRelay {
         let inbox = format!("{name}.delay");
         let file = TestConfig::new(&format!(
             "{}\n[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\n\n{extra}",
-            route_table(&name, &input, &plugin("noop"), "")
+            route_table(&name, &plugin("noop"))
         ));
         let group = file.config().routes[0].group.clone();
         RouteAndRelay {
@@ -383,9 +383,7 @@ async fn an_embedder_tells_what_failed_from_the_errors_kind() {
     let broken = dir.path().join("notes.wasm");
     std::fs::write(&broken, b"hello").unwrap();
     let name = rand_name("kinds");
-    let route = |handler: &std::path::Path| {
-        TestConfig::new(&route_table(&name, &format!("{name}.in"), handler, ""))
-    };
+    let route = |handler: &std::path::Path| TestConfig::new(&route_table(&name, handler));
 
     let mut config = route(&plugin("noop")).config();
     config.kafka.brokers = Some(" ".into());
@@ -433,4 +431,13 @@ async fn an_embedder_tells_what_failed_from_the_errors_kind() {
         text.starts_with("cannot connect to Kafka at 127.0.0.1:1"),
         "{text}"
     );
+}
+
+/// The `[[route]]` table of route `name` around `handler`, reading
+/// `NAME.in`, for a config with more after it.
+fn route_table(name: &str, handler: &std::path::Path) -> String {
+    ConfigBuilder::new()
+        .without_kafka()
+        .route(RouteTable::named(name, handler))
+        .toml()
 }

@@ -74,12 +74,14 @@ async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_dead_lettered_and_replayed_message_keeps_one_trace_on_every_record() {
     init_tracing();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!(
-            "retry = [\"1s\"]\nmax_attempts = 3\n\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n"
-        ),
-    );
+    let route = ConfigBuilder::new()
+        .route(
+            RouteTable::new(&plugin("scripted"))
+                .retry(&["1s"])
+                .max_attempts(3),
+        )
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
     let tier = format!("{}.retry.1s", route.name);
     let journal = format!("{}.replays", route.dlq);
     let hopper = route.start().await;
@@ -210,9 +212,9 @@ async fn a_retried_dead_lettered_and_replayed_message_keeps_one_trace_on_every_r
 async fn a_delayed_message_keeps_its_trace_through_the_tiers_to_its_target() {
     init_tracing();
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\nmax_delay = \"1h\"\n"
-    ));
+    let config = ConfigBuilder::new()
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]).max_delay("1h"))
+        .write();
     let tier = config.config().delay.unwrap().tiers[0].1.clone();
     let target = rand_name("target");
     create_topics(&[&target]).await;
@@ -245,10 +247,9 @@ async fn a_delayed_message_keeps_its_trace_through_the_tiers_to_its_target() {
 async fn records_a_handler_emits_continue_the_calls_trace() {
     init_tracing();
     let closed = rand_name("closed");
-    let route = TestRoute::new(
-        &plugin("acting"),
-        &format!("emit_topics = [\"{closed}\"]\n"),
-    );
+    let route = RouteTable::new(&plugin("acting"))
+        .emit_topics(&[&closed])
+        .test_route();
     let hopper = route.start().await;
     // The guest sets a traceparent of its own on one of them: hopper's
     // replaces it, so the record still has exactly one.
@@ -432,11 +433,25 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// A `[tracing]` table exporting every trace to `receiver`.
-fn tracing_table(receiver: &otlp::Receiver) -> String {
-    format!(
-        "\n[tracing]\nendpoint = \"http://{}/v1/traces\"\nservice_name = \"orders-hopper\"\nsampling = 1.0\nresource = {{ \"deployment.environment\" = \"test\" }}\nui = \"https://jaeger.example/trace/{{trace_id}}\"\n",
-        receiver.addr
-    )
+fn traced(config: ConfigBuilder, receiver: &otlp::Receiver) -> ConfigBuilder {
+    config
+        .key(
+            "tracing",
+            "endpoint",
+            quoted(format!("http://{}/v1/traces", receiver.addr)),
+        )
+        .key("tracing", "service_name", quoted("orders-hopper"))
+        .key("tracing", "sampling", "1.0")
+        .key(
+            "tracing",
+            "resource",
+            "{ \"deployment.environment\" = \"test\" }",
+        )
+        .key(
+            "tracing",
+            "ui",
+            quoted("https://jaeger.example/trace/{trace_id}"),
+        )
 }
 
 /// The spans of trace `trace` from the one whose parent is `root`, child
@@ -469,13 +484,14 @@ fn chain(spans: &[otlp::Span], trace: &str, root: &str) -> Vec<otlp::Span> {
 async fn the_spans_of_a_retried_dead_lettered_and_replayed_message_chain_in_hop_order() {
     init_tracing();
     let receiver = otlp::Receiver::start();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!(
-            "retry = [\"1s\"]\nmax_attempts = 3\n\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n{}",
-            tracing_table(&receiver)
-        ),
-    );
+    let route = traced(ConfigBuilder::new(), &receiver)
+        .route(
+            RouteTable::new(&plugin("scripted"))
+                .retry(&["1s"])
+                .max_attempts(3),
+        )
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
     let tier = format!("{}.retry.1s", route.name);
     let hopper = route.start().await;
     let version = hopper.handler_version(&route.name).unwrap();
@@ -635,10 +651,9 @@ async fn a_delayed_messages_forward_span_records_its_lateness() {
     init_tracing();
     let receiver = otlp::Receiver::start();
     let inbox = rand_name("delay");
-    let config = TestConfig::new(&format!(
-        "[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\ntiers = [\"1s\"]\nmax_delay = \"1h\"\n{}",
-        tracing_table(&receiver)
-    ));
+    let config = traced(ConfigBuilder::new(), &receiver)
+        .delay(DelayTable::named(&inbox).tiers(&["1s"]).max_delay("1h"))
+        .write();
     let tier = config.config().delay.unwrap().tiers[0].1.clone();
     let target = rand_name("target");
     create_topics(&[&target]).await;
@@ -709,10 +724,15 @@ async fn with_the_endpoint_down_messages_flow_and_spans_are_dropped_and_counted(
         .unwrap()
         .local_addr()
         .unwrap();
-    let route = TestRoute::new(
-        &plugin("scripted"),
-        &format!("\n[tracing]\nendpoint = \"http://{down}/v1/traces\"\nqueue = 64\n"),
-    );
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .key(
+            "tracing",
+            "endpoint",
+            quoted(format!("http://{down}/v1/traces")),
+        )
+        .key("tracing", "queue", 64)
+        .test_route();
     let hopper = route.start().await;
     let producer = producer();
     const MESSAGES: usize = 200;
@@ -743,14 +763,9 @@ async fn the_service_a_handler_calls_receives_the_calls_traceparent() {
     init_tracing();
     let receiver = otlp::Receiver::start();
     let service = hopper_tests::http_server::TestServer::start();
-    let route = TestRoute::new(
-        &plugin("acting"),
-        &format!(
-            "allowed_hosts = [\"{}\"]\n{}",
-            service.origin(),
-            tracing_table(&receiver)
-        ),
-    );
+    let route = traced(ConfigBuilder::new(), &receiver)
+        .route(RouteTable::new(&plugin("acting")).allowed_hosts(&[service.origin()]))
+        .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
     let steps = json!([{"get": service.url("/hello")}, {"get": service.url("/hello")}]);
@@ -762,14 +777,10 @@ async fn the_service_a_handler_calls_receives_the_calls_traceparent() {
         &[("hopper-id", "h1"), ("traceparent", PRODUCER)],
     )
     .await;
-    next_matching(
-        &mut events,
-        |_| {},
-        |e| match e {
-            hopper::events::Event::Handled(h) if h.id == "h1" => Some(()),
-            _ => None,
-        },
-    )
+    wait_for_event(&mut events, "the call of `h1`", |e| match e {
+        hopper::events::Event::Handled(h) if h.id == "h1" => Some(()),
+        _ => None,
+    })
     .await;
     let call_name = format!("process {}", route.input);
     let spans = receiver

@@ -49,9 +49,9 @@ async fn report_of(handler: &InProcess, script: serde_json::Value) -> String {
     }
 }
 
-fn hosts(entries: &[&str]) -> String {
-    let quoted: Vec<String> = entries.iter().map(|e| format!("\"{e}\"")).collect();
-    format!("allowed_hosts = [{}]\n", quoted.join(", "))
+/// The `acting` fixture, allowed to reach `hosts`.
+fn acting(hosts: &[&str]) -> RouteTable {
+    RouteTable::new(&plugin("acting")).allowed_hosts(hosts)
 }
 
 fn port_of(server: &TestServer) -> u16 {
@@ -172,12 +172,12 @@ async fn a_handler_granted_everything_reaches_no_admin_server() {
     let admin = TestServer::start();
     let other = TestServer::start();
     let port = port_of(&admin);
-    let rest = format!("[admin]\nlisten = \"127.0.0.1:{port}\"\ntoken = \"t\"\n");
+    let rest =
+        ConfigBuilder::new().admin(AdminTable::listen(format!("127.0.0.1:{port}")).token("t"));
     let names = Names::with(&[("admin.test", "127.0.0.1")]);
     let wide = InProcess::with_resolver(
-        &plugin("acting"),
-        &hosts(&["*://*:*", "http://127.0.0.1:1-65535"]),
-        &rest,
+        acting(&["*://*:*", "http://127.0.0.1:1-65535"]),
+        rest.clone(),
         names.clone(),
     );
     let through = [
@@ -212,8 +212,7 @@ async fn a_handler_granted_everything_reaches_no_admin_server() {
         "admin.test looked up"
     );
 
-    let exact =
-        InProcess::with_config(&plugin("acting"), &hosts(&[admin.origin().as_str()]), &rest);
+    let exact = InProcess::with_config(acting(&[admin.origin().as_str()]), rest);
     let got = report(&exact, json!([{"get": admin.url("/hello")}])).await;
     assert_eq!(got, format!("GET {} -> 200 hello", admin.url("/hello")));
     assert_eq!(admin.connections(), 1, "an exact entry reaches it");
@@ -225,10 +224,7 @@ async fn a_handler_granted_everything_reaches_no_admin_server() {
 #[tokio::test]
 async fn denied_requests_count_against_max_requests_and_their_urls_are_cut() {
     let logs = Logs::capture();
-    let handler = InProcess::new(
-        &plugin("acting"),
-        "allowed_hosts = [\"http://granted.example\"]\n[route.http]\nmax_requests = 5\n",
-    );
+    let handler = InProcess::new(acting(&["http://granted.example"]).http("max_requests", 5));
     let url = format!("http://denied.example/{}", "x".repeat(60 << 10));
     let steps: Vec<_> = (0..8).map(|_| json!({"get": url})).collect();
     let got = brief_report(&handler, json!(steps)).await;
@@ -264,7 +260,8 @@ async fn denied_requests_count_against_max_requests_and_their_urls_are_cut() {
 #[tokio::test]
 async fn refused_emits_count_against_max_records_and_their_topics_are_cut() {
     let logs = Logs::capture();
-    let handler = InProcess::new(&plugin("acting"), "[route.emit]\nmax_records = 3\n");
+    let handler =
+        InProcess::new(RouteTable::new(&plugin("acting")).table_key("emit", "max_records", 3));
     let topic = "t".repeat(60 << 10);
     let steps: Vec<_> = (0..5)
         .map(|_| json!({"emit": {"topic": topic, "payload": "p"}}))
@@ -308,8 +305,10 @@ fn headers_cut(text: &str) -> String {
 async fn a_handler_looping_on_refusals_stays_within_its_log_budget() {
     let logs = Logs::capture();
     let handler = InProcess::new(
-        &plugin("acting"),
-        "timeout = \"20s\"\n[route.http]\nmax_requests = 100000\n[route.emit]\nmax_records = 10000\n",
+        RouteTable::new(&plugin("acting"))
+            .timeout("20s")
+            .http("max_requests", 100000)
+            .table_key("emit", "max_records", 10000),
     );
     let mut steps: Vec<_> = (0..600)
         .map(|i| json!({"get": format!("http://denied.example/{i}")}))
@@ -350,8 +349,9 @@ async fn a_handler_looping_on_refusals_stays_within_its_log_budget() {
 async fn lines_the_log_leaves_out_take_nothing_from_the_log_budget() {
     let logs = Logs::capture();
     let handler = InProcess::new(
-        &plugin("acting"),
-        "timeout = \"20s\"\n[route.http]\nmax_requests = 100000\n",
+        RouteTable::new(&plugin("acting"))
+            .timeout("20s")
+            .http("max_requests", 100000),
     );
     let mut steps: Vec<_> = (0..600)
         .map(|i| json!({"trace": format!("left out {i}")}))
@@ -370,10 +370,12 @@ async fn lines_the_log_leaves_out_take_nothing_from_the_log_budget() {
 }
 
 /// Writes `value` to a file of `dir`, for a `file:` secret.
-fn secret_file(dir: &std::path::Path, name: &str, value: &str) -> String {
+/// Writes `value` to the file `name` in `dir`; the route's secret `name`
+/// reads it.
+fn secret_file(route: RouteTable, dir: &std::path::Path, name: &str, value: &str) -> RouteTable {
     let path = dir.join(name);
     std::fs::write(&path, format!("{value}\n")).unwrap();
-    format!("{name} = \"file:{}\"\n", path.display())
+    route.secret(name, format!("file:{}", path.display()))
 }
 
 fn random(len: usize) -> String {
@@ -400,22 +402,16 @@ async fn secrets_are_redacted_across_lines_cuts_encodings_and_errors() {
     let big = random(20 << 10);
     let token = format!("tok+en/{}==", random(16));
     let label = format!("label{}", random(12));
-    let secrets = [
-        secret_file(dir.path(), "pem", &pem),
-        secret_file(dir.path(), "big", &big),
-        secret_file(dir.path(), "token", &token),
-        secret_file(dir.path(), "label", &label),
-    ]
-    .concat();
-    let handler = InProcess::with_resolver(
-        &plugin("acting"),
-        &format!(
-            "{}timeout = \"20s\"\n[route.secrets]\n{secrets}",
-            hosts(&["http://*.test:*"])
-        ),
-        "",
-        Names::with(&[]),
-    );
+    let mut route = acting(&["http://*.test:*"]).timeout("20s");
+    for (name, value) in [
+        ("pem", &pem),
+        ("big", &big),
+        ("token", &token),
+        ("label", &label),
+    ] {
+        route = secret_file(route, dir.path(), name, value);
+    }
+    let handler = InProcess::with_resolver(route, ConfigBuilder::new(), Names::with(&[]));
     let mut events = handler.telemetry.subscribe();
     let encoded: String = token
         .bytes()
@@ -441,18 +437,15 @@ async fn secrets_are_redacted_across_lines_cuts_encodings_and_errors() {
     assert!(got.contains("ErrorCode::DnsError"), "{got}");
 
     let mut denied = Vec::new();
-    let error = next_matching(
-        &mut events,
-        |e| {
-            if let Event::HttpDenied(events::HttpDenied { url, reason, .. }) = e {
-                denied.push((url.clone(), reason.clone()));
-            }
-        },
-        |e| match e {
+    let error = wait_for_event(&mut events, "the HTTP request that failed", |e| {
+        if let Event::HttpDenied(events::HttpDenied { url, reason, .. }) = e {
+            denied.push((url.clone(), reason.clone()));
+        }
+        match e {
             Event::HttpRequest(events::HttpRequest { error, .. }) => error.clone(),
             _ => None,
-        },
-    )
+        }
+    })
     .await;
     assert_eq!(
         denied,
@@ -590,13 +583,10 @@ async fn names_tls_timeouts_and_dns_errors_reach_the_handler_as_documented() {
         ("nat64.test", "64:ff9b::a9fe:a9fe"),
     ]);
     let trusting = InProcess::with_resolver(
-        &plugin("acting"),
-        &format!(
-            "{}[route.http]\nconnect_timeout = \"300ms\"\nca_file = \"{}\"\n",
-            hosts(&["*://*:*"]),
-            ca_file.display()
-        ),
-        "",
+        acting(&["*://*:*"])
+            .http("connect_timeout", quoted("300ms"))
+            .http("ca_file", quoted(ca_file.display())),
+        ConfigBuilder::new(),
         names.clone(),
     );
     let guarded = [
@@ -645,7 +635,7 @@ async fn names_tls_timeouts_and_dns_errors_reach_the_handler_as_documented() {
     assert_eq!(names.lookups.load(Ordering::SeqCst), 8);
 
     let untrusting =
-        InProcess::with_resolver(&plugin("acting"), &hosts(&["*://*:*"]), "", names.clone());
+        InProcess::with_resolver(acting(&["*://*:*"]), ConfigBuilder::new(), names.clone());
     let got = report(
         &untrusting,
         json!([{"get": format!("https://tls.test:{tls_port}/")}]),

@@ -58,10 +58,7 @@ fn the_fixtures_are_built_against_the_releases_they_are_named_for() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_0_1_0_component_gets_its_config_and_returns_every_verdict() {
-    let legacy = InProcess::new(
-        &plugin("legacy_0_1_0"),
-        "[route.config]\nname = \"billing\"",
-    );
+    let legacy = InProcess::new(RouteTable::new(&plugin("legacy_0_1_0")).config("name", "billing"));
     let handled = legacy.handler.run(legacy.delivery("m-1", "ok")).await;
     assert_eq!(handled.verdict, Verdict::Ok);
     assert!(handled.emitted.is_empty());
@@ -86,11 +83,10 @@ async fn a_0_1_1_component_publishes_through_the_0_1_2_emit() {
     let token = dir.path().join("token");
     std::fs::write(&token, "t0ken").unwrap();
     let legacy = InProcess::new(
-        &plugin("legacy_0_1_1"),
-        &format!(
-            "emit_topics = [\"closed\"]\n[route.config]\ntopic = \"closed\"\n[route.secrets]\ntoken = \"file:{}\"",
-            token.display()
-        ),
+        RouteTable::new(&plugin("legacy_0_1_1"))
+            .emit_topics(&["closed"])
+            .config("topic", "closed")
+            .secret("token", format!("file:{}", token.display())),
     );
     let handled = legacy.handler.run(legacy.delivery("m-1", "emit")).await;
     assert_eq!(handled.verdict, Verdict::Ok);
@@ -105,10 +101,8 @@ async fn a_0_1_1_component_publishes_through_the_0_1_2_emit() {
     );
 
     // Its refusals are still 0.1.1's `emit-error`.
-    let refused = InProcess::new(
-        &plugin("legacy_0_1_1"),
-        "[route.config]\ntopic = \"closed\"",
-    );
+    let refused =
+        InProcess::new(RouteTable::new(&plugin("legacy_0_1_1")).config("topic", "closed"));
     assert_eq!(
         refused.handler.call(refused.delivery("m-2", "emit")).await,
         Verdict::Fatal {
@@ -124,21 +118,14 @@ async fn old_components_run_as_routes_on_a_broker() {
     init_tracing();
     let (old, older) = (rand_name("legacy11"), rand_name("legacy10"));
     let closed = rand_name("closed");
-    let config = TestConfig::new(&format!(
-        "{}\n{}",
-        route_table(
-            &old,
-            &format!("{old}.in"),
-            &plugin("legacy_0_1_1"),
-            &format!("emit_topics = [\"{closed}\"]\n[route.config]\ntopic = \"{closed}\""),
-        ),
-        route_table(
-            &older,
-            &format!("{older}.in"),
-            &plugin("legacy_0_1_0"),
-            "[route.config]\nname = \"billing\"",
-        ),
-    ));
+    let config = ConfigBuilder::new()
+        .route(
+            RouteTable::named(&old, &plugin("legacy_0_1_1"))
+                .emit_topics(&[&closed])
+                .config("topic", &closed),
+        )
+        .route(RouteTable::named(&older, &plugin("legacy_0_1_0")).config("name", "billing"))
+        .write();
     let hopper = config.start().await;
     let producer = producer();
     produce(

@@ -85,7 +85,7 @@ pub struct RouteConfig {
     /// Which messages of one partition may be handled at the same time:
     /// `key` (default: one at a time per key, different keys at once),
     /// `partition` (one at a time) or `unordered`.
-    pub ordering: Option<Ordering>,
+    pub ordering: Option<MessageOrder>,
     /// Messages of one partition handled at once, at most. Default 16.
     pub max_in_flight: Option<usize>,
     /// Handler instances the route may have at once (one per running call).
@@ -100,7 +100,7 @@ pub struct RouteConfig {
 /// How a pipeline runs the messages of one partition.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Concurrency {
-    pub ordering: Ordering,
+    pub ordering: MessageOrder,
     /// Messages of one partition being processed at once, at most.
     pub max_in_flight: usize,
 }
@@ -108,7 +108,7 @@ pub struct Concurrency {
 impl Concurrency {
     /// One message of a partition at a time, in offset order.
     pub const ONE_AT_A_TIME: Concurrency = Concurrency {
-        ordering: Ordering::Partition,
+        ordering: MessageOrder::Partition,
         max_in_flight: 1,
     };
 }
@@ -116,7 +116,7 @@ impl Concurrency {
 /// Which messages of one partition may be processed at the same time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Ordering {
+pub enum MessageOrder {
     /// One at a time, in offset order.
     Partition,
     /// Messages of one key in offset order; different keys at once. A
@@ -126,19 +126,19 @@ pub enum Ordering {
     Unordered,
 }
 
-impl Ordering {
+impl MessageOrder {
     pub fn as_str(self) -> &'static str {
         match self {
-            Ordering::Partition => "partition",
-            Ordering::Key => "key",
-            Ordering::Unordered => "unordered",
+            MessageOrder::Partition => "partition",
+            MessageOrder::Key => "key",
+            MessageOrder::Unordered => "unordered",
         }
     }
 }
 
 /// Default `ordering`: what a Kafka user expects of a keyed topic (records
 /// of one key in order), with room for handlers that wait on I/O.
-pub const DEFAULT_ORDERING: Ordering = Ordering::Key;
+pub const DEFAULT_ORDERING: MessageOrder = MessageOrder::Key;
 /// Default `max_in_flight`: 16 calls per partition turn a 20 ms HTTP call
 /// from 50 into about 800 messages a second per partition, while a crash or
 /// rebalance re-delivers at most 16 messages per partition.
@@ -389,7 +389,7 @@ pub(super) fn resolve_route(
     let instance = resolve_instance(raw, label, problems);
     let ordering = raw.ordering.unwrap_or(DEFAULT_ORDERING);
     let max_in_flight = match ordering {
-        Ordering::Partition => raw.max_in_flight.unwrap_or(1),
+        MessageOrder::Partition => raw.max_in_flight.unwrap_or(1),
         _ => raw.max_in_flight.unwrap_or(DEFAULT_MAX_IN_FLIGHT),
     };
     if max_in_flight == 0 || max_in_flight > MAX_IN_FLIGHT {

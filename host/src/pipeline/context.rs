@@ -8,7 +8,8 @@
 //! happens on every assignment, since an assignment undoes the splits of the
 //! one before.
 
-use super::{TopicPartition, Trackers};
+use super::Trackers;
+use crate::types::TopicPartition;
 use rdkafka::consumer::stream_consumer::StreamPartitionQueue;
 use rdkafka::consumer::{CommitMode, Consumer, ConsumerContext, Rebalance, StreamConsumer};
 use rdkafka::{ClientConfig, ClientContext, Offset, TopicPartitionList};

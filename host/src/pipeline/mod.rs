@@ -14,8 +14,8 @@
 //! The loop owns the consumer and polls its main queue, which carries the
 //! rebalances and errors, never a message. It starts and closes partition
 //! tasks as partitions come and go, stores and commits the done offsets on
-//! its tick, and does what pauses a partition: a hold's rewind (`rewind.rs`)
-//! and the processor's suspension (`suspend.rs`: a route's open breaker).
+//! its tick, and does what pauses a partition ([`pauses`]): a hold's rewind
+//! and the processor's suspension (a route's open breaker).
 //! A partition task with no room simply stops reading its queue: nothing is
 //! paused for backpressure, so nothing librdkafka prefetched is thrown
 //! away. Nothing here blocks the loop: the blocking seek of a hold runs on a
@@ -26,13 +26,12 @@
 //! its handler, the delay relay moves the message one tier closer to its
 //! time.
 
-mod calls;
 mod context;
-mod gate;
+mod in_flight;
+mod key_queue;
 mod partition;
-mod rewind;
+mod pauses;
 mod slice;
-mod suspend;
 
 pub use context::{
     Connected, PartitionQueue, PipelineConsumer, PipelineContext, Rebalanced, connect,
@@ -40,21 +39,20 @@ pub use context::{
 
 use crate::clock::now_ms;
 use crate::events::Telemetry;
-use crate::hold::{Gate, Hold, TopicPartition};
 use crate::hop::{Concurrency, Halt, Processor};
 use crate::offsets::OffsetTracker;
 use crate::produce::HopProducer;
 use crate::scheduler::{Scheduled, Scheduler};
-use context::tpl_of;
-use gate::KeyHasher;
+use crate::types::TopicPartition;
+use key_queue::KeyHasher;
 use partition::{Control, Held, Partition};
+use pauses::Pauses;
 use rdkafka::consumer::{CommitMode, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{Offset, TopicPartitionList};
-use rewind::{Rewind, Seeked};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
@@ -122,17 +120,11 @@ struct Loop<P: Processor> {
     /// Tasks of revoked partitions, until a new task of the same partition
     /// takes them over (it waits for their end) or the drain waits for them.
     retired: HashMap<TopicPartition, JoinHandle<()>>,
-    hold: Hold,
-    rewinds: HashMap<TopicPartition, Rewind>,
-    /// Partitions whose resume failed; retried on the tick.
-    resume_failed: HashSet<TopicPartition>,
-    /// Partitions paused because the processor suspends their topic (a
-    /// route's open circuit breaker).
-    suspended: HashSet<TopicPartition>,
+    /// Which partitions are paused, and why: a hold, or a suspension.
+    pauses: Pauses,
     held_tx: mpsc::UnboundedSender<Held>,
-    seeked_tx: mpsc::UnboundedSender<Seeked>,
     scheduler: mpsc::UnboundedSender<Scheduled>,
-    /// Hashes message keys for the key gate; seeded per pipeline.
+    /// Hashes message keys for the key queues; seeded per pipeline.
     keys: KeyHasher,
 }
 
@@ -158,12 +150,13 @@ pub async fn run<P: Processor>(
         concurrency,
         partitions: HashMap::new(),
         retired: HashMap::new(),
-        hold: Hold::reporting(shared.telemetry.health().held_heads(&name)),
-        rewinds: HashMap::new(),
-        resume_failed: HashSet::new(),
-        suspended: HashSet::new(),
+        pauses: Pauses::new(
+            name.clone(),
+            consumer.clone(),
+            shared.telemetry.health().held_heads(&name),
+            seeked_tx,
+        ),
         held_tx,
-        seeked_tx,
         scheduler: Scheduler::spawn(shared.producer.clone(), stop_scheduler.clone()),
         keys: KeyHasher::default(),
         shared: shared.clone(),
@@ -172,7 +165,7 @@ pub async fn run<P: Processor>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let failure = loop {
-        let wake = this.hold.next_due().map(|due| {
+        let wake = this.pauses.next_due().map(|due| {
             let wait = due.saturating_sub(now_ms()).max(0) as u64;
             tokio::time::sleep(Duration::from_millis(wait))
         });
@@ -182,15 +175,16 @@ pub async fn run<P: Processor>(
             _ = shared.halt.failed() => break shared.halt.reason(),
             Some(event) = rebalances.recv() => this.rebalanced(event),
             Some(hold) = held.recv() => this.held(hold),
-            Some(seek) = seeked.recv() => this.seeked(seek),
+            Some(seek) = seeked.recv() => {
+                let tp = seek.tp.clone();
+                if let Some(order) = this.pauses.seeked(seek) {
+                    this.tell(&tp, order);
+                }
+            }
             _ = tick.tick() => this.tick(),
             _ = async { match wake { Some(sleep) => sleep.await, None => std::future::pending().await } } => {
-                for tp in this.hold.take_due(now_ms()) {
-                    // A suspended partition resumes when no longer suspended.
-                    match this.rewinds.get_mut(&tp) {
-                        Some(rewind) => rewind.resume_after = true,
-                        None => this.release(&tp),
-                    }
+                for tp in this.pauses.due(now_ms()) {
+                    this.tell(&tp, Control::Release);
                 }
             }
             received = consumer.recv() => match received {
@@ -289,9 +283,9 @@ impl<P: Processor> Loop<P> {
             }
             None => self.retired.remove(&tp),
         };
-        let task = tokio::spawn(slice::Sliced::new(partition::run(
-            partition, queue, orders, previous,
-        )));
+        let task = tokio::spawn(slice::Sliced::new(|slice| {
+            partition::run(partition, slice, queue, orders, previous)
+        }));
         self.partitions.insert(
             (*tp).clone(),
             Assigned {
@@ -311,22 +305,13 @@ impl<P: Processor> Loop<P> {
         if !self.partitions.contains_key(&tp) {
             return; // revoked meanwhile
         }
-        let gate = self.hold.gate(&tp, due_ms, now_ms());
-        self.rewind(tp.clone(), offset);
-        if gate == Gate::Pass {
-            // Due by now: read again as soon as the rewind is done.
-            if let Some(rewind) = self.rewinds.get_mut(&tp) {
-                rewind.resume_after = true;
-            }
-        }
+        self.pauses.hold(tp, offset, due_ms, now_ms());
     }
 
-    /// The hold of `tp` is over and its rewind done: resume it, and let its
-    /// task read again.
-    fn release(&mut self, tp: &TopicPartition) {
-        self.resume(tp);
+    /// Sends `order` to the task of `tp`, if the partition is still ours.
+    fn tell(&self, tp: &TopicPartition, order: Control) {
         if let Some(partition) = self.partitions.get(tp) {
-            let _ = partition.control.send(Control::Release);
+            let _ = partition.control.send(order);
         }
     }
 
@@ -334,10 +319,7 @@ impl<P: Processor> Loop<P> {
         match event {
             Rebalanced::Revoked(tps) => {
                 for tp in tps {
-                    self.hold.release(&tp);
-                    self.rewinds.remove(&tp);
-                    self.resume_failed.remove(&tp);
-                    self.suspended.remove(&tp);
+                    self.pauses.revoked(&tp);
                     self.shared.trackers.lock().unwrap().remove(&tp);
                     let Some(partition) = self.partitions.remove(&tp) else {
                         continue;
@@ -364,28 +346,8 @@ impl<P: Processor> Loop<P> {
                         ));
                         continue;
                     };
-                    // A partition paused under an earlier assignment must
-                    // not stay paused.
-                    self.resume(&tp);
+                    self.pauses.assigned(&tp);
                     self.assign(tp, queue);
-                }
-            }
-        }
-    }
-
-    /// Resumes `tp`, unless the processor suspends it (it resumes when no
-    /// longer suspended); a failure is retried on the tick.
-    fn resume(&mut self, tp: &TopicPartition) {
-        if self.suspended.contains(tp) {
-            return;
-        }
-        match self.shared.consumer.resume(&tpl_of(tp)) {
-            Ok(()) => {
-                self.resume_failed.remove(tp);
-            }
-            Err(e) => {
-                if self.resume_failed.insert(tp.clone()) {
-                    tracing::warn!(pipeline = self.name, topic = tp.topic, partition = tp.partition, error = %e, "Cannot resume partition; retrying.");
                 }
             }
         }
@@ -404,21 +366,9 @@ impl<P: Processor> Loop<P> {
             self.partitions.values().map(|p| (&*p.tp, &p.tracker)),
             &self.name,
         );
-        self.suspend();
-        let retry_rewinds: Vec<(TopicPartition, i64)> = self
-            .rewinds
-            .iter()
-            .filter(|(_, r)| !r.seeking)
-            .map(|(tp, r)| (tp.clone(), r.offset))
-            .collect();
-        for (tp, offset) in retry_rewinds {
-            self.rewind(tp, offset);
-        }
-        for tp in self.resume_failed.clone() {
-            if !self.hold.is_held(&tp) && !self.rewinds.contains_key(&tp) {
-                self.resume(&tp);
-            }
-        }
+        let suspended = self.shared.processor.suspended(now_ms());
+        self.pauses.suspend(suspended, &self.shared.telemetry);
+        self.pauses.tick();
     }
 }
 

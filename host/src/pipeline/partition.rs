@@ -8,34 +8,36 @@
 //! (`queued.max.messages.kbytes` bounds it per partition). When it has
 //! room it takes whatever the queue already holds, up to the same bounds,
 //! in one go rather than one message per wake-up. It starts calls
-//! in the order the [`KeyGate`] allows and polls each once where it starts
+//! in the order the [`KeyQueue`] allows and polls each once where it starts
 //! it: one that ends there (a handler that waits on no host call) costs no
-//! allocation, and the rest run in [`Calls`] (one alone polled directly,
-//! several in a `FuturesUnordered`). The gate,
+//! allocation, and the rest run in [`InFlight`] (one alone polled directly,
+//! several in a `FuturesUnordered`). The queue of
+//! waiting messages,
 //! like everything else here, is the task's own, so a message costs no
 //! lock but its offset tracker's, shared with the producer's delivery
 //! callback and the commit tick.
 //!
 //! A task that keeps finding work yields its worker once it has run for a
-//! [`slice::SLICE`], so the partitions on one worker share it and an idle
-//! worker can take one of them. One whose calls mostly fail sleeps instead
-//! while a healthy task waits for the CPU ([`slice::Standing`]).
+//! [`SLICE`](super::slice::SLICE), so the partitions on one worker share
+//! it and an idle worker can take one of them. One whose calls mostly fail sleeps instead
+//! while a healthy task waits for the CPU ([`Slice::record`]).
 //!
 //! A message of a tier that is not due yet stops the task: it reports the
 //! hold to the loop, which pauses the partition and seeks back to that
-//! message ([`super::rewind`]), and reads nothing until the loop releases it
+//! message ([`super::pauses`]), and reads nothing until the loop releases it
 //! once the message is due.
 
 use super::Shared;
-use super::calls::Calls;
 use super::context::PartitionQueue;
-use super::gate::{KeyGate, KeyHasher, key_of};
-use super::slice;
+use super::in_flight::InFlight;
+use super::key_queue::{KeyHasher, KeyQueue, key_of};
+use super::slice::Slice;
 use crate::clock::now_ms;
-use crate::hold::TopicPartition;
-use crate::hop::{Action, Completion, Concurrency, Ordering, Processor};
+use crate::config::MessageOrder;
+use crate::hop::{Action, Completion, Concurrency, Processor};
 use crate::offsets::OffsetTracker;
 use crate::scheduler::Scheduled;
+use crate::types::TopicPartition;
 use futures::FutureExt as _;
 use futures::{Stream, StreamExt as _};
 use rdkafka::error::KafkaResult;
@@ -115,6 +117,7 @@ struct Called {
 /// rebalance, and this task's end implies its predecessor's.
 pub(super) async fn run<P: Processor>(
     partition: Partition<P>,
+    mut slice: Slice,
     queue: PartitionQueue,
     mut control: mpsc::UnboundedReceiver<Control>,
     previous: Option<JoinHandle<()>>,
@@ -144,22 +147,21 @@ pub(super) async fn run<P: Processor>(
     }
     let mut messages = queue.stream();
     let max = match partition.concurrency.ordering {
-        Ordering::Partition => 1,
+        MessageOrder::Partition => 1,
         _ => partition.concurrency.max_in_flight.max(1),
     };
     let lookahead = lookahead(max);
-    let mut gate: KeyGate<OwnedMessage> = KeyGate::default();
+    let mut waiting: KeyQueue<OwnedMessage> = KeyQueue::default();
     let mut waiting_bytes = 0usize;
-    let mut calls = Calls::new();
+    let mut calls = InFlight::new();
     // The box of a call that ended in its first poll, for the next call.
     let mut spare = None;
     let (mut held, mut closed) = (false, false);
     let mut fallback = fallback_timer();
-    let mut standing = slice::Standing::default();
     loop {
         while calls.len() < max {
-            slice::yield_if_spent().await;
-            let Some((key, message)) = gate.take() else {
+            slice.yield_if_spent().await;
+            let Some((key, message)) = waiting.take() else {
                 break;
             };
             waiting_bytes -= size_of(&message);
@@ -178,7 +180,7 @@ pub(super) async fn run<P: Processor>(
             // the next call; one that waits goes into `calls`.
             match futures::poll!(next.as_mut()) {
                 Poll::Ready(called) => {
-                    ended(&partition, &mut gate, &mut standing, called);
+                    ended(&partition, &mut waiting, &mut slice, called);
                     spare = Some(next);
                 }
                 Poll::Pending => calls.push(next),
@@ -190,7 +192,7 @@ pub(super) async fn run<P: Processor>(
         let reading = !held
             && !closed
             && calls.len() < max
-            && gate.len() < lookahead
+            && waiting.len() < lookahead
             && waiting_bytes < LOOKAHEAD_BYTES;
         tokio::select! {
             biased;
@@ -202,7 +204,7 @@ pub(super) async fn run<P: Processor>(
                     // any other: one not due is reported as held again, and
                     // the task stays held until the loop releases it.
                     while let Poll::Ready(Some(next)) = futures::poll!(messages.next()) {
-                        if read(&partition, next, &mut gate, &mut waiting_bytes) {
+                        if read(&partition, next, &mut waiting, &mut waiting_bytes) {
                             break;
                         }
                     }
@@ -210,7 +212,7 @@ pub(super) async fn run<P: Processor>(
                 Some(Control::Release) => held = false,
                 Some(Control::Close) | None => {
                     closed = true;
-                    gate.clear();
+                    waiting.clear();
                     waiting_bytes = 0;
                     // Whoever reads it next reports it, if it is still stuck.
                     if partition.stuck.swap(false, std::sync::atomic::Ordering::Relaxed) {
@@ -220,7 +222,7 @@ pub(super) async fn run<P: Processor>(
                 }
             },
             Some(called) = calls.next(), if !calls.is_empty() => {
-                ended(&partition, &mut gate, &mut standing, called);
+                ended(&partition, &mut waiting, &mut slice, called);
             }
             // `None`: the fallback ticked; the loop comes round and reads
             // again. (A `Some(..)` pattern here would turn the branch off
@@ -228,31 +230,31 @@ pub(super) async fn run<P: Processor>(
             // would wait for ever.)
             next = next_or_fallback(&mut messages, &mut fallback), if reading => {
                 let Some(next) = next else { continue };
-                held = read(&partition, next, &mut gate, &mut waiting_bytes);
+                held = read(&partition, next, &mut waiting, &mut waiting_bytes);
                 // What else the queue holds already, within the same
                 // bounds, comes in without a trip through this select
                 // per message.
-                while !held && gate.len() < lookahead && waiting_bytes < LOOKAHEAD_BYTES {
+                while !held && waiting.len() < lookahead && waiting_bytes < LOOKAHEAD_BYTES {
                     // Polled with this task's waker: a queue found empty
                     // wakes this task, as a read through the select would.
                     let Poll::Ready(Some(next)) = futures::poll!(messages.next()) else {
                         break;
                     };
-                    held = read(&partition, next, &mut gate, &mut waiting_bytes);
+                    held = read(&partition, next, &mut waiting, &mut waiting_bytes);
                 }
             }
         }
     }
 }
 
-/// Takes a message read from the partition's queue into the gate. A tier
+/// Takes a message read from the partition's queue into the waiting. A tier
 /// message that is not due yet is reported to the loop instead, which
 /// rewinds to it: then `true`, and the task reads nothing more until the
 /// loop releases it.
 fn read<P: Processor>(
     partition: &Partition<P>,
     next: KafkaResult<BorrowedMessage<'_>>,
-    gate: &mut KeyGate<OwnedMessage>,
+    waiting: &mut KeyQueue<OwnedMessage>,
     waiting_bytes: &mut usize,
 ) -> bool {
     let message = match next {
@@ -305,20 +307,20 @@ fn read<P: Processor>(
     let message = message.detach();
     partition.tracker.lock().unwrap().begin(offset);
     *waiting_bytes += size_of(&message);
-    gate.push(key, message);
+    waiting.push(key, message);
     false
 }
 
 /// What follows a call's end: its key is free for the next message of
-/// that key, or, if it panicked, the route halts. The task's standing notes
+/// that key, or, if it panicked, the route halts. The task's slice notes
 /// whether it failed.
 fn ended<P: Processor>(
     partition: &Partition<P>,
-    gate: &mut KeyGate<OwnedMessage>,
-    standing: &mut slice::Standing,
+    waiting: &mut KeyQueue<OwnedMessage>,
+    slice: &mut Slice,
     called: Called,
 ) {
-    standing.record(called.failed);
+    slice.record(called.failed);
     if called.panicked {
         let tp = &partition.tp;
         partition.shared.halt.fail(format!(
@@ -326,7 +328,7 @@ fn ended<P: Processor>(
             tp.topic, tp.partition, called.offset
         ));
     } else if let Some(key) = called.key {
-        gate.done(key);
+        waiting.done(key);
     }
 }
 

@@ -12,7 +12,8 @@
 //! a hundredth of the time of one whose messages each cost a hop.
 //!
 //! So the task runs in slices of time. [`Sliced`] notes when each poll of
-//! the task began, and the task asks [`spent`] before each call it starts:
+//! the task began, in the [`Slice`] it shares with the task, and the task
+//! asks [`Slice::yield_if_spent`] before each call it starts:
 //! once a slice has passed, it yields, and goes to the back of its worker's
 //! queue, where an idle worker can take it. The check is one read of the
 //! clock per call; a yield costs about a microsecond per slice.
@@ -33,10 +34,9 @@
 //! the CPU to spare, a failing route runs at its full rate.
 
 use futures::task::AtomicWaker;
-use std::cell::Cell;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -68,21 +68,6 @@ impl<F> Drop for Sliced<F> {
             self.contention.failing.fetch_sub(1, Ordering::Relaxed);
         }
     }
-}
-
-thread_local! {
-    /// When the poll of the [`Sliced`] task running on this thread began.
-    static POLLED_AT: Cell<Option<Instant>> = const { Cell::new(None) };
-    /// How long that task ran in its polls before this one, since it last
-    /// deferred.
-    static RAN_BEFORE: Cell<Duration> = const { Cell::new(Duration::ZERO) };
-    /// How that task's recent calls ended, as it last said: `None` before
-    /// its 64th call, then whether they mostly failed.
-    static FAILING: Cell<Option<bool>> = const { Cell::new(None) };
-    /// Set when that task defers: its running time starts again from zero.
-    static DEFERRED: Cell<bool> = const { Cell::new(false) };
-    /// The [`Contention`] that task reports to and defers by.
-    static CONTENDED_BY: Cell<Option<&'static Contention>> = const { Cell::new(None) };
 }
 
 /// When a healthy task was last kept from the CPU, and how many tasks are
@@ -141,18 +126,16 @@ impl Contention {
 /// call that failed (its message went to a retry tier or a dead-letter
 /// topic).
 #[derive(Debug, Default, Clone, Copy)]
-pub(super) struct Standing {
+struct Standing {
     failed: u64,
     calls: u32,
 }
 
 impl Standing {
-    /// Notes how a call ended, and tells the task's [`Sliced`] whether the
-    /// task is now failing.
-    pub(super) fn record(&mut self, failed: bool) {
+    /// Notes how a call ended.
+    fn record(&mut self, failed: bool) {
         self.failed = self.failed << 1 | u64::from(failed);
         self.calls = self.calls.saturating_add(1);
-        FAILING.set(self.judged());
     }
 
     /// Whether at least 48 of the last 64 calls failed.
@@ -167,6 +150,116 @@ impl Standing {
     /// task is failing.
     fn judged(&self) -> Option<bool> {
         (self.calls >= 64).then(|| self.failed.count_ones() >= FAILING_OF_64)
+    }
+}
+
+/// What a task and its [`Sliced`] share, one task's: when the poll now
+/// running began and how long the task ran before it, which [`Sliced`]
+/// writes around each poll, and whether the task is failing and has just
+/// deferred, which the task writes ([`Slice`]). Only the thread polling the
+/// task touches it, so every access is relaxed.
+struct Clock {
+    contention: &'static Contention,
+    /// When the poll now running began: nanoseconds since the
+    /// contention's epoch, plus one; zero outside a poll.
+    polled_at: AtomicU64,
+    /// How long the task ran in its polls before this one, since it last
+    /// deferred, in nanoseconds.
+    ran_before: AtomicU64,
+    /// How the task's recent calls ended, as it last said:
+    /// [`Standing::judged`], encoded by [`judged_to_u8`].
+    failing: AtomicU8,
+    /// Set when the task defers: its running time starts again from zero.
+    deferred: AtomicBool,
+}
+
+/// `None`, healthy and failing as 0, 1 and 2, for [`Clock::failing`].
+fn judged_to_u8(judged: Option<bool>) -> u8 {
+    match judged {
+        None => 0,
+        Some(false) => 1,
+        Some(true) => 2,
+    }
+}
+
+fn judged_from_u8(judged: u8) -> Option<bool> {
+    match judged {
+        0 => None,
+        n => Some(n == 2),
+    }
+}
+
+/// `d` in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Clock {
+    /// `at` as nanoseconds since the epoch, plus one.
+    fn stamp(&self, at: Instant) -> u64 {
+        nanos(at.saturating_duration_since(self.contention.epoch)).saturating_add(1)
+    }
+
+    /// How long the poll now running has run at `now`; `None` outside a
+    /// poll.
+    fn polled_for(&self, now: Instant) -> Option<Duration> {
+        match self.polled_at.load(Ordering::Relaxed) {
+            0 => None,
+            at => Some(Duration::from_nanos(self.stamp(now).saturating_sub(at))),
+        }
+    }
+}
+
+/// A task's side of its [`Sliced`]: asks whether its slice is spent, and
+/// keeps its [`Standing`]. The task's future owns it; [`Sliced::new`]
+/// hands it over.
+pub(super) struct Slice {
+    clock: Arc<Clock>,
+    standing: Standing,
+}
+
+impl Slice {
+    /// Notes how a call ended, and tells the task's [`Sliced`] whether the
+    /// task is now failing.
+    pub(super) fn record(&mut self, failed: bool) {
+        self.standing.record(failed);
+        let judged = judged_to_u8(self.standing.judged());
+        self.clock.failing.store(judged, Ordering::Relaxed);
+    }
+
+    /// Whether the poll of this task began [`SLICE`] or more ago. Outside
+    /// a poll, never.
+    pub(super) fn spent(&self) -> bool {
+        self.clock
+            .polled_for(Instant::now())
+            .is_some_and(|ran| ran >= SLICE)
+    }
+
+    /// How long the task has run, over all its polls, since it last
+    /// deferred.
+    fn ran(&self) -> Duration {
+        Duration::from_nanos(self.clock.ran_before.load(Ordering::Relaxed))
+            + self
+                .clock
+                .polled_for(Instant::now())
+                .unwrap_or(Duration::ZERO)
+    }
+
+    /// Yields if the task's slice is spent. A failing task that has run a
+    /// slice, over however many polls, sleeps for [`DEFER`] instead while
+    /// the CPU is contended.
+    pub(super) async fn yield_if_spent(&self) {
+        if self.standing.judged() == Some(true)
+            && self.ran() >= SLICE
+            && self.clock.contention.contended(Instant::now())
+        {
+            self.clock.deferred.store(true, Ordering::Relaxed);
+            tokio::time::sleep(DEFER).await;
+            return;
+        }
+        if self.spent() {
+            tokio::task::yield_now().await;
+        }
     }
 }
 
@@ -215,28 +308,43 @@ pub(super) struct Sliced<F> {
     alarm: Arc<Alarm>,
     waker: Waker,
     contention: &'static Contention,
+    /// Shared with the task's [`Slice`].
+    clock: Arc<Clock>,
 }
 
 impl<F: Future> Sliced<F> {
-    pub(super) fn new(inner: F) -> Self {
-        Sliced::sharing(inner, &CONTENTION)
+    /// The task `task` makes, given its [`Slice`].
+    pub(super) fn new(task: impl FnOnce(Slice) -> F) -> Self {
+        Sliced::sharing(task, &CONTENTION)
     }
 
     /// A task that reports to, and defers by, `contention`.
-    fn sharing(inner: F, contention: &'static Contention) -> Self {
+    fn sharing(task: impl FnOnce(Slice) -> F, contention: &'static Contention) -> Self {
         let alarm = Arc::new(Alarm {
             task: AtomicWaker::new(),
             woken_at: AtomicU64::new(0),
             epoch: contention.epoch,
         });
+        let clock = Arc::new(Clock {
+            contention,
+            polled_at: AtomicU64::new(0),
+            ran_before: AtomicU64::new(0),
+            failing: AtomicU8::new(judged_to_u8(None)),
+            deferred: AtomicBool::new(false),
+        });
+        let slice = Slice {
+            clock: clock.clone(),
+            standing: Standing::default(),
+        };
         Sliced {
-            inner: Box::pin(inner),
+            inner: Box::pin(task(slice)),
             ran: Duration::ZERO,
             failing: None,
             watched: false,
             waker: Waker::from(alarm.clone()),
             alarm,
             contention,
+            clock,
         }
     }
 }
@@ -258,13 +366,10 @@ impl<F: Future> Future for Sliced<F> {
             self.alarm.task.register(cx.waker());
         }
         self.watched = watch;
-        let outer = (
-            POLLED_AT.replace(Some(began)),
-            RAN_BEFORE.replace(self.ran),
-            FAILING.replace(self.failing),
-            DEFERRED.replace(false),
-            CONTENDED_BY.replace(Some(self.contention)),
-        );
+        let clock = &self.clock;
+        clock.polled_at.store(clock.stamp(began), Ordering::Relaxed);
+        clock.ran_before.store(nanos(self.ran), Ordering::Relaxed);
+        clock.deferred.store(false, Ordering::Relaxed);
         let this = &mut *self;
         let polled = match watch {
             true => this
@@ -273,11 +378,12 @@ impl<F: Future> Future for Sliced<F> {
                 .poll(&mut Context::from_waker(&this.waker)),
             false => this.inner.as_mut().poll(cx),
         };
-        self.ran = match DEFERRED.get() {
+        self.clock.polled_at.store(0, Ordering::Relaxed);
+        self.ran = match self.clock.deferred.load(Ordering::Relaxed) {
             true => Duration::ZERO,
             false => self.ran.saturating_add(began.elapsed()),
         };
-        let failing = FAILING.get();
+        let failing = judged_from_u8(self.clock.failing.load(Ordering::Relaxed));
         let (was, is) = (self.failing == Some(true), failing == Some(true));
         if is && !was {
             self.contention.failing.fetch_add(1, Ordering::Relaxed);
@@ -285,43 +391,7 @@ impl<F: Future> Future for Sliced<F> {
             self.contention.failing.fetch_sub(1, Ordering::Relaxed);
         }
         self.failing = failing;
-        POLLED_AT.set(outer.0);
-        RAN_BEFORE.set(outer.1);
-        FAILING.set(outer.2);
-        DEFERRED.set(outer.3);
-        CONTENDED_BY.set(outer.4);
         polled
-    }
-}
-
-/// Whether the poll of the [`Sliced`] task running here began [`SLICE`] or
-/// more ago. Outside such a poll, never.
-pub(super) fn spent() -> bool {
-    POLLED_AT.get().is_some_and(|at| at.elapsed() >= SLICE)
-}
-
-/// How long the [`Sliced`] task running here has run, over all its polls,
-/// since it last deferred.
-fn ran() -> Duration {
-    RAN_BEFORE.get() + POLLED_AT.get().map_or(Duration::ZERO, |at| at.elapsed())
-}
-
-/// Yields if the task's slice is spent. A failing task that has run a
-/// slice, over however many polls, sleeps for [`DEFER`] instead while the
-/// CPU is contended.
-pub(super) async fn yield_if_spent() {
-    if FAILING.get() == Some(true)
-        && ran() >= SLICE
-        && CONTENDED_BY
-            .get()
-            .is_some_and(|c| c.contended(Instant::now()))
-    {
-        DEFERRED.set(true);
-        tokio::time::sleep(DEFER).await;
-        return;
-    }
-    if spent() {
-        tokio::task::yield_now().await;
     }
 }
 
@@ -340,21 +410,23 @@ mod tests {
 
     #[test]
     fn a_slice_is_spent_only_inside_a_sliced_poll_that_ran_long_enough() {
-        assert!(!spent(), "outside a sliced poll");
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let (fresh, late, next) = runtime.block_on(Sliced::new(async {
-            let fresh = spent();
+        let (fresh, late, next) = runtime.block_on(Sliced::new(|slice| async move {
+            let fresh = slice.spent();
             busy(SLICE);
-            let late = spent();
+            let late = slice.spent();
             tokio::task::yield_now().await;
-            (fresh, late, spent())
+            (fresh, late, slice.spent())
         }));
         assert!(!fresh, "a poll that just began");
         assert!(late, "a poll that ran a whole slice");
         assert!(!next, "the poll after a yield begins a new slice");
-        assert!(!spent(), "after the task, outside it");
+        let outside = Sliced::new(|slice| async move { slice });
+        let slice = runtime.block_on(outside);
+        busy(SLICE);
+        assert!(!slice.spent(), "outside a sliced poll");
     }
 
     /// Two tasks on one worker: one with 200 calls of a quarter slice ready,
@@ -371,13 +443,13 @@ mod tests {
             runtime.block_on(async move {
                 let other_ran = Arc::new(AtomicBool::new(false));
                 let seen = other_ran.clone();
-                let busy_task = tokio::spawn(Sliced::new(async move {
+                let busy_task = tokio::spawn(Sliced::new(move |slice| async move {
                     for call in 0..200 {
                         if seen.load(Ordering::SeqCst) {
                             return call;
                         }
                         if yields {
-                            yield_if_spent().await;
+                            slice.yield_if_spent().await;
                         }
                         busy(SLICE / 4);
                     }
@@ -434,10 +506,9 @@ mod tests {
         runtime.block_on(async {
             let (wake, woken) = tokio::sync::oneshot::channel::<()>();
             let waiting = tokio::spawn(Sliced::sharing(
-                async move {
-                    let mut standing = Standing::default();
+                move |mut slice| async move {
                     for _ in 0..64 {
-                        standing.record(failing);
+                        slice.record(failing);
                     }
                     // Judged at the end of this poll: it watches from the
                     // next.
@@ -478,7 +549,7 @@ mod tests {
     }
 
     /// How long, on the runtime's paused clock, a task that has run a
-    /// whole slice waits at [`yield_if_spent`].
+    /// whole slice waits at [`Slice::yield_if_spent`].
     fn deferred_for(failing: bool, contended: bool) -> Duration {
         let contention = contention();
         if contended {
@@ -490,14 +561,13 @@ mod tests {
             .build()
             .unwrap();
         let deferred = runtime.block_on(Sliced::sharing(
-            async move {
-                let mut standing = Standing::default();
+            move |mut slice| async move {
                 for _ in 0..64 {
-                    standing.record(failing);
+                    slice.record(failing);
                 }
                 busy(SLICE);
                 let start = tokio::time::Instant::now();
-                yield_if_spent().await;
+                slice.yield_if_spent().await;
                 start.elapsed()
             },
             contention,

@@ -266,10 +266,10 @@ pub async fn reach(rate: u64, seconds: u64) {
     let inbox = rand_name("bench-reach");
     let target = rand_name("bench-target");
     create_topics(&[&target]).await;
-    let config = TestConfig::with_partitions(
-        4,
-        &format!("[delay]\ninbox = \"{inbox}\"\ngroup = \"{inbox}\"\n"),
-    );
+    let config = ConfigBuilder::new()
+        .partitions(4)
+        .delay(DelayTable::named(&inbox))
+        .write();
     let mut relays = Vec::new();
     for _ in 0..3 {
         relays.push(config.start().await);

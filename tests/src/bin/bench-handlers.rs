@@ -16,7 +16,7 @@
 //! `hopper::plugin` directly.
 
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::{plugin, resolve_route};
+use hopper_tests::{RouteTable, plugin, resolve_route};
 use order_service::{Order, OrderService, Status};
 use std::time::{Duration, Instant};
 
@@ -46,11 +46,12 @@ async fn main() -> anyhow::Result<()> {
     // The per-language figures are for a fresh instance per call.
     let route_for = |path: &std::path::Path| {
         resolve_route(
-            path,
-            &format!(
-                "timeout = \"5s\"\nmemory_mib = 256\ninstance = \"fresh\"\nallowed_hosts = [\"{0}\"]\n\n[route.config]\norder-service = \"{0}\"",
-                orders.url()
-            ),
+            RouteTable::new(path)
+                .timeout("5s")
+                .memory_mib(256)
+                .instance("fresh")
+                .allowed_hosts(&[orders.url()])
+                .config("order-service", orders.url()),
         )
     };
     let runtime = Runtime::new(256 << 20)?;

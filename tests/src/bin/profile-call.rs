@@ -21,7 +21,7 @@
 
 use hopper::plugin::{Delivery, Runtime, Verdict};
 use hopper_tests::bench_server::{Server, bare_gets, cpu_seconds, transport, transport_gets};
-use hopper_tests::{plugin, resolve_route};
+use hopper_tests::{RouteTable, plugin, resolve_route};
 use std::future::Future;
 use std::time::Instant;
 
@@ -68,21 +68,20 @@ fn main() {
             at
         }
         "call" | "denied" | "fresh" => {
-            let grants = match mode.as_str() {
-                "call" => format!("allowed_hosts = [\"{}\"]\n", server.origin),
-                _ => String::new(),
-            };
+            let granted = mode == "call";
             let (fixture, instance) = match mode.as_str() {
                 "fresh" => ("noop", "fresh"),
                 _ => ("fetch", "warm"),
             };
-            let route = resolve_route(
-                &plugin(fixture),
-                &format!(
-                    "timeout = \"5s\"\ninstance = \"{instance}\"\n{grants}\n[route.config]\nurl = \"{}\"\nok-on-error = \"true\"",
-                    server.url
-                ),
-            );
+            let mut route = RouteTable::new(&plugin(fixture))
+                .timeout("5s")
+                .instance(instance)
+                .config("url", &server.url)
+                .config("ok-on-error", "true");
+            if granted {
+                route = route.allowed_hosts(&[&server.origin]);
+            }
+            let route = resolve_route(route);
             // The compiled artifact is cached, so a run under a profiler
             // does not compile the component under it.
             // One instance slot: a profiler's address space holds less

@@ -12,21 +12,21 @@
 //! `O(log keys)`, whatever waits behind a busy key: a hot key with 100,000
 //! messages at the head of the queue is never scanned.
 
-use crate::hop::Ordering;
+use crate::config::MessageOrder;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
-/// The gate's key of a message with Kafka key `key`, under `ordering`.
-pub fn key_of(ordering: Ordering, key: Option<&[u8]>, hasher: &KeyHasher) -> Option<u64> {
+/// The queue key of a message with Kafka key `key`, under `ordering`.
+pub fn key_of(ordering: MessageOrder, key: Option<&[u8]>, hasher: &KeyHasher) -> Option<u64> {
     match ordering {
-        Ordering::Partition => Some(0),
-        Ordering::Key => key.map(|k| hasher.hash(k)),
-        Ordering::Unordered => None,
+        MessageOrder::Partition => Some(0),
+        MessageOrder::Key => key.map(|k| hasher.hash(k)),
+        MessageOrder::Unordered => None,
     }
 }
 
-/// Hashes Kafka keys into gate keys, with foldhash's quality hasher under
+/// Hashes Kafka keys into queue keys, with foldhash's quality hasher under
 /// a random state per pipeline: fast on short keys, where SipHash (std's
 /// default) cost a visible share of a no-op route's CPU, and with no
 /// collision that holds whatever the seed, so keys a sender crafts to
@@ -43,7 +43,7 @@ impl KeyHasher {
     }
 }
 
-/// Passes a gate key through unchanged: gate keys are already well-mixed
+/// Passes a queue key through unchanged: queue keys are already well-mixed
 /// hashes, so hashing them again would be wasted work.
 #[derive(Default)]
 pub struct Unhashed(u64);
@@ -65,13 +65,13 @@ impl Hasher for Unhashed {
     }
 }
 
-/// A map by gate key.
+/// A map by queue key.
 pub type KeyMap<V> = HashMap<u64, V, BuildHasherDefault<Unhashed>>;
 
 /// Waiting items (messages, in the pipeline) and the keys with a call
 /// running.
 #[derive(Debug)]
-pub struct KeyGate<T> {
+pub struct KeyQueue<T> {
     /// Items of no key, oldest first, by sequence.
     free: VecDeque<(u64, T)>,
     /// Keys with a call running or items waiting.
@@ -101,9 +101,9 @@ impl<T> Default for KeyLane<T> {
     }
 }
 
-impl<T> Default for KeyGate<T> {
+impl<T> Default for KeyQueue<T> {
     fn default() -> Self {
-        KeyGate {
+        KeyQueue {
             free: VecDeque::new(),
             keys: KeyMap::default(),
             ready: BinaryHeap::new(),
@@ -113,7 +113,7 @@ impl<T> Default for KeyGate<T> {
     }
 }
 
-impl<T> KeyGate<T> {
+impl<T> KeyQueue<T> {
     /// Adds an item after every item pushed before.
     pub fn push(&mut self, key: Option<u64>, item: T) {
         let seq = self.next;
@@ -132,7 +132,7 @@ impl<T> KeyGate<T> {
     }
 
     /// The oldest waiting item allowed to start now, with its key, which is
-    /// busy until [`KeyGate::done`].
+    /// busy until [`KeyQueue::done`].
     pub fn take(&mut self) -> Option<(Option<u64>, T)> {
         let keyed = self.ready.peek().map(|Reverse((seq, _))| *seq);
         let free = self.free.front().map(|(seq, _)| *seq);
@@ -165,7 +165,7 @@ impl<T> KeyGate<T> {
     }
 
     /// Drops every waiting item; keys with a call running stay busy until
-    /// their [`KeyGate::done`].
+    /// their [`KeyQueue::done`].
     pub fn clear(&mut self) {
         self.free.clear();
         self.ready.clear();
@@ -193,12 +193,12 @@ mod tests {
     use std::collections::HashSet;
 
     /// Pushes `(key, offset)` pairs.
-    fn gate(items: &[(Option<u64>, i64)]) -> KeyGate<i64> {
-        let mut gate = KeyGate::default();
+    fn queue(items: &[(Option<u64>, i64)]) -> KeyQueue<i64> {
+        let mut queue = KeyQueue::default();
         for (key, offset) in items {
-            gate.push(*key, *offset);
+            queue.push(*key, *offset);
         }
-        gate
+        queue
     }
 
     fn offsets(taken: &[(Option<u64>, i64)]) -> Vec<i64> {
@@ -206,8 +206,8 @@ mod tests {
     }
 
     /// Takes until nothing may start.
-    fn take_all(gate: &mut KeyGate<i64>) -> Vec<(Option<u64>, i64)> {
-        std::iter::from_fn(|| gate.take()).collect()
+    fn take_all(queue: &mut KeyQueue<i64>) -> Vec<(Option<u64>, i64)> {
+        std::iter::from_fn(|| queue.take()).collect()
     }
 
     #[test]
@@ -230,7 +230,7 @@ mod tests {
     #[test]
     fn keys_crafted_to_collide_under_every_seed_do_not() {
         // Flipping byte 7 by 0x80 and byte 10 by 0x40 gave the same hash
-        // under every seed of the multiply-rotate hash this gate once used
+        // under every seed of the multiply-rotate hash this queue once used
         // (64 of 64 seeds), so two such keys never ran at once under
         // `ordering = "key"`.
         let a = *b"order-0000000042";
@@ -248,7 +248,7 @@ mod tests {
 
     #[test]
     fn one_key_runs_one_at_a_time_in_offset_order() {
-        let mut g = gate(&[(Some(1), 0), (Some(2), 1), (Some(1), 2), (Some(1), 3)]);
+        let mut g = queue(&[(Some(1), 0), (Some(2), 1), (Some(1), 2), (Some(1), 3)]);
         assert_eq!(offsets(&take_all(&mut g)), vec![0, 1], "2 and 3 wait on 0");
         g.done(1);
         assert_eq!(offsets(&take_all(&mut g)), vec![2]);
@@ -266,38 +266,38 @@ mod tests {
         let hasher = KeyHasher::default();
         let keys: [Option<&[u8]>; 5] = [Some(b"a"), Some(b"b"), Some(b"a"), None, Some(b"c")];
         let with = |ordering| {
-            let mut g = KeyGate::default();
+            let mut g = KeyQueue::default();
             for (offset, key) in keys.iter().enumerate() {
                 g.push(key_of(ordering, *key, &hasher), offset as i64);
             }
             g
         };
         // partition: one at a time, in order.
-        let mut g = with(Ordering::Partition);
+        let mut g = with(MessageOrder::Partition);
         assert_eq!(offsets(&take_all(&mut g)), vec![0]);
         g.done(0);
         assert_eq!(offsets(&take_all(&mut g)), vec![1]);
         // key: one per key; `a`'s second message waits; the keyless one
         // runs at once.
-        let mut g = with(Ordering::Key);
+        let mut g = with(MessageOrder::Key);
         assert_eq!(offsets(&take_all(&mut g)), vec![0, 1, 3, 4]);
-        g.done(key_of(Ordering::Key, Some(b"a"), &hasher).unwrap());
+        g.done(key_of(MessageOrder::Key, Some(b"a"), &hasher).unwrap());
         assert_eq!(offsets(&take_all(&mut g)), vec![2]);
         // unordered: everything at once, oldest first.
-        let mut g = with(Ordering::Unordered);
+        let mut g = with(MessageOrder::Unordered);
         assert_eq!(offsets(&take_all(&mut g)), vec![0, 1, 2, 3, 4]);
     }
 
     #[test]
     fn the_oldest_startable_goes_first_across_keys_and_keyless() {
-        let mut g = gate(&[(None, 0), (Some(7), 1), (None, 2), (Some(8), 3), (None, 4)]);
+        let mut g = queue(&[(None, 0), (Some(7), 1), (None, 2), (Some(8), 3), (None, 4)]);
         assert_eq!(offsets(&take_all(&mut g)), vec![0, 1, 2, 3, 4]);
     }
 
     #[test]
     fn a_hot_key_at_the_head_is_not_scanned() {
         const HOT: i64 = 200_000;
-        let mut g = KeyGate::default();
+        let mut g = KeyQueue::default();
         for offset in 0..HOT {
             g.push(Some(1), offset);
         }
@@ -326,7 +326,7 @@ mod tests {
 
     #[test]
     fn clear_keeps_running_keys_busy() {
-        let mut g = gate(&[(Some(1), 0), (Some(1), 1), (Some(2), 2)]);
+        let mut g = queue(&[(Some(1), 0), (Some(1), 1), (Some(2), 2)]);
         assert_eq!(g.take(), Some((Some(1), 0)));
         g.clear();
         assert_eq!(g.len(), 0);
@@ -338,7 +338,7 @@ mod tests {
 
     #[test]
     fn done_of_an_unknown_key_is_harmless() {
-        let mut g = gate(&[(Some(1), 0)]);
+        let mut g = queue(&[(Some(1), 0)]);
         g.done(99);
         assert_eq!(g.take(), Some((Some(1), 0)));
         g.done(1);
@@ -352,7 +352,7 @@ mod tests {
     fn no_overlap_and_per_key_order_under_random_interleavings() {
         use proptest::prelude::*;
         proptest!(|(ops in proptest::collection::vec((0u8..3, 0u64..5, any::<bool>()), 1..400))| {
-            let mut g = KeyGate::default();
+            let mut g = KeyQueue::default();
             let mut running: HashSet<Option<u64>> = HashSet::new();
             let mut last: HashMap<u64, i64> = HashMap::new();
             let mut pushed = 0i64;

@@ -16,16 +16,16 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
-/// Calls in flight: one polled directly, or several in a
+/// InFlight in flight: one polled directly, or several in a
 /// `FuturesUnordered`.
-pub(super) struct Calls<F> {
+pub(super) struct InFlight<F> {
     solo: Option<F>,
     many: FuturesUnordered<F>,
 }
 
-impl<F: Future + Unpin> Calls<F> {
+impl<F: Future + Unpin> InFlight<F> {
     pub(super) fn new() -> Self {
-        Calls {
+        InFlight {
             solo: None,
             many: FuturesUnordered::new(),
         }
@@ -63,7 +63,7 @@ impl<F: Future + Unpin> Calls<F> {
         self.many.poll_next_unpin(cx)
     }
 
-    /// [`Calls::poll_next`] as a future.
+    /// [`InFlight::poll_next`] as a future.
     pub(super) fn next(&mut self) -> impl Future<Output = Option<F::Output>> + '_ {
         std::future::poll_fn(move |cx| self.poll_next(cx))
     }
@@ -118,7 +118,7 @@ mod tests {
 
         let (counted, waker) = counting_waker();
         let mut cx = Context::from_waker(&waker);
-        let mut calls = Calls::new();
+        let mut calls = InFlight::new();
         let (tx, pending) = call(7);
         calls.push(pending);
         assert!(calls.poll_next(&mut cx).is_pending());
@@ -140,7 +140,7 @@ mod tests {
     fn a_second_call_takes_the_first_into_the_set_without_losing_its_wake_up() {
         let (counted, waker) = counting_waker();
         let mut cx = Context::from_waker(&waker);
-        let mut calls = Calls::new();
+        let mut calls = InFlight::new();
         let (first_tx, first) = call(1);
         let (second_tx, second) = call(2);
         calls.push(first);
@@ -172,7 +172,7 @@ mod tests {
     fn calls_that_end_out_of_order_all_come_out() {
         let (_, waker) = counting_waker();
         let mut cx = Context::from_waker(&waker);
-        let mut calls = Calls::new();
+        let mut calls = InFlight::new();
         let mut senders = Vec::new();
         for value in 0..5 {
             let (tx, c) = call(value);
