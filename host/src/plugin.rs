@@ -20,7 +20,7 @@ mod state;
 pub use cache::{ArtifactCache, CacheError};
 pub use emit::Emitted;
 pub use fit::{Fit, Grant};
-pub use handler::{Handled, Handler, HandlerSlot};
+pub use handler::{Answer, Handler, HandlerSlot};
 
 use crate::config::DEFAULT_MAX_INSTANCES;
 use crate::config::Route;

@@ -266,7 +266,7 @@ async fn call(
     envelope: &Envelope,
     attempt: u32,
     spans: &mut RouteSpans,
-) -> (Arc<Handler>, plugin::Handled) {
+) -> (Arc<Handler>, plugin::Answer) {
     let route = &shared.route;
     // Never closed, so acquiring only waits; a free permit is taken
     // without the wait's future.
@@ -340,7 +340,7 @@ fn decide(
     envelope: &Envelope,
     attempt: u32,
     handler: &Handler,
-    handled: plugin::Handled,
+    handled: plugin::Answer,
 ) -> Action {
     let route = &shared.route;
     let verdict = &handled.verdict;

@@ -8,7 +8,7 @@
 //! runs a million (`PROPTEST_CASES=1000000`).
 
 use hopper::headers::Reason;
-use hopper::plugin::{Delivery, Handled, Handler, Runtime, Verdict};
+use hopper::plugin::{Answer, Delivery, Handler, Runtime, Verdict};
 use hopper_tests::{ConfigBuilder, DelayTable, RouteTable, cache_dir, plugin};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -85,7 +85,7 @@ fn call(call: Value) -> Verdict {
 }
 
 /// Runs one call.
-fn run(call: Value) -> Handled {
+fn run(call: Value) -> Answer {
     let (tokio, handler) = fixture();
     let delivery = Delivery {
         id: "fuzz-1".into(),

@@ -89,7 +89,7 @@ pub(super) struct GuestInfo {
 /// What one handler call came to: the verdict, and the records the handler
 /// emitted, which the route produces only on `ok`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Handled {
+pub struct Answer {
     pub verdict: Verdict,
     /// The records to produce: empty unless the verdict is `ok`.
     pub emitted: Vec<Emitted>,
@@ -166,7 +166,7 @@ impl Handler {
     }
 
     /// Calls the guest once with `delivery`, as [`Handler::run_message`].
-    pub async fn run(&self, delivery: Delivery) -> Handled {
+    pub async fn run(&self, delivery: Delivery) -> Answer {
         let headers: Vec<Header<'_>> = delivery
             .headers
             .iter()
@@ -189,7 +189,7 @@ impl Handler {
 
     /// Calls the guest once: in a fresh instance, or in a warm one when the
     /// route's policy allows and one is idle.
-    pub async fn run_message(&self, message: &Message<'_>) -> Handled {
+    pub async fn run_message(&self, message: &Message<'_>) -> Answer {
         let inner = &*self.inner;
         let mut guest = match inner.policy {
             InstancePolicy::Warm { .. } => inner.pool.take(),
@@ -247,13 +247,13 @@ impl Handler {
             inner.pool.put(guest);
         }
         if verdict == Verdict::Ok {
-            Handled {
+            Answer {
                 verdict,
                 emitted,
                 discarded: 0,
             }
         } else {
-            Handled {
+            Answer {
                 verdict,
                 emitted: Vec::new(),
                 discarded: emitted.len(),

@@ -17,7 +17,7 @@ pub use cases::{Case, CasesError, Suite, load};
 
 use crate::config::Route;
 use crate::plugin::canned::{CannedHttp, Seen, SeenRequest};
-use crate::plugin::{Emitted, Handled, Handler, LoadError, Runtime, Verdict};
+use crate::plugin::{Answer, Emitted, Handler, LoadError, Runtime, Verdict};
 use crate::retry::{Decision, decide};
 use crate::types::EmitKind;
 use cases::EmitSpec;
@@ -56,7 +56,7 @@ impl CaseResult {
 /// What a handler did with one message, for a case to be checked against.
 #[derive(Debug, Clone)]
 pub struct Actual {
-    pub handled: Handled,
+    pub handled: Answer,
     pub decision: Decision,
     pub requests: Vec<SeenRequest>,
 }
