@@ -181,7 +181,7 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
     let from_tier = shared.tiers.contains_key(message.topic());
     let envelope = match envelope(shared, message, from_tier, spans) {
         Ok(envelope) => envelope,
-        Err(dead_letter) => return Action::Hop(dead_letter),
+        Err(dead_letter) => return Action::Hop(*dead_letter),
     };
     let admit = admit(shared, from_tier);
     if admit == Admit::Defer {
@@ -206,13 +206,14 @@ async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut Rou
 }
 
 /// The message's envelope, its trace decided and its span begun; for an
-/// envelope that cannot be read, its dead-letter hop (`INVALID_ENVELOPE`).
+/// envelope that cannot be read, its dead-letter hop (`INVALID_ENVELOPE`),
+/// boxed: the rare path pays for the size.
 fn envelope(
     shared: &RouteProcessor,
     message: &OwnedMessage,
     from_tier: bool,
     spans: &mut RouteSpans,
-) -> Result<Envelope, PlannedHop> {
+) -> Result<Envelope, Box<PlannedHop>> {
     let incoming = Incoming {
         topic: message.topic(),
         partition: message.partition(),
@@ -239,7 +240,9 @@ fn envelope(
                 reason: Reason::InvalidEnvelope,
                 error: problem.to_string(),
             };
-            Err(plan(shared, message, &envelope, 0, None, decision))
+            Err(Box::new(plan(
+                shared, message, &envelope, 0, None, decision,
+            )))
         }
     }
 }
