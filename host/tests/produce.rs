@@ -371,7 +371,10 @@ async fn a_hop_too_large_for_the_broker_is_dead_lettered_cut_with_its_size() {
         .metrics()
         .encode(hopper::metrics::Format::Prometheus);
     // A family with no series is not exported: this one always has one.
-    assert!(scrape.contains("hopper_trace_spans_dropped_total"), "{scrape}");
+    assert!(
+        scrape.contains("hopper_trace_spans_dropped_total"),
+        "{scrape}"
+    );
     assert!(!scrape.contains("route="), "no route registered: {scrape}");
 }
 
