@@ -52,6 +52,18 @@ pub trait Processor: Send + Sync + 'static {
         Concurrency::ONE_AT_A_TIME
     }
 
+    /// Whether the processor holds as much as it may: a partition's task
+    /// reads nothing more until [`Processor::room`] (a route with ordered
+    /// retries whose park table is at its bound).
+    fn full(&self) -> bool {
+        false
+    }
+
+    /// Waits until the processor is no longer [`Processor::full`].
+    fn room(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
     /// Work the processor gives a partition's task for one key, run in the
     /// key's turn ([`Processor::run_job`]): a route with ordered retries
     /// hands out keys whose head resolved.

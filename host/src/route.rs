@@ -184,6 +184,16 @@ impl Processor for RouteProcessor {
         Some(wake)
     }
 
+    fn full(&self) -> bool {
+        self.parked.as_ref().is_some_and(|s| s.table.full())
+    }
+
+    async fn room(&self) {
+        if let Some(store) = &self.parked {
+            store.table.room().await;
+        }
+    }
+
     fn unwatch(&self, tp: &TopicPartition) {
         if let Some(store) = &self.parked {
             store.table.unwatch(tp);

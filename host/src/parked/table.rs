@@ -183,6 +183,9 @@ pub struct ParkTable {
     inner: Mutex<Inner>,
     /// Woken when parked bytes are freed.
     room: Notify,
+    /// The bytes of parked messages held, as in `inner`, read without its
+    /// lock on every turn of a partition's task.
+    held: std::sync::atomic::AtomicUsize,
 }
 
 impl ParkTable {
@@ -194,6 +197,7 @@ impl ParkTable {
             max_bytes,
             inner: Mutex::default(),
             room: Notify::new(),
+            held: std::sync::atomic::AtomicUsize::new(0),
         }
     }
 
@@ -257,6 +261,8 @@ impl ParkTable {
                 None => _ = state.releases.remove(&head),
             },
         }
+        self.held
+            .store(*bytes, std::sync::atomic::Ordering::Relaxed);
         let has_work = state.has_work(self.policy) && !state.queued;
         if state.state(self.policy).is_none() && !state.queued {
             lanes.remove(&lane);
@@ -323,11 +329,17 @@ impl ParkTable {
         }
     }
 
+    /// Whether the table holds as many parked bytes as its bound: the
+    /// route's partitions read nothing more until it has room again.
+    pub fn full(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::Relaxed) >= self.max_bytes
+    }
+
     /// Waits until the table holds fewer parked bytes than its bound.
     pub async fn room(&self) {
         loop {
             let freed = self.room.notified();
-            if self.inner.lock().unwrap().bytes < self.max_bytes {
+            if !self.full() {
                 return;
             }
             freed.await;
@@ -653,8 +665,10 @@ mod tests {
             100,
         ));
         let k = lane("acct-4");
+        assert!(!t.full());
         t.room().await;
         t.apply(parked(&k, 1));
+        assert!(t.full());
         let waiting = tokio::spawn({
             let t = t.clone();
             async move { t.room().await }

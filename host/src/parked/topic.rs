@@ -325,9 +325,11 @@ impl Store {
         });
     }
 
-    /// Parks a message of `lane` read at `seq`, once the table has room.
+    /// Parks a message of `lane` read at `seq`. The table's bound is kept
+    /// by its partitions reading nothing more while it is full
+    /// ([`ParkTable::full`]), never here: a key's own job, which frees
+    /// room, may be waiting for this message's turn to end.
     pub async fn park(&self, lane: &Lane, seq: i64, message: records::Parked) {
-        self.table.room().await;
         self.write(Record::Parked {
             lane: lane.clone(),
             seq,

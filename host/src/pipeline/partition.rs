@@ -200,8 +200,10 @@ pub(super) async fn run<P: Processor>(
             processor.unwatch(&partition.tp);
             break;
         }
+        let full = processor.full();
         let reading = !held
             && !closed
+            && !full
             && calls.len() < max
             && waiting.len() < lookahead
             && waiting_bytes < LOOKAHEAD_BYTES;
@@ -235,6 +237,8 @@ pub(super) async fn run<P: Processor>(
             Some(called) = calls.next(), if !calls.is_empty() => {
                 ended(&partition, &mut waiting, &mut slice, called);
             }
+            // Full: read again once there is room.
+            _ = processor.room(), if full && !closed => {}
             _ = woken(wake.as_deref()), if wake.is_some() && !closed => {
                 for (key, job) in processor.jobs(&partition.tp) {
                     let key = key_of(partition.concurrency.ordering, Some(&key), &partition.keys);
