@@ -44,7 +44,19 @@ pub type AssignmentProbe = Box<dyn Fn() -> usize + Send + Sync>;
 pub type BreakerProbe = Box<dyn Fn() -> BreakerState + Send + Sync>;
 
 /// A route's parked keys now (`retry_order = "key"`).
-pub type ParkedProbe = Box<dyn Fn() -> crate::parked::Summary + Send + Sync>;
+pub type ParkedProbe = Box<dyn Fn() -> ParkedSummary + Send + Sync>;
+
+/// A route's park table in figures, for the gauges (`parked::ParkTable`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ParkedSummary {
+    /// Keys parked or releasing.
+    pub parked_keys: usize,
+    pub blocked_keys: usize,
+    pub messages: usize,
+    pub bytes: usize,
+    /// When the oldest parked or blocked key's head parked it, epoch ms.
+    pub oldest_since: Option<i64>,
+}
 
 /// The handler serving a route, for the admin API and `hopper_handler_info`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -194,7 +206,7 @@ impl Health {
     }
 
     /// Every route's parked keys, for the routes with ordered retries.
-    pub fn parked(&self) -> Vec<(String, crate::parked::Summary)> {
+    pub fn parked(&self) -> Vec<(String, ParkedSummary)> {
         let pipelines = self.pipelines.lock().unwrap().clone();
         pipelines
             .into_iter()

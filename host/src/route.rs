@@ -163,14 +163,21 @@ impl Processor for RouteProcessor {
         let mut spans = RouteSpans::default();
         let action = match &self.parked {
             None => handle(self, message, &mut spans).await,
-            Some(store) => parked::process(self, store, message, &mut spans).await,
+            // Boxed: a route without ordered retries keeps its call's
+            // future, which every message allocates and moves, as small as
+            // it was.
+            Some(store) => Box::pin(parked::process(self, store, message, &mut spans)).await,
         };
         spans.finish(self.telemetry.tracer(), &action);
         action
     }
 
     async fn watch(&self, tp: &TopicPartition) -> Option<Arc<tokio::sync::Notify>> {
-        let store = self.parked.as_ref()?;
+        // A tier's partitions have no keys of their own to park.
+        let store = self
+            .parked
+            .as_ref()
+            .filter(|_| !self.tiers.contains_key(&tp.topic))?;
         // What the partition's previous owner parked is read before any of
         // its messages is handled here.
         let mut failures = 0u32;
@@ -210,7 +217,7 @@ impl Processor for RouteProcessor {
 
     async fn run_job(&self, lane: parked::Lane) {
         if let Some(store) = &self.parked {
-            parked::run_job(self, store, lane).await;
+            Box::pin(parked::run_job(self, store, lane)).await;
         }
     }
 

@@ -213,3 +213,31 @@ impl fmt::Display for InboxPosition {
         write!(f, "{}:{}", self.partition, self.offset)
     }
 }
+
+/// Why a parked key's head no longer holds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleaseCause {
+    /// The head's handler returned `ok`.
+    Resolved,
+    /// The head was dead-lettered.
+    DeadLettered,
+    /// An operator released the key.
+    Operator,
+}
+
+impl ReleaseCause {
+    pub const ALL: [ReleaseCause; 3] = [
+        ReleaseCause::Resolved,
+        ReleaseCause::DeadLettered,
+        ReleaseCause::Operator,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReleaseCause::Resolved => "resolved",
+            ReleaseCause::DeadLettered => "dead-lettered",
+            ReleaseCause::Operator => "operator",
+        }
+    }
+}

@@ -290,7 +290,7 @@ mod tests {
         std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
         let config = crate::config::ConfigFile::parse(
             "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
-             retry = [\"5s\"]\n[route.breaker]\n\n[delay]\n",
+             retry = [\"5s\"]\nretry_order = \"key\"\n[route.breaker]\n\n[delay]\n",
         )
         .unwrap()
         .resolve(dir.path())

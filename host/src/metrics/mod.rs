@@ -144,7 +144,7 @@ impl Metrics {
             let route = route.name.as_str();
             self.handle(&series::ParkedKeys { route });
             self.handle(&series::ParkedMessages { route });
-            for cause in crate::parked::Cause::ALL {
+            for cause in crate::types::ReleaseCause::ALL {
                 let cause = cause.as_str();
                 self.handle(&series::KeyReleases { route, cause });
             }

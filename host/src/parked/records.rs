@@ -60,29 +60,7 @@ pub struct Head {
     pub since: i64,
 }
 
-/// Why a parked key's head no longer holds it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Cause {
-    /// The head's handler returned `ok`.
-    Resolved,
-    /// The head was dead-lettered.
-    DeadLettered,
-    /// An operator released the key.
-    Operator,
-}
-
-impl Cause {
-    pub const ALL: [Cause; 3] = [Cause::Resolved, Cause::DeadLettered, Cause::Operator];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Cause::Resolved => "resolved",
-            Cause::DeadLettered => "dead-lettered",
-            Cause::Operator => "operator",
-        }
-    }
-}
+pub use crate::types::ReleaseCause as Cause;
 
 /// A release of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -83,8 +83,17 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
             if let Some(id) = retried(&action) {
                 store.hold(&lane, id, seq).await;
             }
+            let resolved = resolution(&action);
             for hop in hops(action) {
                 store.send(hop).await;
+            }
+            // The key's head itself, handed on again after a crash
+            // (`KeyState::Releasing`), that resolved this time.
+            if let Some(cause) = resolved {
+                let id = message_id(&message);
+                if store.table.lane_of_head(&id).as_ref() == Some(&lane) {
+                    store.resolved(&lane, &id, cause).await;
+                }
             }
             store.forget(&lane, seq).await;
         }

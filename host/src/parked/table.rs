@@ -5,6 +5,7 @@
 use super::records::{Cause, Head, Lane, Parked, Record, Release};
 use crate::clock::now_ms;
 use crate::config::KeyDeadLetter;
+pub use crate::health::ParkedSummary as Summary;
 use crate::types::TopicPartition;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -61,18 +62,6 @@ impl From<&Lane> for LaneView {
             key_base64: base64::engine::general_purpose::STANDARD.encode(&lane.key),
         }
     }
-}
-
-/// The table's figures, for the gauges.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Summary {
-    /// Keys parked or releasing.
-    pub parked_keys: usize,
-    pub blocked_keys: usize,
-    pub messages: usize,
-    pub bytes: usize,
-    /// When the oldest parked or blocked key's head parked it, epoch ms.
-    pub oldest_since: Option<i64>,
 }
 
 /// What a message read from the input may do.
@@ -132,6 +121,10 @@ impl LaneState {
     fn state(&self, policy: KeyDeadLetter) -> Option<KeyState> {
         match &self.head {
             Some(head) => Some(match self.releases.get(&head.head) {
+                // The head still waits here: a job was handing it on to a
+                // retry tier, and its retry record may never have been
+                // written (a crash). It is handed on again.
+                None if self.parked.contains_key(&head.seq) => KeyState::Releasing,
                 None => KeyState::Parked,
                 Some(r)
                     if r.cause == Cause::DeadLettered && policy == KeyDeadLetter::DeadLetterKey =>
@@ -641,6 +634,36 @@ mod tests {
                 assert_eq!(t.admit(&k, 3, "m3"), Admission::Park);
             }
         }
+    }
+
+    /// A job handing a waiting message on to a retry tier writes the key's
+    /// head first: a crash before its retry record leaves a head that is
+    /// also one of its key's waiting messages, which nothing else would
+    /// ever release.
+    #[test]
+    fn a_head_still_waiting_in_the_table_is_handed_on_again() {
+        let t = table(KeyDeadLetter::Continue);
+        let k = lane("acct-5");
+        let tp = TopicPartition::new("orders", 0);
+        t.apply(head(&k, "m1", 1));
+        t.apply(parked(&k, 22));
+        t.apply(parked(&k, 23));
+        t.apply(release(&k, "m1", Cause::Resolved));
+        // The job took 22, which went to a retry tier: its head record is
+        // written, then the crash, before its retry record and deletion.
+        t.apply(head(&k, "m22", 22));
+        t.watch(&tp, Arc::new(Notify::new()));
+        assert_eq!(t.jobs(&tp), vec![k.clone()], "after the restart");
+        assert!(matches!(t.step(&k), Step::Handle { seq: 22, .. }));
+        // Handed on this time: its record is deleted, and the key waits.
+        t.apply(Record::Parked {
+            lane: k.clone(),
+            seq: 22,
+            message: None,
+        });
+        t.job_done(&k);
+        assert_eq!(t.head_of(&k), Some(("m22".into(), KeyState::Parked)));
+        assert!(t.jobs(&tp).is_empty());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use crate::kafka::compacted::{self, TableReader};
 use crate::kafka::{Cluster, Doing as _, KafkaError};
 use crate::renewable::AwaitedProducer;
 use rdkafka::Message;
+use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
@@ -24,6 +25,9 @@ use tokio_util::sync::CancellationToken;
 const WHAT: &str = "park topic";
 /// How long one record may wait in the producer's queue.
 const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often a wait for the table to catch up looks at the reader's
+/// position, besides each record read.
+const CATCH_UP_LOOK: Duration = Duration::from_millis(100);
 /// The longest wait between two tries of a record the broker refused.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -237,11 +241,31 @@ impl Store {
                         || *high == 0
                 })
             };
-            if done {
+            // The reader's own position covers a tail of records it never
+            // returned (deleted by compaction) and an end it reached before
+            // this was called.
+            if done || self.positions_reach(&ends) {
                 return Ok(());
             }
-            progressed.await;
+            let _ = tokio::time::timeout(CATCH_UP_LOOK, progressed).await;
         }
+    }
+
+    /// Whether the reader's position in every partition is at least `ends`.
+    fn positions_reach(&self, ends: &[(i32, i64)]) -> bool {
+        let Ok(positions) = self.reader.position() else {
+            return false;
+        };
+        ends.iter().all(|(partition, high)| {
+            *high == 0
+                || positions
+                    .find_partition(&self.table.topic, *partition)
+                    .and_then(|p| match p.offset() {
+                        rdkafka::Offset::Offset(at) => Some(at >= *high),
+                        _ => None,
+                    })
+                    .unwrap_or(false)
+        })
     }
 
     /// Writes `record`, waits for its acknowledgement (trying again, with

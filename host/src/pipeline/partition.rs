@@ -154,7 +154,24 @@ pub(super) async fn run<P: Processor>(
     }
     let mut messages = queue.stream();
     let processor = &partition.shared.processor;
-    let wake = processor.watch(&partition.tp).await;
+    // Nothing is read before the processor is ready for the partition (a
+    // route's park table has read what the partition's last owner wrote);
+    // a close meanwhile ends the task.
+    let watch = processor.watch(&partition.tp);
+    tokio::pin!(watch);
+    let wake = loop {
+        tokio::select! {
+            biased;
+            order = control.recv() => match order {
+                Some(Control::Close) | None => {
+                    processor.unwatch(&partition.tp);
+                    return;
+                }
+                Some(_) => {}
+            },
+            wake = &mut watch => break wake,
+        }
+    };
     let max = match partition.concurrency.ordering {
         MessageOrder::Partition => 1,
         _ => partition.concurrency.max_in_flight.max(1),
