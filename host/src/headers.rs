@@ -66,6 +66,9 @@ pub const REPLAY_COUNT: &str = "hopper-replay-count";
 /// On a replayed record: the dead-letter record it was replayed from,
 /// `topic:partition:offset`.
 pub const REPLAYED_FROM: &str = "hopper-replayed-from";
+/// On a `KEY_BLOCKED` dead letter: the `hopper-id` of the message whose
+/// dead-lettering blocked the key.
+pub const BLOCKED_BY: &str = "hopper-blocked-by";
 
 /// `hopper-last-error` is cut to this many bytes (on a character boundary),
 /// with `…` appended when cut.
@@ -119,10 +122,15 @@ pub enum Reason {
     /// does not hold, read while the table held `[delay]
     /// max_cancellations` entries: nothing of it was applied.
     CancelTableFull,
+    /// The message's key is blocked: an earlier message of the key was
+    /// dead-lettered while it parked the key, on a route with
+    /// `on_key_dead_letter = "dead-letter-key"`, and no operator has
+    /// released the key yet. `hopper-blocked-by` names that message.
+    KeyBlocked,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 15] = [
+    pub const ALL: [Reason; 16] = [
         Reason::Retryable,
         Reason::Fatal,
         Reason::RetriesExhausted,
@@ -138,6 +146,7 @@ impl Reason {
         Reason::InvalidTarget,
         Reason::Undecodable,
         Reason::CancelTableFull,
+        Reason::KeyBlocked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -157,6 +166,7 @@ impl Reason {
             Reason::InvalidTarget => "INVALID_TARGET",
             Reason::Undecodable => "UNDECODABLE",
             Reason::CancelTableFull => "CANCEL_TABLE_FULL",
+            Reason::KeyBlocked => "KEY_BLOCKED",
         }
     }
 

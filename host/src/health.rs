@@ -43,6 +43,9 @@ pub type AssignmentProbe = Box<dyn Fn() -> usize + Send + Sync>;
 /// The state of a route's circuit breaker now.
 pub type BreakerProbe = Box<dyn Fn() -> BreakerState + Send + Sync>;
 
+/// A route's parked keys now (`retry_order = "key"`).
+pub type ParkedProbe = Box<dyn Fn() -> crate::parked::Summary + Send + Sync>;
+
 /// The handler serving a route, for the admin API and `hopper_handler_info`.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct HandlerInfo {
@@ -117,6 +120,8 @@ pub struct PipelineHealth {
     assigned: OnceLock<AssignmentProbe>,
     /// Set for a route with a circuit breaker.
     breaker: OnceLock<BreakerProbe>,
+    /// Set for a route with ordered retries.
+    parked: OnceLock<ParkedProbe>,
     stopped: Mutex<Option<String>>,
     heads: HeldHeads,
     /// Its consumer took part in a rebalance: it is in its group.
@@ -180,6 +185,21 @@ impl Health {
     /// its processor is created.
     pub fn set_breaker(&self, name: &str, probe: BreakerProbe) {
         let _ = self.pipeline(name).breaker.set(probe);
+    }
+
+    /// Tells how to read the parked keys of route `name`; set once, when
+    /// its park table is loaded.
+    pub fn set_parked(&self, name: &str, probe: ParkedProbe) {
+        let _ = self.pipeline(name).parked.set(probe);
+    }
+
+    /// Every route's parked keys, for the routes with ordered retries.
+    pub fn parked(&self) -> Vec<(String, crate::parked::Summary)> {
+        let pipelines = self.pipelines.lock().unwrap().clone();
+        pipelines
+            .into_iter()
+            .filter_map(|(name, p)| p.parked.get().map(|read| (name, read())))
+            .collect()
     }
 
     /// The state of route `name`'s circuit breaker, when it has one.

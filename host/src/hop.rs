@@ -19,12 +19,13 @@ use crate::clock::now_ms;
 pub use crate::config::Concurrency;
 use crate::headers::Reason;
 use crate::offsets::OffsetTracker;
-use crate::types::{CancelKind, EmitKind, InboxPosition};
+use crate::types::{CancelKind, EmitKind, InboxPosition, TopicPartition};
 use rdkafka::message::{BorrowedMessage, Message, OwnedHeaders, OwnedMessage};
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// Decides what happens to each message of a pipeline.
 pub trait Processor: Send + Sync + 'static {
@@ -49,6 +50,44 @@ pub trait Processor: Send + Sync + 'static {
     /// what order.
     fn concurrency(&self) -> Concurrency {
         Concurrency::ONE_AT_A_TIME
+    }
+
+    /// Whether the processor holds as much as it may: a partition's task
+    /// reads nothing more until [`Processor::room`] (a route with ordered
+    /// retries whose park table is at its bound).
+    fn full(&self) -> bool {
+        false
+    }
+
+    /// Waits until the processor is no longer [`Processor::full`].
+    fn room(&self) -> impl Future<Output = ()> + Send {
+        async {}
+    }
+
+    /// Work the processor gives a partition's task for one key, run in the
+    /// key's turn ([`Processor::run_job`]): a route with ordered retries
+    /// hands out keys whose head resolved.
+    type Job: Send + 'static;
+
+    /// Called when a partition's task starts, before it reads anything;
+    /// the task runs [`Processor::jobs`] whenever the returned notify
+    /// wakes it. `None`: the processor has no jobs.
+    fn watch(&self, _tp: &TopicPartition) -> impl Future<Output = Option<Arc<Notify>>> + Send {
+        async { None }
+    }
+
+    /// Called when a partition's task ends.
+    fn unwatch(&self, _tp: &TopicPartition) {}
+
+    /// The jobs for `tp` now, each with the Kafka key whose turn it takes.
+    fn jobs(&self, _tp: &TopicPartition) -> Vec<(Vec<u8>, Self::Job)> {
+        Vec::new()
+    }
+
+    /// Runs one job. Its offsets are not the partition's: nothing is
+    /// committed for it.
+    fn run_job(&self, _job: Self::Job) -> impl Future<Output = ()> + Send {
+        async {}
     }
 
     /// The topics whose partitions must stay paused at `now_ms` (a route's

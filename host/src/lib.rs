@@ -30,6 +30,7 @@ pub mod kafka;
 pub mod lag;
 pub mod metrics;
 pub mod offsets;
+pub mod parked;
 pub mod per_thread;
 pub mod pipeline;
 pub mod plugin;

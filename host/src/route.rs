@@ -9,10 +9,11 @@ use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
 use crate::hop::{self, Action, Concurrency, OutRecord, Outcome, PlannedHop, Processor};
+use crate::parked;
 use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{self, Decision};
 use crate::spans::RouteSpans;
-use crate::types::EmitKind;
+use crate::types::{EmitKind, TopicPartition};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -40,6 +41,8 @@ pub struct RouteProcessor {
     /// `pause_input`) the tier topics and the inputs.
     suspend_tiers: Vec<String>,
     suspend_all: Vec<String>,
+    /// The park table and topic, with `retry_order = "key"`.
+    parked: Option<Arc<parked::Store>>,
 }
 
 impl RouteProcessor {
@@ -65,7 +68,18 @@ impl RouteProcessor {
             breaker,
             suspend_tiers,
             suspend_all,
+            parked: None,
         }
+    }
+
+    /// Keeps each key's order across retries with `store`, the route's
+    /// loaded park table (`retry_order = "key"`).
+    pub fn with_parking(mut self, store: Arc<parked::Store>) -> Self {
+        let read = store.clone();
+        let health = self.telemetry.health();
+        health.set_parked(&self.route.name, Box::new(move || read.table.summary()));
+        self.parked = Some(store);
+        self
     }
 
     /// Logs, counts and broadcasts a change of the breaker's state.
@@ -118,6 +132,9 @@ fn counts_as_retryable(route: &Route, verdict: &Verdict) -> bool {
 }
 
 impl Processor for RouteProcessor {
+    /// A key whose head resolved.
+    type Job = parked::Lane;
+
     fn name(&self) -> &str {
         &self.route.name
     }
@@ -144,9 +161,57 @@ impl Processor for RouteProcessor {
 
     async fn process(&self, message: &OwnedMessage) -> Action {
         let mut spans = RouteSpans::default();
-        let action = handle(self, message, &mut spans).await;
+        let action = match &self.parked {
+            None => handle(self, message, &mut spans).await,
+            Some(store) => parked::process(self, store, message, &mut spans).await,
+        };
         spans.finish(self.telemetry.tracer(), &action);
         action
+    }
+
+    async fn watch(&self, tp: &TopicPartition) -> Option<Arc<tokio::sync::Notify>> {
+        let store = self.parked.as_ref()?;
+        // What the partition's previous owner parked is read before any of
+        // its messages is handled here.
+        let mut failures = 0u32;
+        while let Err(e) = store.caught_up().await {
+            failures += 1;
+            tracing::warn!(route = self.route.name, topic = tp.topic, partition = tp.partition, error = %e, failures, "Reading the park topic's end failed; the partition waits.");
+            tokio::time::sleep(Duration::from_millis(100 << failures.min(5))).await;
+        }
+        let wake = Arc::new(tokio::sync::Notify::new());
+        store.table.watch(tp, wake.clone());
+        Some(wake)
+    }
+
+    fn full(&self) -> bool {
+        self.parked.as_ref().is_some_and(|s| s.table.full())
+    }
+
+    async fn room(&self) {
+        if let Some(store) = &self.parked {
+            store.table.room().await;
+        }
+    }
+
+    fn unwatch(&self, tp: &TopicPartition) {
+        if let Some(store) = &self.parked {
+            store.table.unwatch(tp);
+        }
+    }
+
+    fn jobs(&self, tp: &TopicPartition) -> Vec<(Vec<u8>, parked::Lane)> {
+        let Some(store) = &self.parked else {
+            return Vec::new();
+        };
+        let lanes = store.table.jobs(tp);
+        lanes.into_iter().map(|l| (l.key.clone(), l)).collect()
+    }
+
+    async fn run_job(&self, lane: parked::Lane) {
+        if let Some(store) = &self.parked {
+            parked::run_job(self, store, lane).await;
+        }
     }
 
     fn dlq_topic(&self) -> &str {
@@ -176,7 +241,11 @@ impl Processor for RouteProcessor {
 /// record, or on `ok` the records the handler emitted (the offset is done
 /// once all of them are acknowledged), or nothing. `spans` gets the call's
 /// span (when the trace is exported).
-async fn handle(shared: &RouteProcessor, message: &OwnedMessage, spans: &mut RouteSpans) -> Action {
+pub(crate) async fn handle(
+    shared: &RouteProcessor,
+    message: &OwnedMessage,
+    spans: &mut RouteSpans,
+) -> Action {
     shared.calls.consumed();
     let from_tier = shared.tiers.contains_key(message.topic());
     let envelope = match envelope(shared, message, from_tier, spans) {
@@ -477,6 +546,48 @@ fn defer(shared: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -
             topic,
         }),
     }
+}
+
+/// The dead-letter hop of a message whose key is blocked behind the
+/// dead-lettered `head` (`KEY_BLOCKED`, with `hopper-blocked-by`); its
+/// handler is not called.
+pub(crate) fn dead_letter_blocked(
+    shared: &RouteProcessor,
+    message: &OwnedMessage,
+    head: &str,
+) -> PlannedHop {
+    let incoming = Incoming {
+        topic: message.topic(),
+        partition: message.partition(),
+        offset: message.offset(),
+        timestamp: message.timestamp().to_millis(),
+        headers: message.headers(),
+    };
+    let envelope =
+        Envelope::from_input(&incoming).unwrap_or_else(|_| Envelope::fallback(&incoming));
+    let route = &shared.route;
+    let error = format!(
+        "its key is blocked: the key's earlier message `{head}` was dead-lettered, and no operator has released the key"
+    );
+    let mut hop = dlq::plan(
+        message,
+        dlq::Plan {
+            topic: &route.dlq,
+            route: &route.name,
+            envelope: &envelope,
+            attempts_made: 0,
+            reason: Reason::KeyBlocked,
+            error: &error,
+            handler: None,
+            keep: &[],
+        },
+    );
+    let headers = std::mem::replace(&mut hop.record.headers, OwnedHeaders::new());
+    hop.record.headers = headers.insert(Header {
+        key: headers::BLOCKED_BY,
+        value: Some(head.as_bytes()),
+    });
+    hop
 }
 
 /// Builds the record of the next hop and its outcome.

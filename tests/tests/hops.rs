@@ -88,6 +88,8 @@ struct PanicsAt {
 }
 
 impl Processor for PanicsAt {
+    type Job = std::convert::Infallible;
+
     fn name(&self) -> &str {
         "panics"
     }

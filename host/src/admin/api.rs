@@ -250,8 +250,33 @@ pub(super) async fn status(Shared(state): Shared<Arc<State>>) -> Json<serde_json
         "pending_sampled_at_ms": (sample.at_ms > 0).then_some(sample.at_ms),
         "pending_error": sample.error,
         "delay_lateness": lateness,
+        "parked": parked(&state),
     }))
 }
+
+/// The parked keys of each route with ordered retries, oldest first, at
+/// most [`PARKED_SHOWN`] per route.
+fn parked(state: &State) -> Vec<serde_json::Value> {
+    let mut routes: Vec<_> = state.context.parked.iter().collect();
+    routes.sort_by_key(|(route, _)| route.as_str());
+    routes
+        .into_iter()
+        .map(|(route, store)| {
+            let summary = store.table.summary();
+            let keys: Vec<_> = store.table.list().into_iter().take(PARKED_SHOWN).collect();
+            json!({
+                "route": route,
+                "parked_keys": summary.parked_keys,
+                "blocked_keys": summary.blocked_keys,
+                "messages": summary.messages,
+                "keys": keys,
+            })
+        })
+        .collect()
+}
+
+/// The parked keys `/api/status` shows per route; `/api/parked` has all.
+pub(super) const PARKED_SHOWN: usize = 100;
 
 /// `GET /api/dlq` query: the filter, and the page.
 #[derive(Deserialize)]

@@ -25,6 +25,7 @@ mod api;
 mod auth;
 mod candidate;
 mod console;
+mod parked;
 
 use crate::config::{Admin, Config};
 use crate::dlq::Pacer;
@@ -55,6 +56,8 @@ pub struct Context {
     pub telemetry: Telemetry,
     /// The delay relay's cancellation table, when a relay runs.
     pub cancels: Option<Arc<crate::delay::CancelTable>>,
+    /// The park tables of the routes with ordered retries, by route.
+    pub parked: std::collections::HashMap<String, Arc<crate::parked::Store>>,
 }
 
 /// Shared by every request.
@@ -198,6 +201,14 @@ fn router(state: Arc<State>) -> Router {
                     state.clone(),
                     auth::require_token,
                 )),
+        )
+        .route("/parked", get(parked::list))
+        .route(
+            "/parked/release",
+            post(parked::release).route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                auth::require_token,
+            )),
         )
         .route("/delay/cancels/{id}", get(api::delay_show))
         .route(

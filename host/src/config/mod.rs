@@ -26,8 +26,8 @@ pub use limits::Limits;
 pub use route::{
     Concurrency, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_INSTANCES,
     DEFAULT_ORDERING, DEFAULT_RETRY_LADDER, DEFAULT_TIMEOUT, DEFAULT_WARM_MAX_CALLS, InstanceMode,
-    InstancePolicy, MAX_INSTANCES, MAX_WARM_MAX_CALLS, MessageOrder, Route, RouteConfig,
-    TrapPolicy,
+    InstancePolicy, KeyDeadLetter, MAX_INSTANCES, MAX_WARM_MAX_CALLS, MessageOrder, Parking,
+    RetryOrder, Route, RouteConfig, TrapPolicy,
 };
 pub use secrets::{Secret, Secrets};
 pub use tracing::{TRACE_ID_PLACEHOLDER, TracingConfig};

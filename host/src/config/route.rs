@@ -88,6 +88,23 @@ pub struct RouteConfig {
     pub ordering: Option<MessageOrder>,
     /// Messages of one partition handled at once, at most. Default 16.
     pub max_in_flight: Option<usize>,
+    /// `key`: a message sent to a retry tier parks its key, and later
+    /// messages of the key wait behind it, in the park topic, until it
+    /// resolves (docs/ordered-retries.md). Only with `ordering = "key"`.
+    /// Default `none`: a retried message leaves its key's order.
+    #[serde(default)]
+    pub retry_order: RetryOrder,
+    /// What a parked key's head being dead-lettered does to the rest of the
+    /// key: `continue` (default) or `dead-letter-key`.
+    #[serde(default)]
+    pub on_key_dead_letter: KeyDeadLetter,
+    /// The compacted topic that holds parked keys and their messages.
+    /// Default: `<name>.parked`.
+    pub parked_topic: Option<String>,
+    /// The most bytes of parked messages the route holds in memory (every
+    /// process of the route holds them all); past it, a message that would
+    /// be parked waits, and with it its partition. Default 64.
+    pub max_parked_mib: Option<u64>,
     /// Handler instances the route may have at once (one per running call).
     /// Default 64. `max_instances × memory_mib` is the most linear memory
     /// the route's handlers can take; see `[limits]`.
@@ -95,6 +112,46 @@ pub struct RouteConfig {
     /// The route's circuit breaker; off without the table.
     #[serde(default)]
     pub breaker: Option<BreakerConfig>,
+}
+
+/// Whether a retried message keeps its key's order (`retry_order`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RetryOrder {
+    /// A retried message leaves its key's order: later messages of the key
+    /// are handled while it waits in its tier.
+    #[default]
+    None,
+    /// A retried message parks its key until it resolves.
+    Key,
+}
+
+/// What a parked key's head being dead-lettered does to the rest of the key
+/// (`on_key_dead_letter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyDeadLetter {
+    /// The key's parked messages are handled, in order.
+    #[default]
+    Continue,
+    /// The key's parked messages, and those that arrive until an operator
+    /// releases the key, are dead-lettered with `KEY_BLOCKED`.
+    DeadLetterKey,
+}
+
+/// Default `max_parked_mib`.
+pub const DEFAULT_MAX_PARKED_MIB: u64 = 64;
+/// Upper bound of `max_parked_mib`.
+pub const MAX_PARKED_MIB: u64 = 64 * 1024;
+
+/// A route's ordered retries (`retry_order = "key"`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parking {
+    /// The compacted park topic.
+    pub topic: String,
+    pub on_dead_letter: KeyDeadLetter,
+    /// Bytes of parked messages held in memory, at most.
+    pub max_bytes: usize,
 }
 
 /// How a pipeline runs the messages of one partition.
@@ -244,6 +301,8 @@ pub struct Route {
     pub max_instances: usize,
     /// The circuit breaker, when `[route.breaker]` is there.
     pub breaker: Option<BreakerSettings>,
+    /// Ordered retries, with `retry_order = "key"`.
+    pub parking: Option<Parking>,
 }
 
 impl Route {
@@ -272,6 +331,9 @@ impl Route {
         let mut topics = self.topics.clone();
         topics.extend(self.tiers().into_iter().map(|(_, t)| t));
         topics.push(self.dlq.clone());
+        if let Some(parking) = &self.parking {
+            topics.push(parking.topic.clone());
+        }
         for topic in &self.grants.emit_topics {
             if !topics.contains(topic) {
                 topics.push(topic.clone());
@@ -415,9 +477,15 @@ pub(super) fn resolve_route(
         .retry_topic_prefix
         .clone()
         .unwrap_or_else(|| format!("{}.retry", raw.name));
+    let parked_topic = raw
+        .parked_topic
+        .clone()
+        .unwrap_or_else(|| format!("{}.parked", raw.name));
+    let parking = resolve_parking(raw, ordering, &parked_topic, label, problems);
     // Names derived from a bad route name would only repeat its problem.
     let name_ok = check_name(&raw.name).is_ok();
     for (what, name, explicit) in [
+        ("parked_topic", &parked_topic, raw.parked_topic.is_some()),
         ("dlq", &dlq, raw.dlq.is_some()),
         ("group", &group, raw.group.is_some()),
         (
@@ -457,6 +525,53 @@ pub(super) fn resolve_route(
         },
         max_instances,
         breaker,
+        parking,
+    })
+}
+
+fn resolve_parking(
+    raw: &RouteConfig,
+    ordering: MessageOrder,
+    topic: &str,
+    label: &str,
+    problems: &mut Vec<String>,
+) -> Option<Parking> {
+    let mib = raw.max_parked_mib.unwrap_or(DEFAULT_MAX_PARKED_MIB);
+    if raw.retry_order == RetryOrder::None {
+        let set: Vec<&str> = [
+            (
+                "on_key_dead_letter",
+                raw.on_key_dead_letter != KeyDeadLetter::Continue,
+            ),
+            ("parked_topic", raw.parked_topic.is_some()),
+            ("max_parked_mib", raw.max_parked_mib.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(key, set)| set.then_some(key))
+        .collect();
+        if !set.is_empty() {
+            problems.push(format!(
+                "{label}: {} only apply with retry_order = \"key\"",
+                set.join(", ")
+            ));
+        }
+        return None;
+    }
+    if ordering != MessageOrder::Key {
+        problems.push(format!(
+            "{label}: retry_order = \"key\" needs ordering = \"key\", not \"{}\": a key is parked in its partition, which only per-key ordering tracks",
+            ordering.as_str()
+        ));
+    }
+    if mib == 0 || mib > MAX_PARKED_MIB {
+        problems.push(format!(
+            "{label}: max_parked_mib must be between 1 and {MAX_PARKED_MIB}, not {mib}"
+        ));
+    }
+    Some(Parking {
+        topic: topic.to_string(),
+        on_dead_letter: raw.on_key_dead_letter,
+        max_bytes: (mib as usize) << 20,
     })
 }
 
@@ -492,6 +607,9 @@ pub(super) fn check_topic_overlap(routes: &[Route], problems: &mut Vec<String>) 
             .map(|(_, t)| (t, "retry tier"))
             .collect();
         owned.push((route.dlq.clone(), "dead-letter topic"));
+        if let Some(parking) = &route.parking {
+            owned.push((parking.topic.clone(), "park topic"));
+        }
         for (topic, kind) in owned {
             if route.topics.contains(&topic) {
                 problems.push(format!(

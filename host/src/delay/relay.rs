@@ -379,6 +379,8 @@ impl DelayProcessor {
 }
 
 impl Processor for DelayProcessor {
+    type Job = std::convert::Infallible;
+
     fn name(&self) -> &str {
         RELAY_ROUTE
     }

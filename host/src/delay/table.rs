@@ -25,17 +25,14 @@ use crate::clock::now_ms;
 use crate::events::{self, Event, Telemetry};
 use crate::headers;
 use crate::hop::{OutRecord, Outcome};
-use crate::kafka::{Cluster, Doing as _, KafkaError as Error};
+use crate::kafka::compacted;
+use crate::kafka::{Cluster, KafkaError as Error};
 use crate::produce::Veto;
 use crate::types::{CancelKind, InboxPosition};
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::ClientContext;
-use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::{Offset, TopicPartitionList};
 use std::collections::hash_map::RandomState;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,34 +49,11 @@ const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// the veto for 3.6 ms (BENCHMARKS.md, `cancel-bound`), and for longer the
 /// more entries a table held.
 pub const SWEEP_SLICE: usize = 4_096;
-/// How long one metadata request may take.
-const METADATA_TIMEOUT: Duration = Duration::from_secs(10);
+/// Names the topic in errors.
+const WHAT: &str = "cancellation topic";
 /// The least room the table keeps past `max_cancellations` for entries
 /// other relay processes admitted at the same moment.
 pub const CEILING_ROOM: usize = 1_024;
-
-/// The table reader's client: it asks for end-of-partition events to know
-/// when it has read the whole topic, which are no error.
-struct ReaderContext(Arc<crate::kafka::ConnectionWatch>);
-
-impl ClientContext for ReaderContext {
-    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, message: &str) {
-        self.0.log(level, fac, message);
-    }
-
-    fn error(&self, error: KafkaError, reason: &str) {
-        let end_of_partition = matches!(
-            error,
-            KafkaError::PartitionEOF(_) | KafkaError::Global(RDKafkaErrorCode::PartitionEOF)
-        );
-        if !end_of_partition {
-            self.0
-                .error("the cancellation table's reader", &error, reason);
-        }
-    }
-}
-
-impl ConsumerContext for ReaderContext {}
 
 /// What [`CancelTable::get`] reports of an entry.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -399,36 +373,13 @@ impl CancelTable {
 
     /// Creates the cancellation topic when it is missing and the config
     /// allows it: compacted (one entry per id), and deleting what is older
-    /// than an entry's lifetime. Returns whether it created it. When it may
-    /// not, the startup check of every topic names it as missing.
+    /// than an entry's lifetime. Returns whether it created it.
     pub async fn ensure_topic(
         cluster: &Cluster,
         topic: &str,
         lifetime: Duration,
     ) -> Result<bool, Error> {
-        if !cluster.kafka.create_topics || cluster.existing_topics()?.contains(topic) {
-            return Ok(false);
-        }
-        let admin: AdminClient<crate::kafka::WatchedContext> = cluster
-            .producer_config()
-            .create_with_context(cluster.watched("admin"))
-            .doing(|| "creating an admin client".into())?;
-        let retention = lifetime.as_millis().to_string();
-        let new = NewTopic::new(
-            topic,
-            cluster.kafka.partitions,
-            TopicReplication::Fixed(cluster.kafka.replication),
-        )
-        .set("cleanup.policy", "compact,delete")
-        .set("retention.ms", &retention);
-        let options = AdminOptions::new().operation_timeout(Some(METADATA_TIMEOUT));
-        for result in admin.create_topics([&new], &options).await? {
-            match result {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((topic, code)) => return Err(Error::CreateCancels { topic, code }),
-            }
-        }
-        Ok(true)
+        compacted::ensure_topic(cluster, WHAT, topic, Some(lifetime)).await
     }
 
     /// Reads the cancellation topic to its end into a new table. Nothing
@@ -441,9 +392,9 @@ impl CancelTable {
         telemetry: Telemetry,
     ) -> Result<LoadedTable, Error> {
         let table = Arc::new(CancelTable::new(topic, lifetime, telemetry).bounded(max));
-        let reader = reader(cluster, topic)?;
+        let (reader, _) = compacted::reader(cluster, WHAT, topic)?;
         let started = std::time::Instant::now();
-        read_to_end(&reader, topic, |record| table.apply(record)).await?;
+        compacted::read_to_end(&reader, WHAT, topic, |record| table.apply(record)).await?;
         table.gauge();
         tracing::info!(
             topic,
@@ -459,7 +410,7 @@ impl CancelTable {
 /// there once it follows.
 pub struct LoadedTable {
     pub table: Arc<CancelTable>,
-    reader: StreamConsumer<ReaderContext>,
+    reader: compacted::TableReader,
 }
 
 impl LoadedTable {
@@ -489,81 +440,6 @@ impl LoadedTable {
     }
 }
 
-/// A reader of the whole cancellation topic, from its beginning, in no
-/// consumer group.
-fn reader(cluster: &Cluster, topic: &str) -> Result<StreamConsumer<ReaderContext>, Error> {
-    let mut config = cluster.consumer_config(&format!("{topic}.reader"));
-    config
-        .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "true")
-        .set("fetch.wait.max.ms", "10");
-    let consumer: StreamConsumer<ReaderContext> = config
-        .create_with_context(ReaderContext(cluster.watch().clone()))
-        .doing(|| format!("creating the reader of `{topic}`"))?;
-    let metadata = consumer
-        .fetch_metadata(Some(topic), METADATA_TIMEOUT)
-        .doing(|| format!("reading the partitions of `{topic}`"))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .find(|t| t.name() == topic)
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    if partitions.is_empty() {
-        return Err(Error::NoPartitions {
-            topic: topic.to_string(),
-        });
-    }
-    let mut assignment = TopicPartitionList::new();
-    for partition in &partitions {
-        assignment.add_partition_offset(topic, *partition, Offset::Beginning)?;
-    }
-    consumer
-        .assign(&assignment)
-        .doing(|| format!("reading `{topic}`"))?;
-    Ok(consumer)
-}
-
-/// Hands every record of the topic to `each`, up to the end it had when
-/// this started: each partition's high watermark then, or its
-/// end-of-partition event (a compacted tail).
-async fn read_to_end(
-    consumer: &StreamConsumer<ReaderContext>,
-    topic: &str,
-    mut each: impl FnMut(&rdkafka::message::BorrowedMessage<'_>),
-) -> Result<(), Error> {
-    let assignment = consumer.assignment()?;
-    let mut unread = HashSet::new();
-    for element in assignment.elements() {
-        let partition = element.partition();
-        let (low, high) = consumer
-            .fetch_watermarks(topic, partition, METADATA_TIMEOUT)
-            .doing(|| format!("reading the end of `{topic}`[{partition}]"))?;
-        if high > low {
-            unread.insert((partition, high));
-        }
-    }
-    while !unread.is_empty() {
-        match consumer.recv().await {
-            Ok(record) => {
-                each(&record);
-                let partition = record.partition();
-                unread.retain(|(p, high)| *p != partition || record.offset() + 1 < *high);
-            }
-            Err(KafkaError::PartitionEOF(partition)) => {
-                unread.retain(|(p, _)| *p != partition);
-            }
-            Err(error) => {
-                return Err(Error::ReadCancels {
-                    topic: topic.to_string(),
-                    error,
-                });
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The pending cancellations of `id` as the cancellation topic has them
 /// now, one per inbox partition: `hopper delay show`, without a running
 /// relay. Reads the whole topic.
@@ -574,8 +450,8 @@ pub async fn lookup(
     id: &str,
 ) -> Result<Vec<CancelView>, Error> {
     let table = CancelTable::new(topic, lifetime, Telemetry::new());
-    let consumer = reader(cluster, topic)?;
-    read_to_end(&consumer, topic, |record| {
+    let (consumer, _) = compacted::reader(cluster, WHAT, topic)?;
+    compacted::read_to_end(&consumer, WHAT, topic, |record| {
         let of_id = record
             .key()
             .and_then(entry_key_partition)

@@ -5,8 +5,8 @@
 //! broadcasts it to observers (the demo's live view and tests).
 //!
 //! The events are grouped by area: a handler's ([`handler`]), a route's
-//! hops ([`hops`]), a circuit breaker's ([`breaker`]) and the delay relay's
-//! ([`delay`]). Adding an event is its type and its `impl InternalEvent` in
+//! hops ([`hops`]), a circuit breaker's ([`breaker`]), the delay relay's
+//! ([`delay`]) and ordered retries' parked keys ([`parked`]). Adding an event is its type and its `impl InternalEvent` in
 //! its area, its name in the `events!` list below, and one
 //! `telemetry.emit(...)` where it happens. A hop's event is made from its
 //! [`crate::hop::Outcome`], whose data it reports, when the broker
@@ -23,6 +23,7 @@ mod breaker;
 mod delay;
 mod handler;
 mod hops;
+mod parked;
 mod telemetry;
 
 pub use breaker::{
@@ -38,6 +39,7 @@ pub use handler::{
     HttpDenied, HttpRequest, STATUS_CLASSES,
 };
 pub use hops::HopFailed;
+pub use parked::{KeyParked, KeyReleased, MessageParked};
 pub use telemetry::Telemetry;
 
 use crate::hop::{self, Outcome};
@@ -147,6 +149,9 @@ events! {
     CancellationExpired,
     CancelRefused,
     CancellationNotKept,
+    KeyParked,
+    MessageParked,
+    KeyReleased,
 }
 
 /// The first 12 hex digits of a version, enough to tell versions apart in a

@@ -5,6 +5,7 @@
 //! stored in the background, every 100 ms, and on shutdown. Together with "store after the
 //! hop's produce is acknowledged" this gives at-least-once delivery.
 
+pub mod compacted;
 pub mod watch;
 
 pub use watch::{CONNECT_DEADLINE, ConnectionWatch, WatchedContext};
@@ -59,17 +60,24 @@ pub enum KafkaError {
     Missing { missing: Vec<String> },
     #[error("cannot create topics: {}", failures.join("; "))]
     CreateTopics { failures: Vec<String> },
-    #[error("cannot create the cancellation topic `{topic}`: {code}")]
-    CreateCancels {
+    /// A compacted topic hopper keeps a table in (`what`: the cancellation
+    /// topic, a park topic) could not be created.
+    #[error("cannot create the {what} `{topic}`: {code}")]
+    CreateTable {
+        what: &'static str,
         topic: String,
         code: RDKafkaErrorCode,
     },
     #[error("topics were created but never appeared in metadata: {}", topics.join(", "))]
     NotInMetadata { topics: Vec<String> },
-    #[error("the cancellation topic `{topic}` has no partitions")]
-    NoPartitions { topic: String },
-    #[error("reading the cancellation topic `{topic}`: {error}")]
-    ReadCancels { topic: String, error: ClientError },
+    #[error("the {what} `{topic}` has no partitions")]
+    NoPartitions { what: &'static str, topic: String },
+    #[error("reading the {what} `{topic}`: {error}")]
+    ReadTable {
+        what: &'static str,
+        topic: String,
+        error: ClientError,
+    },
     /// librdkafka refused a call; `doing` says what hopper was doing.
     #[error("{doing}")]
     Client {
@@ -89,6 +97,13 @@ pub enum KafkaError {
     },
     #[error("loading the delay relay's cancellation table")]
     CancelTable(#[source] Box<KafkaError>),
+    /// A route's park table (`retry_order = "key"`) could not be loaded.
+    #[error("loading the park table of route `{route}`")]
+    ParkTable {
+        route: String,
+        #[source]
+        source: Box<KafkaError>,
+    },
 }
 
 /// Says what hopper was doing when librdkafka refused a call.

@@ -113,6 +113,41 @@ impl Collector for Live {
             &breakers,
         )?;
 
+        let parked = health.parked();
+        let now_s = now as f64 / 1000.0;
+        for (name, help, value) in [
+            (
+                "hopper_parked_keys",
+                "Keys parked behind a message in a retry tier, or releasing (their waiting messages being handled), per route with retry_order = \"key\".",
+                &(|s: &crate::parked::Summary| s.parked_keys as f64)
+                    as &dyn Fn(&crate::parked::Summary) -> f64,
+            ),
+            (
+                "hopper_blocked_keys",
+                "Keys blocked behind a dead-lettered head until an operator releases them (on_key_dead_letter = \"dead-letter-key\").",
+                &|s: &crate::parked::Summary| s.blocked_keys as f64,
+            ),
+            (
+                "hopper_parked_messages",
+                "Messages waiting in the park topic behind their key's head.",
+                &|s: &crate::parked::Summary| s.messages as f64,
+            ),
+            (
+                "hopper_parked_oldest_seconds",
+                "Seconds since the oldest parked or blocked key was parked (0 when none is).",
+                &|s: &crate::parked::Summary| {
+                    s.oldest_since
+                        .map_or(0.0, |since| (now_s - since as f64 / 1000.0).max(0.0))
+                },
+            ),
+        ] {
+            let samples: Vec<_> = parked
+                .iter()
+                .map(|(route, summary)| (vec![("route", route.clone())], value(summary)))
+                .collect();
+            gauge(&mut encoder, name, help, &samples)?;
+        }
+
         let failures = health.connection().failures();
         let mut family = encoder.encode_descriptor(
             "hopper_kafka_auth_failures",

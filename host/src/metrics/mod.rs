@@ -140,6 +140,15 @@ impl Metrics {
                 (r.name.as_str(), tiers, r.breaker.is_some())
             })
             .collect();
+        for route in config.routes.iter().filter(|r| r.parking.is_some()) {
+            let route = route.name.as_str();
+            self.handle(&series::ParkedKeys { route });
+            self.handle(&series::ParkedMessages { route });
+            for cause in crate::parked::Cause::ALL {
+                let cause = cause.as_str();
+                self.handle(&series::KeyReleases { route, cause });
+            }
+        }
         if config.delay.is_some() {
             routes.push((RELAY_ROUTE, Vec::new(), false));
         }

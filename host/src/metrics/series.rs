@@ -179,6 +179,15 @@ counters! {
     /// `hopper_delay_cancellations_not_kept_total`.
     UnkeptCancellations "hopper_delay_cancellations_not_kept" []
         "Entries of the cancellation topic this process did not keep, its table past its ceiling (max_cancellations and a sixteenth more): what they cover may be delivered.";
+    /// `hopper_keys_parked_total{route}`.
+    ParkedKeys "hopper_keys_parked" [route]
+        "Keys parked behind a message sent to a retry tier (retry_order = \"key\").";
+    /// `hopper_parked_total{route}`.
+    ParkedMessages "hopper_parked" [route]
+        "Messages that waited in the park topic behind their key's head instead of being handled at once (retry_order = \"key\").";
+    /// `hopper_key_releases_total{route,cause}`.
+    KeyReleases "hopper_key_releases" [route, cause]
+        "Parked keys whose head stopped holding them, by cause: resolved (its handler returned ok), dead-lettered, operator (released through the admin API or the CLI).";
     /// `hopper_trace_spans_dropped_total`.
     DroppedSpans "hopper_trace_spans_dropped" []
         "Spans dropped without being exported: the export queue was full, or the OTLP endpoint did not take their batch.";

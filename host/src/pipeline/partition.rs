@@ -102,6 +102,13 @@ pub(super) struct Partition<P> {
     pub stuck: std::sync::atomic::AtomicBool,
 }
 
+/// What waits for its key's turn: a message read from the partition, or a
+/// job of the processor's ([`Processor::jobs`]).
+pub(super) enum Item<J> {
+    Message(OwnedMessage),
+    Job(J),
+}
+
 /// How a call ended.
 struct Called {
     key: Option<u64>,
@@ -146,12 +153,14 @@ pub(super) async fn run<P: Processor>(
         }
     }
     let mut messages = queue.stream();
+    let processor = &partition.shared.processor;
+    let wake = processor.watch(&partition.tp).await;
     let max = match partition.concurrency.ordering {
         MessageOrder::Partition => 1,
         _ => partition.concurrency.max_in_flight.max(1),
     };
     let lookahead = lookahead(max);
-    let mut waiting: KeyQueue<OwnedMessage> = KeyQueue::default();
+    let mut waiting: KeyQueue<Item<P::Job>> = KeyQueue::default();
     let mut waiting_bytes = 0usize;
     let mut calls = InFlight::new();
     // The box of a call that ended in its first poll, for the next call.
@@ -161,12 +170,13 @@ pub(super) async fn run<P: Processor>(
     loop {
         while calls.len() < max {
             slice.yield_if_spent().await;
-            let Some((key, message)) = waiting.take() else {
+            let Some((key, item)) = waiting.take() else {
                 break;
             };
-            waiting_bytes -= size_of(&message);
-            let done = Completion::new(message.offset(), partition.tracker.clone());
-            let next = call(&partition.shared, &partition.scheduler, key, message, done);
+            if let Item::Message(message) = &item {
+                waiting_bytes -= size_of(message);
+            }
+            let next = call(&partition, key, item);
             let mut next = match spare.take() {
                 Some(mut boxed) => {
                     Pin::set(&mut boxed, next);
@@ -187,10 +197,13 @@ pub(super) async fn run<P: Processor>(
             }
         }
         if closed && calls.is_empty() {
+            processor.unwatch(&partition.tp);
             break;
         }
+        let full = processor.full();
         let reading = !held
             && !closed
+            && !full
             && calls.len() < max
             && waiting.len() < lookahead
             && waiting_bytes < LOOKAHEAD_BYTES;
@@ -224,6 +237,14 @@ pub(super) async fn run<P: Processor>(
             Some(called) = calls.next(), if !calls.is_empty() => {
                 ended(&partition, &mut waiting, &mut slice, called);
             }
+            // Full: read again once there is room.
+            _ = processor.room(), if full && !closed => {}
+            _ = woken(wake.as_deref()), if wake.is_some() && !closed => {
+                for (key, job) in processor.jobs(&partition.tp) {
+                    let key = key_of(partition.concurrency.ordering, Some(&key), &partition.keys);
+                    waiting.push(key, Item::Job(job));
+                }
+            }
             // `None`: the fallback ticked; the loop comes round and reads
             // again. (A `Some(..)` pattern here would turn the branch off
             // for the rest of this select, and a task with no call running
@@ -254,7 +275,7 @@ pub(super) async fn run<P: Processor>(
 fn read<P: Processor>(
     partition: &Partition<P>,
     next: KafkaResult<BorrowedMessage<'_>>,
-    waiting: &mut KeyQueue<OwnedMessage>,
+    waiting: &mut KeyQueue<Item<P::Job>>,
     waiting_bytes: &mut usize,
 ) -> bool {
     let message = match next {
@@ -307,7 +328,7 @@ fn read<P: Processor>(
     let message = message.detach();
     partition.tracker.lock().unwrap().begin(offset);
     *waiting_bytes += size_of(&message);
-    waiting.push(key, message);
+    waiting.push(key, Item::Message(message));
     false
 }
 
@@ -316,7 +337,7 @@ fn read<P: Processor>(
 /// whether it failed.
 fn ended<P: Processor>(
     partition: &Partition<P>,
-    waiting: &mut KeyQueue<OwnedMessage>,
+    waiting: &mut KeyQueue<Item<P::Job>>,
     slice: &mut Slice,
     called: Called,
 ) {
@@ -329,6 +350,14 @@ fn ended<P: Processor>(
         ));
     } else if let Some(key) = called.key {
         waiting.done(key);
+    }
+}
+
+/// Waits for `wake` (never, without one).
+async fn woken(wake: Option<&tokio::sync::Notify>) {
+    match wake {
+        Some(wake) => wake.notified().await,
+        None => std::future::pending().await,
     }
 }
 
@@ -363,19 +392,31 @@ fn size_of(message: &OwnedMessage) -> usize {
 /// One call: processes `message` and hands its hops to the producer (or the
 /// scheduler). Its offset is done when they are acknowledged. A call that
 /// panics is reported, and its offset never completes, so nothing past it is
-/// committed.
+/// committed. A job runs in its key's turn, and completes no offset.
 ///
 /// It borrows the route's state and the scheduler's sender from its task:
 /// a clone of either per message moved their shared counters' cache lines
 /// between cores.
 async fn call<P: Processor>(
-    shared: &Shared<P>,
-    scheduler: &mpsc::UnboundedSender<Scheduled>,
+    partition: &Partition<P>,
     key: Option<u64>,
-    message: OwnedMessage,
-    done: Completion,
+    item: Item<P::Job>,
 ) -> Called {
+    let shared = &partition.shared;
+    let message = match item {
+        Item::Message(message) => message,
+        Item::Job(job) => {
+            let run = AssertUnwindSafe(shared.processor.run_job(job)).catch_unwind();
+            return Called {
+                key,
+                offset: -1,
+                panicked: run.await.is_err(),
+                failed: false,
+            };
+        }
+    };
     let offset = message.offset();
+    let done = Completion::new(offset, partition.tracker.clone());
     // Each await point keeps its own state in this future, which every
     // message allocates and moves: so the sends share one.
     let work = async {
@@ -391,7 +432,7 @@ async fn call<P: Processor>(
             Action::HopAt { at_ms, hop } => {
                 // The scheduler lives until shutdown; if it is gone, the
                 // offset simply stays uncommitted.
-                let _ = scheduler.send(Scheduled { at_ms, hop, done });
+                let _ = partition.scheduler.send(Scheduled { at_ms, hop, done });
                 return false;
             }
             Action::Hop(hop) => vec![(hop, done)],

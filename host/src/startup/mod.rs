@@ -19,7 +19,7 @@ use crate::config::{Config, ConfigError};
 use crate::error::{Error, HandlerError};
 use crate::events::Telemetry;
 use crate::kafka::{Cluster, Doing as _, KafkaError};
-use crate::{admin, delay, health, lag, plugin, reload, renewable, route};
+use crate::{admin, delay, health, lag, parked, plugin, reload, renewable, route};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -122,6 +122,9 @@ struct Built {
     lag: Option<Vec<lag::Watched>>,
     admin: Option<admin::Bound>,
     reloader: reload::Reloader,
+    /// The park tables of the routes with ordered retries, loaded but not
+    /// yet following their topics.
+    parked: Vec<parked::LoadedTable>,
 }
 
 /// The delay relay, built: its pipeline, and its cancellation table loaded
@@ -186,6 +189,12 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
     {
         tracing::info!(topic = relay.cancels, "Cancellation topic created.");
     }
+    // So are the park topics of the routes with ordered retries.
+    for parking in config.routes.iter().filter_map(|r| r.parking.as_ref()) {
+        if parked::ensure_topic(&cluster, parking).await? {
+            tracing::info!(topic = parking.topic, "Park topic created.");
+        }
+    }
     let created = cluster.ensure_topics(&config.all_topics()).await?;
     if !created.is_empty() {
         tracing::info!(topics = created.join(","), "Topics created.");
@@ -194,11 +203,28 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
     let mut slots = HashMap::new();
     let mut routes = Vec::new();
     let mut reload_targets = Vec::new();
+    let mut park_tables = Vec::new();
     for (route, handler) in config.routes.iter().zip(handlers) {
         let route = Arc::new(route.clone());
         let slot = Arc::new(plugin::HandlerSlot::new(handler));
         slots.insert(route.name.clone(), slot.clone());
-        let processor = route::RouteProcessor::new(route.clone(), slot.clone(), telemetry.clone());
+        let mut processor =
+            route::RouteProcessor::new(route.clone(), slot.clone(), telemetry.clone());
+        if route.parking.is_some() {
+            // Read to its end before the route handles anything, so a key
+            // parked before a crash or a rebalance is still parked.
+            let loaded = parked::load(&cluster, &route, telemetry.clone())
+                .await
+                .map_err(|e| match e {
+                    parked::ParkError::Kafka(e) => KafkaError::ParkTable {
+                        route: route.name.clone(),
+                        source: Box::new(e),
+                    },
+                    other => unreachable!("a route with parking loads: {other}"),
+                })?;
+            processor = processor.with_parking(loaded.0.clone());
+            park_tables.push(loaded);
+        }
         reload_targets.push(reload::Target {
             route: route.clone(),
             slot: slot.clone(),
@@ -272,6 +298,10 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
                 cluster: cluster.clone(),
                 telemetry: telemetry.clone(),
                 cancels: relay.as_ref().map(|r| r.table.table.clone()),
+                parked: park_tables
+                    .iter()
+                    .map(|t| (t.0.table.route().to_string(), t.0.clone()))
+                    .collect(),
             };
             Some(admin::Server::bind(context, settings).await?)
         }
@@ -289,6 +319,7 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
         lag,
         admin,
         reloader,
+        parked: park_tables,
     })
 }
 
@@ -309,8 +340,14 @@ impl Built {
             lag,
             admin,
             reloader,
+            parked,
         } = self;
         let shutdown = CancellationToken::new();
+        // Followed before any partition starts: a partition's task waits
+        // until its route's table has read the topic's end.
+        for table in parked {
+            table.follow(shutdown.clone());
+        }
         let loops = TaskTracker::new();
         let supervision = Supervision::default();
         let start = pipelines::Start {

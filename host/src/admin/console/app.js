@@ -4,9 +4,9 @@
 
 const PAGE = 50;
 const REASONS = ["FATAL", "RETRIES_EXHAUSTED", "HANDLER_TRAP", "HANDLER_TIMEOUT",
-  "HANDLER_MEMORY", "INVALID_ENVELOPE", "NO_HANDLER", "DELAY_TOO_LONG", "REPLAY_LOOP"];
+  "HANDLER_MEMORY", "INVALID_ENVELOPE", "NO_HANDLER", "DELAY_TOO_LONG", "REPLAY_LOOP", "KEY_BLOCKED"];
 const COLORS = ["#c62828", "#ef6c00", "#6a1b9a", "#1565c0", "#00838f", "#558b2f",
-  "#4e342e", "#ad1457", "#37474f"];
+  "#4e342e", "#ad1457", "#37474f", "#827717", "#9e9e9e"];
 
 const state = { skip: 0, total: 0, records: [], selected: new Set(), detail: null, view: "text" };
 
@@ -96,6 +96,36 @@ async function loadStatus() {
   handlers.replaceChildren();
   for (const h of status.handlers) {
     handlers.appendChild(row([h.route, h.file, h.version.slice(0, 12), h.last_reload_error || "—"]));
+  }
+  drawParked(status.parked || []);
+}
+
+/** The parked keys of the routes with ordered retries, each with a release button. */
+function drawParked(routes) {
+  $("parked-keys").hidden = routes.length === 0;
+  const body = $("parked");
+  body.replaceChildren();
+  const totals = [];
+  for (const r of routes) {
+    totals.push(`${r.route}: ${r.parked_keys} parked, ${r.blocked_keys} blocked, ${r.messages} waiting`);
+    for (const k of r.keys) {
+      const release = el("button", "release", { type: "button" });
+      release.addEventListener("click", () => releaseKey(r.route, k));
+      body.appendChild(row([r.route, `${k.topic}[${k.partition}]`, k.key, k.state, k.head || "—",
+        time(k.since_ms), k.parked, release]));
+    }
+  }
+  $("parked-summary").textContent = totals.join("; ");
+}
+
+async function releaseKey(route, k) {
+  const query = new URLSearchParams({ route, topic: k.topic, partition: k.partition, key_base64: k.key_base64 });
+  try {
+    const released = await call("/api/parked/release?" + query, { method: "POST" });
+    showError("");
+    $("parked-summary").textContent = `Released key ${k.key} of ${route} (held behind ${released.head}).`;
+  } catch (e) {
+    showError("release refused: " + e.message);
   }
 }
 

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 mod demo;
 mod dlq_try;
 mod ops;
+mod parked;
 mod scaffold;
 mod session;
 mod test_cases;
@@ -103,6 +104,12 @@ enum Command {
     Delay {
         #[command(subcommand)]
         command: ops::DelayCommand,
+    },
+    /// Keys parked by ordered retries (`retry_order = "key"`): list them,
+    /// and release one, straight against the brokers.
+    Parked {
+        #[command(subcommand)]
+        command: parked::ParkedCommand,
     },
     /// What waits in each topic of each route, the size of each dead-letter
     /// topic, and, when hopper's admin server answers, readiness and handler
@@ -237,6 +244,7 @@ async fn main() -> ExitCode {
         Command::Send(args) => send(args).await,
         Command::Dlq { command } => ops::dlq(command, cache_dir).await,
         Command::Delay { command } => ops::delay(command).await,
+        Command::Parked { command } => parked::run(command).await,
         Command::Status(target) => ops::status(target).await,
         Command::Skip(args) => ops::skip(args).await,
     };

@@ -1,0 +1,138 @@
+//! `hopper parked`: the parked and blocked keys of a route with ordered
+//! retries, and an operator's release of one, straight against the
+//! brokers (no running hopper needed).
+
+use crate::ops::Target;
+use anyhow::Context as _;
+use clap::Subcommand;
+use hopper::parked::{self, Lane};
+
+#[derive(Subcommand)]
+pub enum ParkedCommand {
+    /// Lists the route's parked, blocked and releasing keys, oldest first,
+    /// read from its park topic.
+    List {
+        #[command(flatten)]
+        target: Target,
+        /// The route (`retry_order = "key"`).
+        #[arg(long)]
+        route: String,
+    },
+    /// Releases a parked or blocked key: its waiting messages are handled,
+    /// in order, by the hopper that runs its partition, and new ones are no
+    /// longer parked or dead-lettered.
+    Release {
+        #[command(flatten)]
+        target: Target,
+        #[arg(long)]
+        route: String,
+        /// The input topic of the key.
+        #[arg(long)]
+        topic: String,
+        /// The input partition of the key.
+        #[arg(long)]
+        partition: i32,
+        /// The key, as text.
+        #[arg(
+            long,
+            conflicts_with = "key_base64",
+            required_unless_present = "key_base64"
+        )]
+        key: Option<String>,
+        /// The key, in base64 (for a key that is not UTF-8).
+        #[arg(long)]
+        key_base64: Option<String>,
+    },
+}
+
+pub async fn run(command: ParkedCommand) -> anyhow::Result<()> {
+    match command {
+        ParkedCommand::List { target, route } => {
+            let (config, cluster) = target.load()?;
+            let route = find(&config, &route)?;
+            let keys = parked::list(&cluster, &route)
+                .await
+                .with_context(|| format!("reading the park topic of route `{}`", route.name))?;
+            if target.json {
+                let out = serde_json::json!({ "route": route.name, "keys": keys });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return Ok(());
+            }
+            if keys.is_empty() {
+                println!("Route `{}`: no parked or blocked key.", route.name);
+            }
+            for k in keys {
+                let since = k.since_ms.map_or("-".to_string(), |ms| {
+                    humantime::format_rfc3339_seconds(
+                        std::time::UNIX_EPOCH + std::time::Duration::from_millis(ms.max(0) as u64),
+                    )
+                    .to_string()
+                });
+                println!(
+                    "{}[{}] key {:?} (base64 {}): {:?} behind {} since {since}, {} message(s) waiting ({} bytes)",
+                    k.lane.topic,
+                    k.lane.partition,
+                    k.lane.key,
+                    k.lane.key_base64,
+                    k.state,
+                    k.head.as_deref().unwrap_or("-"),
+                    k.parked,
+                    k.bytes
+                );
+            }
+        }
+        ParkedCommand::Release {
+            target,
+            route,
+            topic,
+            partition,
+            key,
+            key_base64,
+        } => {
+            use base64::Engine as _;
+            let (config, cluster) = target.load()?;
+            let route = find(&config, &route)?;
+            let key = match (key, key_base64) {
+                (Some(key), _) => key.into_bytes(),
+                (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                    .decode(b64.as_bytes())
+                    .context("--key-base64 is not base64")?,
+                (None, None) => anyhow::bail!("give --key or --key-base64"),
+            };
+            let lane = Lane {
+                topic,
+                partition,
+                key,
+            };
+            let head = parked::release(&cluster, &route, &lane)
+                .await
+                .with_context(|| format!("releasing {lane} of route `{}`", route.name))?;
+            if target.json {
+                let out = serde_json::json!({
+                    "released": true, "route": route.name, "topic": lane.topic,
+                    "partition": lane.partition, "head": head,
+                });
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                println!(
+                    "Released {lane} of route `{}` (it was held behind `{head}`): its waiting messages are handled next, in order.",
+                    route.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+fn find(config: &hopper::config::Config, name: &str) -> anyhow::Result<hopper::config::Route> {
+    let route = config
+        .routes
+        .iter()
+        .find(|r| r.name == name)
+        .with_context(|| format!("route `{name}` is not in the config"))?;
+    anyhow::ensure!(
+        route.parking.is_some(),
+        "route `{name}` has no ordered retries (retry_order = \"key\")"
+    );
+    Ok(route.clone())
+}

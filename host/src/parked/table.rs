@@ -1,0 +1,688 @@
+//! The parked keys of one route, as its park topic has them: what a
+//! message of a key may do now, and what a partition's task has to do for
+//! the keys whose head resolved.
+
+use super::records::{Cause, Head, Lane, Parked, Record, Release};
+use crate::clock::now_ms;
+use crate::config::KeyDeadLetter;
+use crate::types::TopicPartition;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+/// What a key is, as the table has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum KeyState {
+    /// Its head waits in a retry tier; its messages wait behind it.
+    Parked,
+    /// Its head was dead-lettered on a route with `on_key_dead_letter =
+    /// "dead-letter-key"`: its messages are dead-lettered until an
+    /// operator releases it.
+    Blocked,
+    /// Its head resolved (or was released): its waiting messages are being
+    /// handled, in order, and then its records deleted.
+    Releasing,
+}
+
+/// One key of [`ParkTable::list`].
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct KeyView {
+    #[serde(flatten)]
+    pub lane: LaneView,
+    pub state: KeyState,
+    /// The head's id, when it has one.
+    pub head: Option<String>,
+    /// When the head parked the key, epoch ms.
+    pub since_ms: Option<i64>,
+    /// Messages waiting.
+    pub parked: usize,
+    /// Their bytes in memory.
+    pub bytes: usize,
+}
+
+/// A lane as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LaneView {
+    pub topic: String,
+    pub partition: i32,
+    /// The key as UTF-8 (lossy).
+    pub key: String,
+    pub key_base64: String,
+}
+
+impl From<&Lane> for LaneView {
+    fn from(lane: &Lane) -> LaneView {
+        use base64::Engine as _;
+        LaneView {
+            topic: lane.topic.clone(),
+            partition: lane.partition,
+            key: String::from_utf8_lossy(&lane.key).into_owned(),
+            key_base64: base64::engine::general_purpose::STANDARD.encode(&lane.key),
+        }
+    }
+}
+
+/// The table's figures, for the gauges.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Keys parked or releasing.
+    pub parked_keys: usize,
+    pub blocked_keys: usize,
+    pub messages: usize,
+    pub bytes: usize,
+    /// When the oldest parked or blocked key's head parked it, epoch ms.
+    pub oldest_since: Option<i64>,
+}
+
+/// What a message read from the input may do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Admission {
+    /// Its key is free: call the handler.
+    Call,
+    /// It is its key's head, read again (a restart before its offset was
+    /// committed): call the handler; the key stays parked on a retry.
+    CallAsHead,
+    /// It is older than its key's head, read again after a restart: it was
+    /// handled before the key parked. Call the handler again (at least
+    /// once), without touching the key.
+    Redeliver,
+    /// It was parked already (read again after a restart): nothing to do.
+    Skip,
+    /// Its key is parked: it waits.
+    Park,
+    /// Its key is blocked behind the dead-lettered `head`.
+    Block { head: String },
+}
+
+/// What a key's job does next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing: the key is parked (or gone).
+    Nothing,
+    /// Handle the waiting message `seq`.
+    Handle { seq: i64, message: Parked },
+    /// Dead-letter the waiting message `seq` of a key blocked behind
+    /// `head`.
+    DeadLetter {
+        seq: i64,
+        message: Parked,
+        head: String,
+    },
+    /// Nothing waits: delete the key's head and releases.
+    Close {
+        head: Option<String>,
+        releases: Vec<String>,
+    },
+}
+
+#[derive(Debug, Default)]
+struct LaneState {
+    head: Option<Head>,
+    releases: HashMap<String, Release>,
+    parked: BTreeMap<i64, Parked>,
+    bytes: usize,
+    /// A job of this key waits in its partition's queue, or runs.
+    queued: bool,
+    /// The highest input offset the key took here (head or parked).
+    high: Option<i64>,
+}
+
+impl LaneState {
+    fn state(&self, policy: KeyDeadLetter) -> Option<KeyState> {
+        match &self.head {
+            Some(head) => Some(match self.releases.get(&head.head) {
+                None => KeyState::Parked,
+                Some(r)
+                    if r.cause == Cause::DeadLettered && policy == KeyDeadLetter::DeadLetterKey =>
+                {
+                    KeyState::Blocked
+                }
+                Some(_) => KeyState::Releasing,
+            }),
+            None if !self.parked.is_empty() || !self.releases.is_empty() => {
+                Some(KeyState::Releasing)
+            }
+            None => None,
+        }
+    }
+
+    /// Whether a job of the key has something to do.
+    fn has_work(&self, policy: KeyDeadLetter) -> bool {
+        match self.state(policy) {
+            Some(KeyState::Releasing) => true,
+            Some(KeyState::Blocked) => !self.parked.is_empty(),
+            _ => false,
+        }
+    }
+
+    fn took(&mut self, seq: i64) {
+        self.high = Some(self.high.map_or(seq, |h| h.max(seq)));
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    lanes: HashMap<Lane, LaneState>,
+    /// Head id → its key, for a head resolved from a tier.
+    heads: HashMap<String, Lane>,
+    bytes: usize,
+    messages: usize,
+    /// The partitions this process's tasks run, and how to wake each.
+    watchers: HashMap<TopicPartition, Arc<Notify>>,
+    /// Keys with work, per partition, not yet handed out as jobs.
+    work: HashMap<TopicPartition, Vec<Lane>>,
+}
+
+/// The parked keys of one route, in every process of the route.
+pub struct ParkTable {
+    pub(super) route: String,
+    pub(super) topic: String,
+    policy: KeyDeadLetter,
+    max_bytes: usize,
+    inner: Mutex<Inner>,
+    /// Woken when parked bytes are freed.
+    room: Notify,
+    /// The bytes of parked messages held, as in `inner`, read without its
+    /// lock on every turn of a partition's task.
+    held: std::sync::atomic::AtomicUsize,
+}
+
+impl ParkTable {
+    pub fn new(route: &str, topic: &str, policy: KeyDeadLetter, max_bytes: usize) -> ParkTable {
+        ParkTable {
+            route: route.to_string(),
+            topic: topic.to_string(),
+            policy,
+            max_bytes,
+            inner: Mutex::default(),
+            room: Notify::new(),
+            held: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub fn route(&self) -> &str {
+        &self.route
+    }
+
+    pub fn policy(&self) -> KeyDeadLetter {
+        self.policy
+    }
+
+    /// Applies one record of the park topic (read, or written here).
+    pub fn apply(&self, record: Record) {
+        let mut inner = self.inner.lock().unwrap();
+        let lane = match &record {
+            Record::Head { lane, .. }
+            | Record::Parked { lane, .. }
+            | Record::Release { lane, .. } => lane.clone(),
+        };
+        let Inner {
+            lanes,
+            heads,
+            bytes,
+            messages,
+            ..
+        } = &mut *inner;
+        let state = lanes.entry(lane.clone()).or_default();
+        let mut freed = false;
+        match record {
+            Record::Head { head, .. } => {
+                if let Some(old) = state.head.take() {
+                    heads.remove(&old.head);
+                }
+                if let Some(head) = head {
+                    state.took(head.seq);
+                    heads.insert(head.head.clone(), lane.clone());
+                    state.head = Some(head);
+                }
+            }
+            Record::Parked { seq, message, .. } => {
+                if let Some(old) = state.parked.remove(&seq) {
+                    state.bytes -= old.size();
+                    *bytes -= old.size();
+                    *messages -= 1;
+                    freed = true;
+                }
+                if let Some(message) = message {
+                    state.took(seq);
+                    state.bytes += message.size();
+                    *bytes += message.size();
+                    *messages += 1;
+                    state.parked.insert(seq, message);
+                }
+            }
+            Record::Release { head, release, .. } => match release {
+                Some(release) => _ = state.releases.insert(head, release),
+                None => _ = state.releases.remove(&head),
+            },
+        }
+        self.held
+            .store(*bytes, std::sync::atomic::Ordering::Relaxed);
+        let has_work = state.has_work(self.policy) && !state.queued;
+        if state.state(self.policy).is_none() && !state.queued {
+            lanes.remove(&lane);
+        }
+        if has_work {
+            wake(&mut inner, &lane);
+        }
+        drop(inner);
+        if freed {
+            self.room.notify_waiters();
+        }
+    }
+
+    /// What a message of `lane` read from the input at `seq`, with id `id`,
+    /// may do.
+    pub fn admit(&self, lane: &Lane, seq: i64, id: &str) -> Admission {
+        let inner = self.inner.lock().unwrap();
+        let Some(state) = inner.lanes.get(lane) else {
+            return Admission::Call;
+        };
+        let key_state = state.state(self.policy);
+        match (&state.head, key_state) {
+            (_, None) => Admission::Call,
+            (Some(head), Some(KeyState::Parked)) if head.head == id && head.seq == seq => {
+                Admission::CallAsHead
+            }
+            (Some(head), _) if seq < head.seq => Admission::Redeliver,
+            _ if state.high.is_some_and(|high| seq <= high) => Admission::Skip,
+            (Some(head), Some(KeyState::Blocked)) => Admission::Block {
+                head: head.head.clone(),
+            },
+            _ => Admission::Park,
+        }
+    }
+
+    /// The key a head id parks, when the table knows it.
+    pub fn lane_of_head(&self, id: &str) -> Option<Lane> {
+        self.inner.lock().unwrap().heads.get(id).cloned()
+    }
+
+    /// Whether a release of `head` by `cause` would change anything: the
+    /// key is parked behind it (or the table does not know the head, whose
+    /// record may not have been read yet).
+    pub fn releases(&self, lane: &Lane, head: &str, cause: Cause) -> bool {
+        let inner = self.inner.lock().unwrap();
+        let Some(state) = inner.lanes.get(lane) else {
+            return true;
+        };
+        match &state.head {
+            Some(h) if h.head == head => state.releases.get(head).is_none_or(|r| r.cause != cause),
+            Some(_) => false,
+            None => true,
+        }
+    }
+
+    /// The head a key is parked or blocked behind, for an operator's
+    /// release; `None` when the key is neither.
+    pub fn head_of(&self, lane: &Lane) -> Option<(String, KeyState)> {
+        let inner = self.inner.lock().unwrap();
+        let state = inner.lanes.get(lane)?;
+        match state.state(self.policy)? {
+            KeyState::Releasing => None,
+            key_state => Some((state.head.as_ref()?.head.clone(), key_state)),
+        }
+    }
+
+    /// Whether the table holds as many parked bytes as its bound: the
+    /// route's partitions read nothing more until it has room again.
+    pub fn full(&self) -> bool {
+        self.held.load(std::sync::atomic::Ordering::Relaxed) >= self.max_bytes
+    }
+
+    /// Waits until the table holds fewer parked bytes than its bound.
+    pub async fn room(&self) {
+        loop {
+            let freed = self.room.notified();
+            if !self.full() {
+                return;
+            }
+            freed.await;
+        }
+    }
+
+    /// Registers the task of `tp`, which `wake` wakes when one of its keys
+    /// has work; the keys that have some now are queued for it at once.
+    pub fn watch(&self, tp: &TopicPartition, wake: Arc<Notify>) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.watchers.insert(tp.clone(), wake.clone());
+        let with_work: Vec<Lane> = inner
+            .lanes
+            .iter_mut()
+            .filter(|(lane, _)| lane.topic == tp.topic && lane.partition == tp.partition)
+            .filter_map(|(lane, state)| {
+                // A job queued by a task of an earlier ownership is gone.
+                state.queued = false;
+                state.has_work(self.policy).then(|| lane.clone())
+            })
+            .collect();
+        inner.work.insert(tp.clone(), with_work);
+        wake.notify_one();
+    }
+
+    /// The task of `tp` ended.
+    pub fn unwatch(&self, tp: &TopicPartition) {
+        let mut inner = self.inner.lock().unwrap();
+        inner.watchers.remove(tp);
+        inner.work.remove(tp);
+    }
+
+    /// The keys of `tp` with work, each handed out once until its job ends
+    /// ([`ParkTable::job_done`]).
+    pub fn jobs(&self, tp: &TopicPartition) -> Vec<Lane> {
+        let mut inner = self.inner.lock().unwrap();
+        let Some(work) = inner.work.get_mut(tp) else {
+            return Vec::new();
+        };
+        let mut lanes = std::mem::take(work);
+        lanes.retain(|lane| match inner.lanes.get_mut(lane) {
+            Some(state) if !state.queued && state.has_work(self.policy) => {
+                state.queued = true;
+                true
+            }
+            _ => false,
+        });
+        lanes
+    }
+
+    /// What the job of `lane` does next.
+    pub fn step(&self, lane: &Lane) -> Step {
+        let inner = self.inner.lock().unwrap();
+        let Some(state) = inner.lanes.get(lane) else {
+            return Step::Nothing;
+        };
+        let first = state.parked.iter().next();
+        match (state.state(self.policy), first) {
+            (Some(KeyState::Blocked), Some((seq, message))) => Step::DeadLetter {
+                seq: *seq,
+                message: message.clone(),
+                head: state
+                    .head
+                    .as_ref()
+                    .map(|h| h.head.clone())
+                    .unwrap_or_default(),
+            },
+            (Some(KeyState::Releasing), Some((seq, message))) => Step::Handle {
+                seq: *seq,
+                message: message.clone(),
+            },
+            (Some(KeyState::Releasing), None) => Step::Close {
+                head: state.head.as_ref().map(|h| h.head.clone()),
+                releases: state.releases.keys().cloned().collect(),
+            },
+            _ => Step::Nothing,
+        }
+    }
+
+    /// The job of `lane` ended: the key may be handed out again, now if it
+    /// has more work.
+    pub fn job_done(&self, lane: &Lane) {
+        let mut inner = self.inner.lock().unwrap();
+        let Some(state) = inner.lanes.get_mut(lane) else {
+            return;
+        };
+        state.queued = false;
+        if state.state(self.policy).is_none() {
+            inner.lanes.remove(lane);
+        } else if state.has_work(self.policy) {
+            wake(&mut inner, lane);
+        }
+    }
+
+    /// Every parked, blocked or releasing key, oldest first.
+    pub fn list(&self) -> Vec<KeyView> {
+        let inner = self.inner.lock().unwrap();
+        let mut keys: Vec<KeyView> = inner
+            .lanes
+            .iter()
+            .filter_map(|(lane, state)| {
+                Some(KeyView {
+                    lane: LaneView::from(lane),
+                    state: state.state(self.policy)?,
+                    head: state.head.as_ref().map(|h| h.head.clone()),
+                    since_ms: state.head.as_ref().map(|h| h.since),
+                    parked: state.parked.len(),
+                    bytes: state.bytes,
+                })
+            })
+            .collect();
+        keys.sort_by_key(|k| (k.since_ms.unwrap_or(i64::MAX), k.lane.partition));
+        keys
+    }
+
+    /// The table's figures.
+    pub fn summary(&self) -> Summary {
+        let inner = self.inner.lock().unwrap();
+        let mut summary = Summary {
+            messages: inner.messages,
+            bytes: inner.bytes,
+            ..Summary::default()
+        };
+        for state in inner.lanes.values() {
+            match state.state(self.policy) {
+                Some(KeyState::Blocked) => summary.blocked_keys += 1,
+                Some(_) => summary.parked_keys += 1,
+                None => continue,
+            }
+            if let Some(head) = &state.head {
+                summary.oldest_since = Some(
+                    summary
+                        .oldest_since
+                        .map_or(head.since, |o| o.min(head.since)),
+                );
+            }
+        }
+        summary
+    }
+
+    /// The lane of a head that resolved now, with the release to write.
+    pub fn release_now(cause: Cause) -> Release {
+        Release {
+            cause,
+            at: now_ms(),
+        }
+    }
+}
+
+/// Queues `lane` for its partition's task and wakes it, when this process
+/// runs that partition.
+fn wake(inner: &mut Inner, lane: &Lane) {
+    let tp = TopicPartition::new(&lane.topic, lane.partition);
+    let Some(watcher) = inner.watchers.get(&tp).cloned() else {
+        return;
+    };
+    inner.work.entry(tp).or_default().push(lane.clone());
+    watcher.notify_one();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lane(key: &str) -> Lane {
+        Lane {
+            topic: "orders".into(),
+            partition: 0,
+            key: key.as_bytes().to_vec(),
+        }
+    }
+
+    fn head(lane: &Lane, id: &str, seq: i64) -> Record {
+        Record::Head {
+            lane: lane.clone(),
+            head: Some(Head {
+                head: id.into(),
+                seq,
+                since: 1,
+            }),
+        }
+    }
+
+    fn parked(lane: &Lane, seq: i64) -> Record {
+        Record::Parked {
+            lane: lane.clone(),
+            seq,
+            message: Some(Parked {
+                payload: Some(vec![b'x'; 10]),
+                headers: vec![],
+                timestamp: None,
+            }),
+        }
+    }
+
+    fn release(lane: &Lane, id: &str, cause: Cause) -> Record {
+        Record::Release {
+            lane: lane.clone(),
+            head: id.into(),
+            release: Some(Release { cause, at: 2 }),
+        }
+    }
+
+    fn table(policy: KeyDeadLetter) -> ParkTable {
+        ParkTable::new("orders", "orders.parked", policy, 1 << 20)
+    }
+
+    #[test]
+    fn a_key_parks_behind_its_head_and_its_messages_wait_in_order() {
+        let t = table(KeyDeadLetter::Continue);
+        let k = lane("acct-1");
+        let tp = TopicPartition::new("orders", 0);
+        let wake = Arc::new(Notify::new());
+        t.watch(&tp, wake.clone());
+        assert_eq!(t.admit(&k, 5, "m5"), Admission::Call);
+        t.apply(head(&k, "m5", 5));
+        assert_eq!(
+            t.admit(&k, 5, "m5"),
+            Admission::CallAsHead,
+            "the head read again"
+        );
+        assert_eq!(
+            t.admit(&k, 4, "m4"),
+            Admission::Redeliver,
+            "before the head"
+        );
+        assert_eq!(t.admit(&k, 7, "m7"), Admission::Park);
+        t.apply(parked(&k, 7));
+        t.apply(parked(&k, 9));
+        assert_eq!(t.admit(&k, 7, "m7"), Admission::Skip, "parked already");
+        assert_eq!(t.admit(&lane("other"), 8, "m8"), Admission::Call);
+        assert!(t.jobs(&tp).is_empty(), "nothing to do while the head waits");
+        assert_eq!(t.summary().parked_keys, 1);
+        assert_eq!(t.summary().messages, 2);
+
+        t.apply(release(&k, "m5", Cause::Resolved));
+        assert_eq!(t.jobs(&tp), vec![k.clone()]);
+        assert!(t.jobs(&tp).is_empty(), "handed out once");
+        assert!(matches!(t.step(&k), Step::Handle { seq: 7, .. }));
+        t.apply(Record::Parked {
+            lane: k.clone(),
+            seq: 7,
+            message: None,
+        });
+        t.job_done(&k);
+        assert_eq!(t.jobs(&tp), vec![k.clone()], "more waits");
+        assert!(matches!(t.step(&k), Step::Handle { seq: 9, .. }));
+        t.apply(Record::Parked {
+            lane: k.clone(),
+            seq: 9,
+            message: None,
+        });
+        assert_eq!(
+            t.step(&k),
+            Step::Close {
+                head: Some("m5".into()),
+                releases: vec!["m5".into()]
+            }
+        );
+        t.apply(Record::Head {
+            lane: k.clone(),
+            head: None,
+        });
+        t.apply(Record::Release {
+            lane: k.clone(),
+            head: "m5".into(),
+            release: None,
+        });
+        t.job_done(&k);
+        assert_eq!(t.admit(&k, 10, "m10"), Admission::Call, "free again");
+        assert_eq!(t.summary(), Summary::default());
+        assert!(t.list().is_empty());
+    }
+
+    #[test]
+    fn a_dead_lettered_head_blocks_its_key_only_under_dead_letter_key() {
+        for (policy, blocked) in [
+            (KeyDeadLetter::Continue, false),
+            (KeyDeadLetter::DeadLetterKey, true),
+        ] {
+            let t = table(policy);
+            let k = lane("acct-2");
+            t.apply(head(&k, "m1", 1));
+            t.apply(parked(&k, 2));
+            t.apply(release(&k, "m1", Cause::DeadLettered));
+            if blocked {
+                assert!(
+                    matches!(t.step(&k), Step::DeadLetter { seq: 2, ref head, .. } if head == "m1")
+                );
+                assert_eq!(t.admit(&k, 3, "m3"), Admission::Block { head: "m1".into() });
+                assert_eq!(t.head_of(&k), Some(("m1".into(), KeyState::Blocked)));
+                t.apply(release(&k, "m1", Cause::Operator));
+                assert!(
+                    matches!(t.step(&k), Step::Handle { seq: 2, .. }),
+                    "released"
+                );
+            } else {
+                assert!(matches!(t.step(&k), Step::Handle { seq: 2, .. }));
+                assert_eq!(t.admit(&k, 3, "m3"), Admission::Park);
+            }
+        }
+    }
+
+    #[test]
+    fn a_stale_release_changes_nothing() {
+        let t = table(KeyDeadLetter::Continue);
+        let k = lane("acct-3");
+        t.apply(head(&k, "m2", 2));
+        assert!(!t.releases(&k, "m1", Cause::Resolved), "another head");
+        assert!(t.releases(&k, "m2", Cause::Resolved));
+        t.apply(release(&k, "m1", Cause::Resolved));
+        assert_eq!(t.head_of(&k), Some(("m2".into(), KeyState::Parked)));
+        assert!(t.releases(&lane("unknown"), "x", Cause::Resolved));
+        assert_eq!(t.lane_of_head("m2"), Some(k));
+    }
+
+    #[tokio::test]
+    async fn past_its_bound_the_table_waits_for_room() {
+        let t = Arc::new(ParkTable::new(
+            "orders",
+            "orders.parked",
+            KeyDeadLetter::Continue,
+            100,
+        ));
+        let k = lane("acct-4");
+        assert!(!t.full());
+        t.room().await;
+        t.apply(parked(&k, 1));
+        assert!(t.full());
+        let waiting = tokio::spawn({
+            let t = t.clone();
+            async move { t.room().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "full: it waits");
+        t.apply(Record::Parked {
+            lane: k,
+            seq: 1,
+            message: None,
+        });
+        tokio::time::timeout(std::time::Duration::from_secs(5), waiting)
+            .await
+            .expect("woken when room was freed")
+            .unwrap();
+    }
+}

@@ -1,0 +1,444 @@
+//! A route's park topic: read whole into its [`ParkTable`] at start and
+//! followed from then on, and written, one acknowledged record at a time.
+
+use super::records::{self, BadRecord, Cause, Head, Lane, Record};
+use super::table::{KeyState, KeyView, ParkTable};
+use crate::clock::now_ms;
+use crate::config::{Parking, Route};
+use crate::events::{self, Event, Telemetry};
+use crate::hop::PlannedHop;
+use crate::kafka::compacted::{self, TableReader};
+use crate::kafka::{Cluster, Doing as _, KafkaError};
+use crate::renewable::AwaitedProducer;
+use rdkafka::Message;
+use rdkafka::error::KafkaError as ClientError;
+use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
+use rdkafka::producer::FutureRecord;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Names the topic in errors.
+const WHAT: &str = "park topic";
+/// How long one record may wait in the producer's queue.
+const SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// The longest wait between two tries of a record the broker refused.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// Why a park-topic operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ParkError {
+    #[error(transparent)]
+    Kafka(#[from] KafkaError),
+    #[error("route `{route}` has no ordered retries (retry_order = \"key\")")]
+    NotOrdered { route: String },
+    #[error("{lane} is not parked or blocked")]
+    NotParked { lane: String },
+}
+
+/// The reader's progress through the topic, for [`Store::caught_up`].
+#[derive(Default)]
+struct Progress {
+    /// Per partition: the offset after the last record read.
+    next: HashMap<i32, i64>,
+    /// Per partition: end-of-partition events seen.
+    ends: HashMap<i32, u64>,
+}
+
+/// A route's park table and what reads and writes its topic.
+pub struct Store {
+    pub table: ParkTable,
+    producer: AwaitedProducer,
+    reader: TableReader,
+    /// The topic's partition count: a key's records all go to partition
+    /// `input partition mod partitions`, so they keep their order.
+    partitions: i32,
+    /// This process, on every record it writes: the reader skips them, as
+    /// they were applied when written.
+    me: String,
+    progress: Mutex<Progress>,
+    progressed: Notify,
+    telemetry: Telemetry,
+}
+
+/// A store read to the end of its topic, not yet following it.
+pub struct LoadedTable(pub Arc<Store>);
+
+/// Creates the park topic of `parking` when it is missing (compacted, kept
+/// for ever: a key may be parked for as long as its head's retries take).
+pub async fn ensure_topic(cluster: &Cluster, parking: &Parking) -> Result<bool, KafkaError> {
+    compacted::ensure_topic(cluster, WHAT, &parking.topic, None).await
+}
+
+/// Reads the park topic of `route` to its end into a new table.
+pub async fn load(
+    cluster: &Cluster,
+    route: &Route,
+    telemetry: Telemetry,
+) -> Result<LoadedTable, ParkError> {
+    let parking = route
+        .parking
+        .as_ref()
+        .ok_or_else(|| ParkError::NotOrdered {
+            route: route.name.clone(),
+        })?;
+    let table = ParkTable::new(
+        &route.name,
+        &parking.topic,
+        parking.on_dead_letter,
+        parking.max_bytes,
+    );
+    let (reader, partitions) = compacted::reader(cluster, WHAT, &parking.topic)?;
+    let producer = AwaitedProducer::new(
+        cluster.producer_config(),
+        &format!("route `{}`'s park topic", route.name),
+    )
+    .doing(|| format!("creating the producer of `{}`", parking.topic))?;
+    let store = Arc::new(Store {
+        table,
+        producer,
+        reader,
+        partitions: partitions.len() as i32,
+        me: format!(
+            "{:016x}",
+            std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                std::process::id()
+            )
+        ),
+        progress: Mutex::default(),
+        progressed: Notify::new(),
+        telemetry,
+    });
+    let started = std::time::Instant::now();
+    compacted::read_to_end(&store.reader, WHAT, &parking.topic, |record| {
+        store.read(record)
+    })
+    .await?;
+    let summary = store.table.summary();
+    tracing::info!(
+        route = route.name,
+        topic = parking.topic,
+        parked_keys = summary.parked_keys,
+        blocked_keys = summary.blocked_keys,
+        messages = summary.messages,
+        took_ms = started.elapsed().as_millis() as u64,
+        "Park table loaded."
+    );
+    Ok(LoadedTable(store))
+}
+
+impl LoadedTable {
+    /// Keeps following the topic until `shutdown`.
+    pub fn follow(self, shutdown: CancellationToken) -> Arc<Store> {
+        let store = self.0;
+        let following = store.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    record = following.reader.recv() => match record {
+                        Ok(record) => following.read(&record),
+                        Err(ClientError::PartitionEOF(partition)) => following.ended(partition),
+                        Err(e) => {
+                            tracing::warn!(topic = following.table.topic, error = %e, "Reading the park topic failed; retrying.");
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                        }
+                    },
+                }
+            }
+        });
+        store
+    }
+}
+
+/// The parked keys of `route`, as its park topic has them now: `hopper
+/// parked list`, without a running hopper. Reads the whole topic.
+pub async fn list(cluster: &Cluster, route: &Route) -> Result<Vec<KeyView>, ParkError> {
+    let loaded = load(cluster, route, Telemetry::new()).await?;
+    Ok(loaded.0.table.list())
+}
+
+/// Releases `lane` of `route`: `hopper parked release`, without a running
+/// hopper. Returns the head it was parked or blocked behind.
+pub async fn release(cluster: &Cluster, route: &Route, lane: &Lane) -> Result<String, ParkError> {
+    let loaded = load(cluster, route, Telemetry::new()).await?;
+    loaded.0.release(lane).await
+}
+
+impl Store {
+    /// Applies a record read from the topic, unless this process wrote it.
+    fn read(&self, record: &BorrowedMessage<'_>) {
+        {
+            let mut progress = self.progress.lock().unwrap();
+            progress
+                .next
+                .insert(record.partition(), record.offset() + 1);
+        }
+        self.progressed.notify_waiters();
+        let mut headers: Vec<(String, Option<Vec<u8>>)> = record
+            .headers()
+            .map(|h| {
+                h.iter()
+                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let by = match headers.first() {
+            Some((name, by)) if name == records::BY => {
+                let by = by.clone().unwrap_or_default();
+                headers.remove(0);
+                by
+            }
+            _ => Vec::new(),
+        };
+        if by == self.me.as_bytes() {
+            return;
+        }
+        let timestamp = record.timestamp().to_millis();
+        match records::read(record.key(), record.payload(), headers, timestamp) {
+            Ok(read) => self.table.apply(read),
+            Err(BadRecord { what }) => tracing::warn!(
+                topic = self.table.topic,
+                partition = record.partition(),
+                offset = record.offset(),
+                "Skipped a park-topic record that hopper did not write: it {what}."
+            ),
+        }
+    }
+
+    fn ended(&self, partition: i32) {
+        {
+            let mut progress = self.progress.lock().unwrap();
+            *progress.ends.entry(partition).or_default() += 1;
+        }
+        self.progressed.notify_waiters();
+    }
+
+    /// Waits until the table has read everything the topic held when this
+    /// was called: what another process wrote for a partition before it
+    /// gave it up is in the table before this process runs the partition.
+    pub async fn caught_up(self: &Arc<Self>) -> Result<(), KafkaError> {
+        let store = self.clone();
+        let ends =
+            tokio::task::spawn_blocking(move || compacted::ends(&store.reader, &store.table.topic))
+                .await
+                .expect("reading the ends does not panic")?;
+        let before = self.progress.lock().unwrap().ends.clone();
+        loop {
+            let progressed = self.progressed.notified();
+            let done = {
+                let progress = self.progress.lock().unwrap();
+                ends.iter().all(|(partition, high)| {
+                    progress.next.get(partition).is_some_and(|n| n >= high)
+                        || progress.ends.get(partition) > before.get(partition)
+                        || *high == 0
+                })
+            };
+            if done {
+                return Ok(());
+            }
+            progressed.await;
+        }
+    }
+
+    /// Writes `record`, waits for its acknowledgement (trying again, with
+    /// a backoff, for as long as the broker refuses it), and applies it.
+    async fn write(&self, record: Record) {
+        let records::Encoded {
+            key,
+            value,
+            headers,
+            timestamp,
+        } = records::encode(&record);
+        let partition = match &record {
+            Record::Head { lane, .. }
+            | Record::Parked { lane, .. }
+            | Record::Release { lane, .. } => lane.partition.rem_euclid(self.partitions.max(1)),
+        };
+        let mut owned = OwnedHeaders::new_with_capacity(headers.len() + 1).insert(Header {
+            key: records::BY,
+            value: Some(self.me.as_bytes()),
+        });
+        for (name, value) in &headers {
+            owned = owned.insert(Header {
+                key: name,
+                value: value.as_deref(),
+            });
+        }
+        let mut failures = 0u32;
+        loop {
+            let mut out = FutureRecord::<[u8], [u8]>::to(&self.table.topic)
+                .partition(partition)
+                .key(&key)
+                .headers(owned.clone());
+            if let Some(value) = &value {
+                out = out.payload(value);
+            }
+            if let Some(at) = timestamp {
+                out = out.timestamp(at);
+            }
+            match self.producer.send(out, SEND_TIMEOUT).await {
+                Ok(_) => break,
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(
+                        route = self.table.route,
+                        topic = self.table.topic,
+                        error = %e,
+                        failures,
+                        "Writing to the park topic failed; trying again."
+                    );
+                    let wait = Duration::from_millis(50u64 << failures.min(7));
+                    tokio::time::sleep(wait.min(MAX_BACKOFF)).await;
+                }
+            }
+        }
+        self.table.apply(record);
+    }
+
+    /// Parks `lane` behind the message `id` (input offset `seq`), unless
+    /// it is parked behind it already.
+    pub async fn hold(&self, lane: &Lane, id: &str, seq: i64) {
+        if self
+            .table
+            .head_of(lane)
+            .is_some_and(|(head, state)| head == id && state == KeyState::Parked)
+        {
+            return;
+        }
+        self.write(Record::Head {
+            lane: lane.clone(),
+            head: Some(Head {
+                head: id.to_string(),
+                seq,
+                since: now_ms(),
+            }),
+        })
+        .await;
+        self.telemetry.emit(events::KeyParked {
+            route: self.table.route.clone(),
+            lane: lane.clone(),
+            head: id.to_string(),
+        });
+    }
+
+    /// Parks a message of `lane` read at `seq`. The table's bound is kept
+    /// by its partitions reading nothing more while it is full
+    /// ([`ParkTable::full`]), never here: a key's own job, which frees
+    /// room, may be waiting for this message's turn to end.
+    pub async fn park(&self, lane: &Lane, seq: i64, message: records::Parked) {
+        self.write(Record::Parked {
+            lane: lane.clone(),
+            seq,
+            message: Some(message),
+        })
+        .await;
+        self.telemetry.emit(events::MessageParked {
+            route: self.table.route.clone(),
+            lane: lane.clone(),
+            offset: seq,
+        });
+    }
+
+    /// Deletes the waiting message `seq` of `lane`, handled or
+    /// dead-lettered.
+    pub async fn forget(&self, lane: &Lane, seq: i64) {
+        self.write(Record::Parked {
+            lane: lane.clone(),
+            seq,
+            message: None,
+        })
+        .await;
+    }
+
+    /// Deletes the head and the releases of a key nothing waits behind.
+    pub async fn close(&self, lane: &Lane, head: Option<String>, releases: Vec<String>) {
+        if head.is_some() {
+            self.write(Record::Head {
+                lane: lane.clone(),
+                head: None,
+            })
+            .await;
+        }
+        for head in releases {
+            self.write(Record::Release {
+                lane: lane.clone(),
+                head,
+                release: None,
+            })
+            .await;
+        }
+    }
+
+    /// Records that the head `head` of `lane` no longer holds it.
+    pub async fn resolved(&self, lane: &Lane, head: &str, cause: Cause) {
+        if !self.table.releases(lane, head, cause) {
+            return;
+        }
+        self.write(Record::Release {
+            lane: lane.clone(),
+            head: head.to_string(),
+            release: Some(ParkTable::release_now(cause)),
+        })
+        .await;
+        self.telemetry.emit(events::KeyReleased {
+            route: self.table.route.clone(),
+            lane: lane.clone(),
+            head: head.to_string(),
+            cause,
+            blocks: cause == Cause::DeadLettered
+                && self.table.policy() == crate::config::KeyDeadLetter::DeadLetterKey,
+        });
+    }
+
+    /// An operator's release of `lane`: returns the head it was parked or
+    /// blocked behind.
+    pub async fn release(&self, lane: &Lane) -> Result<String, ParkError> {
+        let (head, _) = self
+            .table
+            .head_of(lane)
+            .ok_or_else(|| ParkError::NotParked {
+                lane: lane.to_string(),
+            })?;
+        self.resolved(lane, &head, Cause::Operator).await;
+        Ok(head)
+    }
+
+    /// Produces `hop` and waits for its acknowledgement, trying again as
+    /// [`Store::write`] does; then reports it, as a pipeline's producer
+    /// does on an acknowledgement.
+    pub async fn send(&self, hop: PlannedHop) {
+        let PlannedHop { record, outcome } = hop;
+        let mut failures = 0u32;
+        loop {
+            let mut out = FutureRecord::<[u8], [u8]>::to(&record.topic)
+                .headers(record.headers.clone())
+                .timestamp(record.timestamp);
+            if let Some(key) = &record.key {
+                out = out.key(key);
+            }
+            if let Some(payload) = &record.payload {
+                out = out.payload(payload);
+            }
+            match self.producer.send(out, SEND_TIMEOUT).await {
+                Ok(_) => break,
+                Err(e) => {
+                    failures += 1;
+                    tracing::warn!(
+                        route = self.table.route,
+                        topic = record.topic,
+                        error = %e,
+                        failures,
+                        "A parked message's hop failed; trying again."
+                    );
+                    let wait = Duration::from_millis(50u64 << failures.min(7));
+                    tokio::time::sleep(wait.min(MAX_BACKOFF)).await;
+                }
+            }
+        }
+        self.telemetry.emit(Event::from(outcome));
+    }
+}
