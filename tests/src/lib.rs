@@ -10,6 +10,7 @@ pub mod config;
 pub mod crash_loop;
 pub mod fleet;
 pub mod http_server;
+pub mod key_recorder;
 pub mod logs;
 pub mod secured;
 pub mod track_server;
