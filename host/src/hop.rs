@@ -139,6 +139,10 @@ pub enum Action {
     /// Keep this record in memory and produce it at `at_ms` (epoch ms). Used
     /// only for the last stretch of a delay, shorter than the smallest tier.
     HopAt { at_ms: i64, hop: PlannedHop },
+    /// Done once this future ends: a record written apart from the
+    /// pipeline's producer (a route's parked message) and acknowledged
+    /// there. It is awaited beside the partition's calls, not as one.
+    After(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
 }
 
 /// A record to produce, and what it is.

@@ -147,6 +147,21 @@ impl AwaitedProducer {
         })
     }
 
+    /// Enqueues `record` without waiting: its acknowledgement is the
+    /// future returned. Records enqueued to one partition are written in
+    /// the order they were enqueued, with those [`AwaitedProducer::send`]
+    /// produces (the producer is idempotent).
+    pub fn enqueue<K, V>(
+        &self,
+        record: FutureRecord<'_, K, V>,
+    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError>
+    where
+        K: ToBytes + ?Sized,
+        V: ToBytes + ?Sized,
+    {
+        self.producer.load().send_result(record).map_err(|(e, _)| e)
+    }
+
     /// Produces `record` and waits for the broker's acknowledgement, or for
     /// `timeout` in librdkafka's queue.
     pub async fn send<K, V>(

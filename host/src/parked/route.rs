@@ -11,12 +11,13 @@ use crate::route::{self, RouteProcessor};
 use crate::spans::RouteSpans;
 use rdkafka::Timestamp;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use std::sync::Arc;
 
 /// Handles a message of a route with ordered retries. A message without a
 /// key is handled as on any route: it has no order to keep.
 pub(crate) async fn process(
     shared: &RouteProcessor,
-    store: &Store,
+    store: &Arc<Store>,
     message: &OwnedMessage,
     spans: &mut RouteSpans,
 ) -> Action {
@@ -58,10 +59,10 @@ pub(crate) async fn process(
         // retry park the key again.
         Admission::Redeliver => route::handle(shared, message, spans).await,
         Admission::Skip => Action::Done,
-        Admission::Park => {
-            store.park(&lane, seq, parked(message)).await;
-            Action::Done
-        }
+        // Its record is enqueued now, behind the key's earlier records,
+        // and its offset is done once it is acknowledged: the key's turn
+        // and the partition's call slot are not held for the round trip.
+        Admission::Park => Action::After(store.park(&lane, seq, parked(message))),
         Admission::Block { head } => {
             Action::Hop(route::dead_letter_blocked(shared, message, &head))
         }
@@ -176,7 +177,7 @@ async fn resolve_from_tier(store: &Store, message: &OwnedMessage, key: &[u8], ca
 
 fn hops(action: Action) -> Vec<PlannedHop> {
     match action {
-        Action::Done => Vec::new(),
+        Action::Done | Action::After(_) => Vec::new(),
         Action::Hop(hop) | Action::HopAt { hop, .. } => vec![hop],
         Action::Hops(hops) => hops,
     }

@@ -42,6 +42,15 @@ pub enum ParkError {
     NotParked { lane: String },
 }
 
+/// A park-topic record as it is produced.
+struct Out {
+    key: Vec<u8>,
+    value: Option<Vec<u8>>,
+    headers: OwnedHeaders,
+    partition: i32,
+    timestamp: Option<i64>,
+}
+
 /// The reader's progress through the topic, for [`Store::caught_up`].
 #[derive(Default)]
 struct Progress {
@@ -95,11 +104,12 @@ pub async fn load(
         parking.max_bytes,
     );
     let (reader, partitions) = compacted::reader(cluster, WHAT, &parking.topic)?;
-    let producer = AwaitedProducer::new(
-        cluster.producer_config(),
-        &format!("route `{}`'s park topic", route.name),
-    )
-    .doing(|| format!("creating the producer of `{}`", parking.topic))?;
+    // Every record is awaited, most of them in a key's turn: a linger
+    // would only add to each wait.
+    let mut config = cluster.producer_config();
+    config.set("linger.ms", "0");
+    let producer = AwaitedProducer::new(config, &format!("route `{}`'s park topic", route.name))
+        .doing(|| format!("creating the producer of `{}`", parking.topic))?;
     let store = Arc::new(Store {
         table,
         producer,
@@ -268,16 +278,15 @@ impl Store {
         })
     }
 
-    /// Writes `record`, waits for its acknowledgement (trying again, with
-    /// a backoff, for as long as the broker refuses it), and applies it.
-    async fn write(&self, record: Record) {
+    /// How `record` goes to the topic.
+    fn out(&self, record: &Record) -> Out {
         let records::Encoded {
             key,
             value,
             headers,
             timestamp,
-        } = records::encode(&record);
-        let partition = match &record {
+        } = records::encode(record);
+        let partition = match record {
             Record::Head { lane, .. }
             | Record::Parked { lane, .. }
             | Record::Release { lane, .. } => lane.partition.rem_euclid(self.partitions.max(1)),
@@ -292,34 +301,52 @@ impl Store {
                 value: value.as_deref(),
             });
         }
-        let mut failures = 0u32;
-        loop {
-            let mut out = FutureRecord::<[u8], [u8]>::to(&self.table.topic)
-                .partition(partition)
-                .key(&key)
-                .headers(owned.clone());
-            if let Some(value) = &value {
-                out = out.payload(value);
-            }
-            if let Some(at) = timestamp {
-                out = out.timestamp(at);
-            }
-            match self.producer.send(out, SEND_TIMEOUT).await {
-                Ok(_) => break,
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(
-                        route = self.table.route,
-                        topic = self.table.topic,
-                        error = %e,
-                        failures,
-                        "Writing to the park topic failed; trying again."
-                    );
-                    let wait = Duration::from_millis(50u64 << failures.min(7));
-                    tokio::time::sleep(wait.min(MAX_BACKOFF)).await;
-                }
-            }
+        Out {
+            key,
+            value,
+            headers: owned,
+            partition,
+            timestamp,
         }
+    }
+
+    fn record<'a>(&'a self, out: &'a Out) -> FutureRecord<'a, [u8], [u8]> {
+        let mut record = FutureRecord::<[u8], [u8]>::to(&self.table.topic)
+            .partition(out.partition)
+            .key(&out.key)
+            .headers(out.headers.clone());
+        if let Some(value) = &out.value {
+            record = record.payload(value);
+        }
+        if let Some(at) = out.timestamp {
+            record = record.timestamp(at);
+        }
+        record
+    }
+
+    /// Produces `out` and waits for its acknowledgement, trying again,
+    /// with a backoff, for as long as the broker refuses it.
+    async fn deliver(&self, out: &Out) {
+        let mut failures = 0u32;
+        while let Err(e) = self.producer.send(self.record(out), SEND_TIMEOUT).await {
+            failures += 1;
+            tracing::warn!(
+                route = self.table.route,
+                topic = self.table.topic,
+                error = %e,
+                failures,
+                "Writing to the park topic failed; trying again."
+            );
+            let wait = Duration::from_millis(50u64 << failures.min(7));
+            tokio::time::sleep(wait.min(MAX_BACKOFF)).await;
+        }
+    }
+
+    /// Writes `record`, waits for its acknowledgement (trying again as
+    /// [`Store::deliver`] does), and applies it.
+    async fn write(&self, record: Record) {
+        let out = self.out(&record);
+        self.deliver(&out).await;
         self.table.apply(record);
     }
 
@@ -349,22 +376,42 @@ impl Store {
         });
     }
 
-    /// Parks a message of `lane` read at `seq`. The table's bound is kept
-    /// by its partitions reading nothing more while it is full
-    /// ([`ParkTable::full`]), never here: a key's own job, which frees
-    /// room, may be waiting for this message's turn to end.
-    pub async fn park(&self, lane: &Lane, seq: i64, message: records::Parked) {
-        self.write(Record::Parked {
+    /// Parks a message of `lane` read at `seq`: its record is enqueued
+    /// and applied now, behind everything written of its key before it
+    /// (one producer, one partition per key), and the future returned ends
+    /// once it is acknowledged. The table's bound is kept by its partitions
+    /// reading nothing more while it is full ([`ParkTable::full`]), never
+    /// here: a key's own job, which frees room, may be waiting for this
+    /// message's turn to end.
+    pub fn park(
+        self: &Arc<Self>,
+        lane: &Lane,
+        seq: i64,
+        message: records::Parked,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let record = Record::Parked {
             lane: lane.clone(),
             seq,
             message: Some(message),
-        })
-        .await;
+        };
+        let out = self.out(&record);
+        let enqueued = self.producer.enqueue(self.record(&out)).ok();
+        self.table.apply(record);
         self.telemetry.emit(events::MessageParked {
             route: self.table.route.clone(),
             lane: lane.clone(),
             offset: seq,
         });
+        let store = self.clone();
+        Box::pin(async move {
+            let acknowledged = match enqueued {
+                Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
+                None => false,
+            };
+            if !acknowledged {
+                store.deliver(&out).await;
+            }
+        })
     }
 
     /// Deletes the waiting message `seq` of `lane`, handled or

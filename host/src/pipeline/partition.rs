@@ -452,6 +452,14 @@ async fn call<P: Processor>(
                 let _ = partition.scheduler.send(Scheduled { at_ms, hop, done });
                 return false;
             }
+            Action::After(written) => {
+                // Tracked as a hop is: the drain waits for it.
+                shared.acks.spawn(async move {
+                    written.await;
+                    done.complete();
+                });
+                return false;
+            }
             Action::Hop(hop) => vec![(hop, done)],
             Action::Hops(hops) => {
                 let dones = done.split(hops.len());
