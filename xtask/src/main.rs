@@ -326,7 +326,7 @@ fn test(rest: &[String]) -> Result<()> {
 fn bench(rest: &[String]) -> Result<()> {
     let (name, args) = rest
         .split_first()
-        .context("usage: cargo xtask bench throughput [--mock | --tls] [--only NAMES] [--rounds N] [MESSAGES] | delay lateness|memory|cancel|cancel-memory|cancel-reach|cancel-bound [ARGS] | handler [--profile perf] [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES] | concurrency [--seconds S] [--service-ms MS]")?;
+        .context("usage: cargo xtask bench throughput [--mock | --tls] [--only NAMES] [--rounds N] [MESSAGES] | delay lateness|memory|cancel|cancel-memory|cancel-reach|cancel-bound [ARGS] | handler [--profile perf] [ROUNDS] [CALLS] [SWAPS] | handlers [CALLS] | http [--rounds N] [MESSAGES] | concurrency [--seconds S] [--service-ms MS] | parked [--only throughput,memory,loaded,kill] [--rounds N] [--messages N] [--keys K] [--park-seconds S]")?;
     // `--profile NAME` (first, before the benchmark's own arguments) builds
     // and runs the benchmark in that cargo profile, for example `perf`
     // (release-like, Cargo.toml) for the handler-call figures.

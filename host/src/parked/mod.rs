@@ -28,7 +28,7 @@ mod route;
 mod table;
 mod topic;
 
-pub use records::{BadRecord, Cause, Head, Lane, Parked, Release};
+pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
 pub(crate) use route::{process, run_job};
 pub use table::LaneView;
 pub use table::{KeyState, KeyView, ParkTable, Summary};
