@@ -52,10 +52,11 @@ pub trait Processor: Send + Sync + 'static {
         Concurrency::ONE_AT_A_TIME
     }
 
-    /// Whether the processor holds as much as it may: a partition's task
-    /// reads nothing more until [`Processor::room`] (a route with ordered
-    /// retries whose park table is at its bound).
-    fn full(&self) -> bool {
+    /// Whether the processor holds as much as it may for `tp`: the
+    /// partition's task reads nothing more until [`Processor::room`] (an
+    /// input of a route with ordered retries whose park table is at its
+    /// bound; never a tier, whose heads free room).
+    fn full(&self, _tp: &TopicPartition) -> bool {
         false
     }
 

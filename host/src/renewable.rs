@@ -147,6 +147,11 @@ impl AwaitedProducer {
         })
     }
 
+    /// The current producer.
+    pub fn current(&self) -> Arc<FutureProducer> {
+        self.producer.load_full()
+    }
+
     /// Enqueues `record` without waiting: its acknowledgement is the
     /// future returned. Records enqueued to one partition are written in
     /// the order they were enqueued, with those [`AwaitedProducer::send`]

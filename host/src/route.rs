@@ -191,8 +191,10 @@ impl Processor for RouteProcessor {
         Some(wake)
     }
 
-    fn full(&self) -> bool {
-        self.parked.as_ref().is_some_and(|s| s.table.full())
+    fn full(&self, tp: &TopicPartition) -> bool {
+        self.parked
+            .as_ref()
+            .is_some_and(|s| s.table.full() && !self.tiers.contains_key(&tp.topic))
     }
 
     async fn room(&self) {

@@ -25,11 +25,7 @@ pub(crate) async fn process(
         return route::handle(shared, message, spans).await;
     };
     if shared.tiers.contains_key(message.topic()) {
-        let action = route::handle(shared, message, spans).await;
-        if let Some(cause) = resolution(&action) {
-            resolve_from_tier(store, message, key, cause).await;
-        }
-        return action;
+        return from_tier(shared, store, message, key, spans).await;
     }
     let lane = Lane {
         topic: message.topic().to_string(),
@@ -49,7 +45,14 @@ pub(crate) async fn process(
             let action = route::handle(shared, message, spans).await;
             match (retried(&action), resolution(&action)) {
                 (Some(id), _) => store.hold(&lane, id, seq).await,
-                (None, Some(cause)) => store.resolved(&lane, &message_id(message), cause).await,
+                // As from its tier: its hops acknowledged, then its release.
+                (None, Some(cause)) => {
+                    for hop in hops(action) {
+                        store.send(hop).await;
+                    }
+                    store.resolved(&lane, &message_id(message), cause).await;
+                    return Action::Done;
+                }
                 (None, None) => {}
             }
             action
@@ -149,10 +152,25 @@ fn resolution(action: &Action) -> Option<Cause> {
     }
 }
 
-/// A tier message resolved: when it is its key's head, the key is
-/// released. Its key is found by its id, or, when the table has not read
-/// its head yet, from its origin.
-async fn resolve_from_tier(store: &Store, message: &OwnedMessage, key: &[u8], cause: Cause) {
+/// A message read from a retry tier. When it is its key's head:
+///
+/// - resolved already (read again after a crash, its release written),
+///   it is not called again, after the key's later messages;
+/// - when it resolves now, its next hops are produced and acknowledged,
+///   and only then is its release written, which lets the key's waiting
+///   messages go on. So a released head's hops are never lost, and the
+///   check above may skip it.
+///
+/// Its key is found by its id, or, when the table has not read its head
+/// yet, from its origin (then it is taken for a head: a release of a
+/// message that was none changes nothing).
+async fn from_tier(
+    shared: &RouteProcessor,
+    store: &Store,
+    message: &OwnedMessage,
+    key: &[u8],
+    spans: &mut RouteSpans,
+) -> Action {
     let text = |name: &str| {
         message
             .headers()
@@ -160,19 +178,45 @@ async fn resolve_from_tier(store: &Store, message: &OwnedMessage, key: &[u8], ca
             .and_then(|v| std::str::from_utf8(v).ok())
             .map(str::to_string)
     };
-    let Some(id) = text(headers::ID) else {
-        return; // dead-lettered as INVALID_ENVELOPE: no head of any key
-    };
-    let lane = store.table.lane_of_head(&id).or_else(|| {
-        Some(Lane {
-            topic: text(headers::ORIGIN_TOPIC)?,
-            partition: text(headers::ORIGIN_PARTITION)?.parse().ok()?,
-            key: key.to_vec(),
-        })
+    let head = text(headers::ID).and_then(|id| {
+        let origin = text(headers::ORIGIN_OFFSET).and_then(|o| o.parse::<i64>().ok());
+        let lane = store.table.lane_of_head(&id).or_else(|| {
+            Some(Lane {
+                topic: text(headers::ORIGIN_TOPIC)?,
+                partition: text(headers::ORIGIN_PARTITION)?.parse().ok()?,
+                key: key.to_vec(),
+            })
+        })?;
+        Some((lane, id, origin))
     });
-    if let Some(lane) = lane {
-        store.resolved(&lane, &id, cause).await;
+    let Some((lane, id, origin)) = head else {
+        // Dead-lettered as INVALID_ENVELOPE: no head of any key.
+        return route::handle(shared, message, spans).await;
+    };
+    if origin.is_some_and(|seq| store.table.settled(&lane, &id, seq)) {
+        tracing::debug!(
+            route = shared.route.name,
+            id,
+            "A head read again from its tier resolved before: not called again."
+        );
+        return Action::Done;
     }
+    let action = route::handle(shared, message, spans).await;
+    let Some(cause) = resolution(&action) else {
+        return action;
+    };
+    let is_head = match store.table.head_of(&lane) {
+        Some((head, _)) => head == id,
+        None => store.table.lane_of_head(&id).is_none(),
+    };
+    if !is_head {
+        return action;
+    }
+    for hop in hops(action) {
+        store.send(hop).await;
+    }
+    store.resolved(&lane, &id, cause).await;
+    Action::Done
 }
 
 fn hops(action: Action) -> Vec<PlannedHop> {

@@ -11,6 +11,17 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
+/// How long a key's records are kept after its head's release when nothing
+/// waits behind it. Its head's tier record is committed well within it, so
+/// a head read again from its tier after a crash is recognised as resolved
+/// ([`ParkTable::settled`]) rather than called after the key's later
+/// messages.
+pub const CLOSE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
+const CLOSE_AFTER_MS: i64 = CLOSE_AFTER.as_millis() as i64;
+/// What a parked key costs in memory besides its waiting messages (its
+/// entry, its head and the index by head id), counted against the bound.
+pub const KEY_BYTES: usize = 512;
+
 /// What a key is, as the table has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -140,13 +151,26 @@ impl LaneState {
         }
     }
 
-    /// Whether a job of the key has something to do.
-    fn has_work(&self, policy: KeyDeadLetter) -> bool {
+    /// Whether a job of the key has something to do at `now` (epoch ms):
+    /// a waiting message to hand on, or, once [`CLOSE_AFTER`] has passed
+    /// since its last release, the key's records to delete.
+    fn has_work(&self, policy: KeyDeadLetter, now: i64) -> bool {
         match self.state(policy) {
-            Some(KeyState::Releasing) => true,
+            Some(KeyState::Releasing) => !self.parked.is_empty() || self.lingered(now),
             Some(KeyState::Blocked) => !self.parked.is_empty(),
             _ => false,
         }
+    }
+
+    /// Whether every release of the key is older than [`CLOSE_AFTER`].
+    fn lingered(&self, now: i64) -> bool {
+        let newest = self
+            .releases
+            .values()
+            .map(|r| r.at)
+            .max()
+            .unwrap_or(i64::MIN);
+        newest.saturating_add(CLOSE_AFTER_MS) <= now
     }
 
     fn took(&mut self, seq: i64) {
@@ -221,7 +245,10 @@ impl ParkTable {
             messages,
             ..
         } = &mut *inner;
-        let state = lanes.entry(lane.clone()).or_default();
+        let state = lanes.entry(lane.clone()).or_insert_with(|| {
+            *bytes += KEY_BYTES;
+            LaneState::default()
+        });
         let mut freed = false;
         match record {
             Record::Head { head, .. } => {
@@ -254,12 +281,14 @@ impl ParkTable {
                 None => _ = state.releases.remove(&head),
             },
         }
-        self.held
-            .store(*bytes, std::sync::atomic::Ordering::Relaxed);
-        let has_work = state.has_work(self.policy) && !state.queued;
+        let has_work = state.has_work(self.policy, now_ms()) && !state.queued;
         if state.state(self.policy).is_none() && !state.queued {
             lanes.remove(&lane);
+            *bytes -= KEY_BYTES;
+            freed = true;
         }
+        self.held
+            .store(*bytes, std::sync::atomic::Ordering::Relaxed);
         if has_work {
             wake(&mut inner, &lane);
         }
@@ -342,6 +371,7 @@ impl ParkTable {
     /// Registers the task of `tp`, which `wake` wakes when one of its keys
     /// has work; the keys that have some now are queued for it at once.
     pub fn watch(&self, tp: &TopicPartition, wake: Arc<Notify>) {
+        let now = now_ms();
         let mut inner = self.inner.lock().unwrap();
         inner.watchers.insert(tp.clone(), wake.clone());
         let with_work: Vec<Lane> = inner
@@ -351,7 +381,7 @@ impl ParkTable {
             .filter_map(|(lane, state)| {
                 // A job queued by a task of an earlier ownership is gone.
                 state.queued = false;
-                state.has_work(self.policy).then(|| lane.clone())
+                state.has_work(self.policy, now).then(|| lane.clone())
             })
             .collect();
         inner.work.insert(tp.clone(), with_work);
@@ -373,8 +403,9 @@ impl ParkTable {
             return Vec::new();
         };
         let mut lanes = std::mem::take(work);
+        let now = now_ms();
         lanes.retain(|lane| match inner.lanes.get_mut(lane) {
-            Some(state) if !state.queued && state.has_work(self.policy) => {
+            Some(state) if !state.queued && state.has_work(self.policy, now) => {
                 state.queued = true;
                 true
             }
@@ -404,7 +435,7 @@ impl ParkTable {
                 seq: *seq,
                 message: message.clone(),
             },
-            (Some(KeyState::Releasing), None) => Step::Close {
+            (Some(KeyState::Releasing), None) if state.lingered(now_ms()) => Step::Close {
                 head: state.head.as_ref().map(|h| h.head.clone()),
                 releases: state.releases.keys().cloned().collect(),
             },
@@ -422,8 +453,54 @@ impl ParkTable {
         state.queued = false;
         if state.state(self.policy).is_none() {
             inner.lanes.remove(lane);
-        } else if state.has_work(self.policy) {
+            inner.bytes -= KEY_BYTES;
+            self.held
+                .store(inner.bytes, std::sync::atomic::Ordering::Relaxed);
+            drop(inner);
+            self.room.notify_waiters();
+        } else if state.has_work(self.policy, now_ms()) {
             wake(&mut inner, lane);
+        }
+    }
+
+    /// Queues, for the partitions this process runs, the keys whose records
+    /// may be deleted now that [`CLOSE_AFTER`] has passed since their
+    /// release. Called every second.
+    pub fn sweep(&self) {
+        let now = now_ms();
+        let mut inner = self.inner.lock().unwrap();
+        let due: Vec<Lane> = inner
+            .lanes
+            .iter()
+            .filter(|(lane, state)| {
+                !state.queued
+                    && state.parked.is_empty()
+                    && state.has_work(self.policy, now)
+                    && inner
+                        .watchers
+                        .contains_key(&TopicPartition::new(&lane.topic, lane.partition))
+            })
+            .map(|(lane, _)| lane.clone())
+            .collect();
+        for lane in due {
+            wake(&mut inner, &lane);
+        }
+    }
+
+    /// Whether a head read from its tier (`id`, input offset `seq`) was
+    /// resolved already: its release is in the table, or its key has moved
+    /// on past it. Its hops were acknowledged before its release was
+    /// written, so calling it again would only repeat it after the key's
+    /// later messages.
+    pub fn settled(&self, lane: &Lane, id: &str, seq: i64) -> bool {
+        let inner = self.inner.lock().unwrap();
+        let Some(state) = inner.lanes.get(lane) else {
+            return false;
+        };
+        match &state.head {
+            Some(head) if head.head == id => state.releases.contains_key(id),
+            Some(head) => head.seq > seq,
+            None => state.high.is_some_and(|high| high >= seq),
         }
     }
 

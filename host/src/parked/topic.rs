@@ -126,6 +126,17 @@ pub async fn load(
         progressed: Notify::new(),
         telemetry,
     });
+    // The first record written waits for the topic's metadata otherwise,
+    // with a partition's calls behind it.
+    let warm = store.clone();
+    let _ = tokio::task::spawn_blocking(move || {
+        use rdkafka::producer::Producer as _;
+        let producer = warm.producer.current();
+        let _ = producer
+            .client()
+            .fetch_metadata(Some(&warm.table.topic), Duration::from_secs(5));
+    })
+    .await;
     let started = std::time::Instant::now();
     compacted::read_to_end(&store.reader, WHAT, &parking.topic, |record| {
         store.read(record)
@@ -150,9 +161,11 @@ impl LoadedTable {
         let store = self.0;
         let following = store.clone();
         tokio::spawn(async move {
+            let mut sweep = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => return,
+                    _ = sweep.tick() => following.table.sweep(),
                     record = following.reader.recv() => match record {
                         Ok(record) => following.read(&record),
                         Err(ClientError::PartitionEOF(partition)) => following.ended(partition),

@@ -217,7 +217,7 @@ pub(super) async fn run<P: Processor>(
             processor.unwatch(&partition.tp);
             break;
         }
-        let full = processor.full();
+        let full = processor.full(&partition.tp);
         let reading = !held
             && !closed
             && !full
