@@ -151,6 +151,15 @@ impl LaneState {
         }
     }
 
+    /// Its state as the listing and the gauges show it: none for a key
+    /// whose messages were all handed on, kept only until [`CLOSE_AFTER`].
+    fn shown(&self, policy: KeyDeadLetter) -> Option<KeyState> {
+        match self.state(policy)? {
+            KeyState::Releasing if self.parked.is_empty() => None,
+            state => Some(state),
+        }
+    }
+
     /// Whether a job of the key has something to do at `now` (epoch ms):
     /// a waiting message to hand on, or, once [`CLOSE_AFTER`] has passed
     /// since its last release, the key's records to delete.
@@ -504,7 +513,9 @@ impl ParkTable {
         }
     }
 
-    /// Every parked, blocked or releasing key, oldest first.
+    /// Every parked, blocked or releasing key, oldest first; not a key
+    /// whose messages were all handed on, kept until [`CLOSE_AFTER`] has
+    /// passed.
     pub fn list(&self) -> Vec<KeyView> {
         let inner = self.inner.lock().unwrap();
         let mut keys: Vec<KeyView> = inner
@@ -513,7 +524,7 @@ impl ParkTable {
             .filter_map(|(lane, state)| {
                 Some(KeyView {
                     lane: LaneView::from(lane),
-                    state: state.state(self.policy)?,
+                    state: state.shown(self.policy)?,
                     head: state.head.as_ref().map(|h| h.head.clone()),
                     since_ms: state.head.as_ref().map(|h| h.since),
                     parked: state.parked.len(),
@@ -534,7 +545,7 @@ impl ParkTable {
             ..Summary::default()
         };
         for state in inner.lanes.values() {
-            match state.state(self.policy) {
+            match state.shown(self.policy) {
                 Some(KeyState::Blocked) => summary.blocked_keys += 1,
                 Some(_) => summary.parked_keys += 1,
                 None => continue,
