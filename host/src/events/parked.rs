@@ -3,7 +3,7 @@
 
 use super::InternalEvent;
 use crate::metrics::{Metrics, series};
-use crate::parked::{Cause, Lane};
+use crate::types::{Lane, ReleaseCause as Cause};
 
 /// A key was parked behind `head`, sent to a retry tier: the key's later
 /// messages wait behind it.

@@ -24,12 +24,10 @@
 //! process, and a key's order is the order its records reach the topic.
 
 mod records;
-mod route;
 mod table;
 mod topic;
 
 pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
-pub(crate) use route::{process, run_job};
 pub use table::LaneView;
-pub use table::{KeyState, KeyView, ParkTable, Summary};
+pub use table::{Admission, KeyState, KeyView, ParkTable, Step, Summary};
 pub use topic::{LoadedTable, ParkError, Store, ensure_topic, list, load, release};

@@ -14,40 +14,11 @@
 //! every record is `hopper-park-by`, the process that wrote it.
 
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 /// The header naming the process that wrote a park-topic record.
 pub const BY: &str = "hopper-park-by";
 
-/// A key in an input partition: what a parked key is parked in.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Lane {
-    pub topic: String,
-    pub partition: i32,
-    pub key: Vec<u8>,
-}
-
-impl Lane {
-    /// The key as text, for logs: UTF-8 as is, anything else as hex.
-    pub fn key_text(&self) -> String {
-        match std::str::from_utf8(&self.key) {
-            Ok(text) => text.to_string(),
-            Err(_) => format!("0x{}", hex::encode(&self.key)),
-        }
-    }
-}
-
-impl fmt::Display for Lane {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "key `{}` of {}[{}]",
-            self.key_text(),
-            self.topic,
-            self.partition
-        )
-    }
-}
+pub use crate::types::Lane;
 
 /// The message a key is parked behind.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -2,12 +2,10 @@
 //! it, skip it or dead-letter it as its key's state says; and the jobs of
 //! keys whose head resolved.
 
-use super::records::{Cause, Lane, Parked};
-use super::table::{Admission, Step};
-use super::topic::Store;
+use super::{self as route, RouteProcessor};
 use crate::headers;
 use crate::hop::{Action, Outcome, PlannedHop};
-use crate::route::{self, RouteProcessor};
+use crate::parked::{Admission, Cause, Lane, Parked, Step, Store};
 use crate::spans::RouteSpans;
 use rdkafka::Timestamp;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};

@@ -10,6 +10,8 @@ use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
 use crate::hop::{self, Action, Concurrency, OutRecord, Outcome, PlannedHop, Processor};
 use crate::parked;
+
+mod ordered;
 use crate::plugin::{self, Emitted, Handler, HandlerSlot, Verdict};
 use crate::retry::{self, Decision};
 use crate::spans::RouteSpans;
@@ -166,7 +168,7 @@ impl Processor for RouteProcessor {
             // Boxed: a route without ordered retries keeps its call's
             // future, which every message allocates and moves, as small as
             // it was.
-            Some(store) => Box::pin(parked::process(self, store, message, &mut spans)).await,
+            Some(store) => Box::pin(ordered::process(self, store, message, &mut spans)).await,
         };
         spans.finish(self.telemetry.tracer(), &action);
         action
@@ -219,7 +221,7 @@ impl Processor for RouteProcessor {
 
     async fn run_job(&self, lane: parked::Lane) {
         if let Some(store) = &self.parked {
-            Box::pin(parked::run_job(self, store, lane)).await;
+            Box::pin(ordered::run_job(self, store, lane)).await;
         }
     }
 
