@@ -12,13 +12,25 @@ use std::fmt;
 /// The prefix of every header hopper owns.
 pub const PREFIX: &str = "hopper-";
 
+/// The prefix of the headers that mark a record of one of hopper's own
+/// tables (the park topic's `hopper-park-by`). No record hopper forwards
+/// for a producer carries one: the relay drops them ([`rewrite`]), a route's
+/// hops keep no `hopper-` header they did not write, and an emit may not
+/// set any.
+pub const TABLE_PREFIX: &str = "hopper-park-";
+
 /// Whether a header name is in hopper's namespace: it starts with
 /// [`PREFIX`] in any case. Compares bytes, so any name, including one whose
 /// seventh byte falls inside a multi-byte character, gets an answer.
 pub fn is_hoppers(name: &str) -> bool {
+    starts_with_ignore_case(name, PREFIX)
+}
+
+/// Whether `name` starts with `prefix` in any ASCII case, by bytes.
+fn starts_with_ignore_case(name: &str, prefix: &str) -> bool {
     name.as_bytes()
-        .get(..PREFIX.len())
-        .is_some_and(|head| head.eq_ignore_ascii_case(PREFIX.as_bytes()))
+        .get(..prefix.len())
+        .is_some_and(|head| head.eq_ignore_ascii_case(prefix.as_bytes()))
 }
 
 pub const ID: &str = "hopper-id";
@@ -657,10 +669,11 @@ impl HeaderWriter {
     }
 }
 
-/// `original`'s headers without those named in `drop`, in order, then one
-/// `traceparent` for `trace` in place of any it had (its `tracestate` kept
-/// only when the trace continues), followed by `add`. How the delay relay
-/// replaces its own headers on each hop.
+/// `original`'s headers without those named in `drop` and those of
+/// hopper's tables ([`TABLE_PREFIX`]), in order, then one `traceparent` for
+/// `trace` in place of any it had (its `tracestate` kept only when the trace
+/// continues), followed by `add`. How the delay relay replaces its own
+/// headers on each hop.
 pub fn rewrite<H: Headers>(
     original: Option<&H>,
     drop: &[&str],
@@ -676,7 +689,10 @@ pub fn rewrite<H: Headers>(
                 if trace.continued() && header.key.eq_ignore_ascii_case(trace::TRACESTATE) {
                     out.raw(header.key, header.value);
                 }
-            } else if !replaced && !drop.contains(&header.key) {
+            } else if !replaced
+                && !drop.contains(&header.key)
+                && !starts_with_ignore_case(header.key, TABLE_PREFIX)
+            {
                 out.raw(header.key, header.value);
             }
         }
@@ -805,5 +821,33 @@ mod tests {
         for unusable in [None, Some(&b""[..]), Some(&b"\xff\xfe"[..])] {
             assert_eq!(id_of(unusable), "orders-2-41", "{unusable:?}");
         }
+    }
+
+    /// A producer's record may carry the marker of a park record; the
+    /// relay never forwards it, in any case, so what it delivers to a park
+    /// topic of another config is not one hopper could have written.
+    #[test]
+    fn the_relays_rewrite_drops_the_headers_of_hoppers_tables_in_any_case() {
+        let mut h = OwnedHeaders::new();
+        for (key, value) in [
+            ("kept", "1"),
+            ("hopper-park-by", "forged"),
+            ("HOPPER-PARK-BY", "forged"),
+            ("Hopper-Park-Anything", "forged"),
+            (TARGET, "orders"),
+        ] {
+            h = h.insert(Header {
+                key,
+                value: Some(value),
+            });
+        }
+        let out = rewrite(
+            Some(&h),
+            &[TARGET],
+            &[(ID, "x".into())],
+            &trace::Context::root(),
+        );
+        let keys: Vec<&str> = out.iter().map(|h| h.key).collect();
+        assert_eq!(keys, ["kept", trace::TRACEPARENT, ID]);
     }
 }

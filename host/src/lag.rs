@@ -160,10 +160,10 @@ impl Sampler {
 /// Records in `topic` now: the sum of high less low watermarks.
 pub fn topic_size(cluster: &Cluster, topic: &str) -> Result<i64, LagError> {
     let consumer: BaseConsumer<WatchedContext> = cluster
-        .consumer_config("hopper-status")
+        .consumer_config(crate::config::STATUS_GROUP)
         .create_with_context(cluster.watched("status"))
         .map_err(|source| LagError::Client {
-            group: "hopper-status".into(),
+            group: crate::config::STATUS_GROUP.into(),
             source,
         })?;
     let mut size = 0;

@@ -2,6 +2,7 @@
 //! handled again and counted per record, the loop guard trips at its limit,
 //! and the rate limit holds.
 
+use hopper::config::OwnedKind;
 use hopper::events::{self, Event};
 use hopper::kafka::Cluster;
 use hopper_tests::*;
@@ -420,5 +421,143 @@ async fn a_forged_dead_letter_is_skipped_and_never_reaches_the_topic_it_names() 
     assert_eq!(size(&other_input), 0);
     assert_eq!(size(&inbox), 0);
     assert_eq!(size(&victim), 0);
+    hopper.stop().await;
+}
+
+/// Every kind of hopper's own topic, named as a dead letter's origin or as
+/// a relay dead letter's target, is refused as a replay's destination:
+/// the kinds come from hopper's one list, so a kind added later is tried
+/// here without this test changing.
+#[tokio::test(flavor = "multi_thread")]
+async fn no_kind_of_hoppers_own_topic_is_a_replay_destination() {
+    init_tracing();
+    let inbox = rand_name("inbox");
+    let builder = ConfigBuilder::new()
+        .route(
+            RouteTable::new(&plugin("scripted"))
+                .ordering("key")
+                .key("retry_order", quoted("key")),
+        )
+        .admin(AdminTable::loopback().token(TOKEN))
+        .delay(DelayTable::default().inbox(&inbox));
+    let route = builder.test_route();
+    let config = route.config();
+    let owned = config.owned();
+    let relay = config.delay.clone().unwrap();
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let producer = producer();
+    produce(
+        &producer,
+        &route.input,
+        Some("k"),
+        "fatal",
+        &[("hopper-id", "real")],
+    )
+    .await;
+    let genuine = consume(&route.dlq, 1, PATIENCE).await.remove(0);
+    let (h, _) = header_map(&genuine);
+    let forge = |changes: &[(&str, &str)]| {
+        let mut headers: Vec<(String, String)> =
+            h.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (key, value) in changes {
+            headers.retain(|(k, _)| k != key);
+            headers.push((key.to_string(), value.to_string()));
+        }
+        headers
+    };
+    let mut expected: Vec<(String, String)> = Vec::new();
+    let (mut in_route_dlq, mut in_relay_dlq) = (0, 0);
+    for kind in OwnedKind::ALL {
+        let topics: Vec<String> = owned.of_kind(kind).map(|o| o.topic.clone()).collect();
+        assert!(!topics.is_empty(), "the config has no {kind:?} topic");
+        for (n, topic) in topics.iter().enumerate() {
+            let as_origin = format!("origin-{kind:?}-{n}");
+            let as_target = format!("target-{kind:?}-{n}");
+            for (dlq, headers) in [
+                (
+                    &route.dlq,
+                    forge(&[("hopper-id", &as_origin), ("hopper-origin-topic", topic)]),
+                ),
+                (
+                    &relay.dlq,
+                    forge(&[
+                        ("hopper-id", &as_target),
+                        ("hopper-route", "delay"),
+                        ("hopper-target", topic),
+                        ("hopper-deliver-at", "0"),
+                    ]),
+                ),
+            ] {
+                let headers: Vec<(&str, &str)> = headers
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_str()))
+                    .collect();
+                produce(&producer, dlq, Some("k"), "forged", &headers).await;
+            }
+            in_route_dlq += 1;
+            in_relay_dlq += 1;
+            let origin_problem = match owned.get(topic).unwrap().kind {
+                // Another route's dead-letter topic may be an input; this
+                // one is not an input of the route.
+                OwnedKind::DeadLetter => format!(
+                    "header hopper-origin-topic names `{topic}`, which is not an input of route `{}` ({})",
+                    route.name, route.input
+                ),
+                _ => format!(
+                    "header hopper-origin-topic names `{topic}`, {}, which a replay never writes",
+                    owned
+                        .refusal(topic)
+                        .unwrap()
+                        .trim_start_matches(&format!("`{topic}` is "))
+                        .replace(", which only hopper writes", "")
+                ),
+            };
+            expected.push((as_origin, origin_problem));
+            expected.push((
+                as_target,
+                format!(
+                    "header hopper-target: {}",
+                    relay.check_target(topic).unwrap_err()
+                ),
+            ));
+        }
+    }
+    consume(&route.dlq, 1 + in_route_dlq, PATIENCE).await;
+    consume(&relay.dlq, in_relay_dlq, PATIENCE).await;
+    for dry_run in [true, false] {
+        let report = replay(addr, json!({ "filter": {}, "dry_run": dry_run })).await;
+        let outcomes = report["outcomes"].as_array().unwrap();
+        let outcome = |id: &str| {
+            outcomes
+                .iter()
+                .find(|o| o["id"] == id)
+                .unwrap_or_else(|| panic!("{id} is not in {report}"))
+                .clone()
+        };
+        // The positive control: the genuine record is replayed to its input.
+        assert_eq!(outcome("real")["action"], "replay", "{report}");
+        assert_eq!(outcome("real")["to"], route.input.as_str());
+        for (id, problem) in &expected {
+            let got = outcome(id);
+            assert_eq!(got["action"], "skip", "{id}: {got}");
+            assert_eq!(got["problem"], problem.as_str(), "{id}");
+        }
+        assert_eq!(report["skipped"], expected.len(), "{report}");
+    }
+    // Nothing reached a topic a forged header named: the replay awaited every
+    // record it produced before it answered.
+    for own in owned.iter() {
+        let want = if own.topic == route.dlq {
+            1 + in_route_dlq
+        } else if own.topic == relay.dlq {
+            in_relay_dlq
+        } else if own.kind == OwnedKind::ReplayJournal {
+            continue; // each replay is recorded there
+        } else {
+            0
+        };
+        assert_eq!(size(&own.topic), want as i64, "{}", own.topic);
+    }
     hopper.stop().await;
 }

@@ -1,8 +1,7 @@
 //! `[delay]`: the delay relay's inbox, tiers and dead-letter topic.
 
-use super::{HumanDuration, check_name, compact_duration};
+use super::{HumanDuration, OwnedTopics, check_name, compact_duration};
 use serde::Deserialize;
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 /// The route name the delay relay goes by in dead-letter records
@@ -104,10 +103,9 @@ pub struct DelayRelay {
     pub group: String,
     /// `[delay] targets`: the patterns a target must match; `None`: any.
     pub targets: Option<Vec<String>>,
-    /// hopper's own topics in this config (every retry tier, dead-letter
-    /// topic and replay journal, and the relay's inbox and tiers): never a
-    /// target. Filled in once every route is resolved.
-    pub internal: BTreeSet<String>,
+    /// hopper's own topics in this config, of every kind: never a target.
+    /// Filled in once every route is resolved.
+    pub internal: OwnedTopics,
     /// The compacted cancellation topic (docs/headers.md). Startup creates
     /// it compacted before the other missing topics.
     pub cancels: String,
@@ -137,10 +135,8 @@ impl DelayRelay {
     /// can name any topic in `hopper-target`, so a target is never one of
     /// hopper's own topics, and must match `targets` when it is set.
     pub fn check_target(&self, topic: &str) -> Result<(), String> {
-        if self.internal.contains(topic) {
-            return Err(format!(
-                "`{topic}` is one of hopper's own topics, which a delayed message cannot target"
-            ));
+        if let Some(why) = self.internal.refusal(topic) {
+            return Err(format!("{why}: a delayed message cannot target it"));
         }
         match &self.targets {
             Some(patterns) if !patterns.iter().any(|p| glob_matches(p, topic)) => Err(format!(
@@ -250,7 +246,7 @@ impl DelayConfig {
         }
         Some(DelayRelay {
             targets: self.targets.clone(),
-            internal: BTreeSet::new(),
+            internal: OwnedTopics::default(),
             tiers: waits
                 .into_iter()
                 .map(|d| (d, format!("{prefix}.{}", compact_duration(d))))
@@ -270,6 +266,7 @@ impl DelayConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::OwnedKind;
 
     #[test]
     fn a_glob_matches_runs_of_any_characters_at_its_stars() {
@@ -294,39 +291,43 @@ mod tests {
         }
     }
 
+    /// The relay of a config with every kind of hopper's own topic, with
+    /// `targets`.
     fn relay(targets: Option<&[&str]>) -> DelayRelay {
-        DelayRelay {
-            inbox: "hopper.delay".into(),
-            tiers: vec![(Duration::from_secs(1), "hopper.delay.1s".into())],
-            max_delay: Duration::from_secs(60),
-            dlq: "hopper.delay.dlq".into(),
-            group: "hopper.delay".into(),
-            targets: targets.map(|t| t.iter().map(|s| s.to_string()).collect()),
-            internal: ["hopper.delay", "orders.dlq"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
-            cancels: "hopper.delay.cancels".into(),
-            cancel_grace: Duration::from_secs(1),
-            max_cancellations: DEFAULT_MAX_CANCELLATIONS,
-            target_lookup_timeout: DEFAULT_TARGET_LOOKUP_TIMEOUT,
-        }
+        let mut relay = crate::config::owned::every_kind_config().delay.unwrap();
+        relay.targets = targets.map(|t| t.iter().map(|s| s.to_string()).collect());
+        relay
     }
 
     #[test]
-    fn hoppers_own_topics_are_never_targets_and_targets_narrow_the_rest() {
+    fn hoppers_own_topics_of_every_kind_are_never_targets_and_targets_narrow_the_rest() {
         let open = relay(None);
-        assert!(open.check_target("orders").is_ok());
-        assert!(open.check_target("orders.dlq").is_err());
-        assert!(open.check_target("hopper.delay").is_err());
-        let narrow = relay(Some(&["orders.*", "orders.dlq"]));
+        assert!(open.check_target("orders.in").is_ok());
+        for kind in OwnedKind::ALL {
+            let topics: Vec<String> = open
+                .internal
+                .of_kind(kind)
+                .map(|o| o.topic.clone())
+                .collect();
+            assert!(!topics.is_empty(), "{kind:?}");
+            for topic in topics {
+                let why = open.check_target(&topic).unwrap_err();
+                assert!(why.contains(kind.name()), "{topic}: {why}");
+            }
+        }
+        assert_eq!(
+            open.check_target("orders.parked").unwrap_err(),
+            "`orders.parked` is hopper's own park topic (route `orders`), which only hopper writes: a delayed message cannot target it"
+        );
+        let narrow = relay(Some(&["orders.*", "shared.*"]));
         assert!(narrow.check_target("orders.created").is_ok());
         assert_eq!(
             narrow.check_target("payments").unwrap_err(),
-            "`payments` is not in the delay relay's targets (orders.*, orders.dlq)"
+            "`payments` is not in the delay relay's targets (orders.*, shared.*)"
         );
         assert!(
-            narrow.check_target("orders.dlq").is_err(),
+            narrow.check_target("shared.dlq").is_err()
+                && narrow.check_target("orders.parked").is_err(),
             "an own topic stays refused even when a pattern names it"
         );
     }

@@ -6,6 +6,7 @@
 //! returns the one resolved value the rest of hopper runs from. See
 //! docs/config.md.
 
+mod acls;
 mod admin;
 mod breaker;
 mod delay;
@@ -13,16 +14,22 @@ mod grants;
 mod groups;
 mod kafka;
 mod limits;
+mod owned;
 mod route;
 mod secrets;
 mod tracing;
 
+pub use acls::{
+    Acl, AclsFor, DLQ_READER_GROUP, Operation, Resource, STATUS_GROUP, kafka_acls_script,
+    table_reader_group,
+};
 pub use admin::{Admin, AdminConfig, ReplayConfig, TOKEN_ENV};
 pub use breaker::{BreakerConfig, BreakerSettings};
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
 pub use grants::{CancelIds, DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES, is_secret_property};
 pub use limits::Limits;
+pub use owned::{Owned, OwnedKind, OwnedTopics, TopicRole, TopicSpec, owners_text};
 pub use route::{
     Concurrency, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_INSTANCES,
     DEFAULT_ORDERING, DEFAULT_RETRY_LADDER, DEFAULT_TIMEOUT, DEFAULT_WARM_MAX_CALLS, InstanceMode,
@@ -93,19 +100,23 @@ impl Config {
         })
     }
 
-    /// Every topic hopper reads or writes for this config.
+    /// Every topic hopper reads or writes for this config: each route's
+    /// inputs and emit topics, and hopper's own topics
+    /// ([`Config::owned`]).
     pub fn all_topics(&self) -> BTreeSet<String> {
-        let mut topics: BTreeSet<String> =
-            self.routes.iter().flat_map(|r| r.all_topics()).collect();
-        if let Some(relay) = &self.delay {
-            topics.extend(relay.all_topics());
-        }
-        topics.extend(
-            self.dead_letter_topics()
-                .into_iter()
-                .map(|t| replay_journal(&t)),
-        );
+        let mut topics: BTreeSet<String> = self
+            .routes
+            .iter()
+            .flat_map(|r| r.topics.iter().chain(&r.grants.emit_topics).cloned())
+            .collect();
+        topics.extend(self.owned().iter().map(|o| o.topic.clone()));
         topics
+    }
+
+    /// Every topic hopper writes for itself in this config: the one list
+    /// that target, emit and replay checks and topic creation read.
+    pub fn owned(&self) -> OwnedTopics {
+        OwnedTopics::of(&self.routes, self.delay.as_ref())
     }
 
     /// Every dead-letter topic, once each (routes may share one).
@@ -116,24 +127,71 @@ impl Config {
     }
 }
 
-/// hopper's own topics: every route's retry tiers and dead-letter topic,
-/// the relay's inbox, tiers and dead-letter topic, and each dead-letter
-/// topic's replay journal. A route's inputs and emit topics are not among
-/// them: producers write to those.
-fn internal_topics(routes: &[Route], relay: &DelayRelay) -> BTreeSet<String> {
-    let mut topics: BTreeSet<String> = relay.all_topics().into_iter().collect();
-    for route in routes {
-        topics.extend(route.tiers().into_iter().map(|(_, t)| t));
-        topics.insert(route.dlq.clone());
+/// Adds a problem for every place a producer's topic is one of hopper's
+/// own: a route's input (another route's dead-letter topic excepted: a
+/// route may handle what another dead-lettered), an emit topic, and a
+/// topic two kinds claim. Clashes between two routes' tiers, dead-letter
+/// and park topics, and a route's own topics among its inputs, are
+/// `route::check_topic_overlap`'s.
+fn check_owned(routes: &[Route], owned: &OwnedTopics, problems: &mut Vec<String>) {
+    let routes_kind = |kind: OwnedKind| {
+        matches!(
+            kind,
+            OwnedKind::RetryTier | OwnedKind::DeadLetter | OwnedKind::Parked
+        )
+    };
+    for (topic, first, second) in owned.clashes() {
+        if !(routes_kind(*first) && routes_kind(*second)) {
+            problems.push(format!(
+                "topic `{topic}` is both a {} and a {} of hopper's: give each its own name",
+                first.name(),
+                second.name()
+            ));
+        }
     }
-    let journals: Vec<String> = routes
-        .iter()
-        .map(|r| r.dlq.clone())
-        .chain([relay.dlq.clone()])
-        .map(|t| replay_journal(&t))
-        .collect();
-    topics.extend(journals);
-    topics
+    for dlq in owned.of_kind(OwnedKind::DeadLetter) {
+        if dlq.owners.len() > 1 && dlq.owners.iter().any(|o| o == RELAY_ROUTE) {
+            problems.push(format!(
+                "dead-letter topic `{}` is shared by {}: the delay relay's is its own",
+                dlq.topic,
+                owners_text(&dlq.owners)
+            ));
+        }
+    }
+    for route in routes {
+        for topic in &route.topics {
+            let Some(own) = owned.get(topic) else {
+                continue;
+            };
+            let mine = own.owners.contains(&route.name);
+            if (mine && routes_kind(own.kind))
+                || (own.kind == OwnedKind::DeadLetter
+                    && !own.owners.iter().any(|o| o == RELAY_ROUTE))
+            {
+                continue;
+            }
+            problems.push(format!(
+                "route `{}`: input topic `{topic}` is the {} of {}; hopper writes it itself",
+                route.name,
+                own.kind.name(),
+                owners_text(&own.owners)
+            ));
+        }
+        // A record emitted into one of hopper's topics would skip the
+        // headers hopper writes there, or steer what hopper reads back.
+        for topic in &route.grants.emit_topics {
+            let Some(why) = owned.refusal(topic) else {
+                continue;
+            };
+            let hint = match owned.get(topic).map(|o| o.kind) {
+                Some(OwnedKind::DelayInbox) => {
+                    "; emit with a delay instead, which goes through the inbox"
+                }
+                _ => "",
+            };
+            problems.push(format!("route `{}`: emit topic {why}{hint}", route.name));
+        }
+    }
 }
 
 /// The topic that records each replay of a dead-letter topic's records:
@@ -194,28 +252,15 @@ impl ConfigFile {
                 RELAY_ROUTE
             ));
         }
+        let owned = OwnedTopics::of(&routes, delay.as_ref());
+        check_owned(&routes, &owned, &mut problems);
         if let Some(relay) = &mut delay {
-            relay.internal = internal_topics(&routes, relay);
-        }
-        if let Some(relay) = &delay {
+            relay.internal = owned;
             for route in &mut routes {
                 route.grants.delay = Some(DelayGrant {
                     inbox: relay.inbox.clone(),
                     max_delay: relay.max_delay,
                 });
-                for topic in route.all_topics() {
-                    if topic == relay.inbox && route.grants.emit_topics.contains(&topic) {
-                        problems.push(format!(
-                            "route `{}`: emit topic `{topic}` is the delay relay's inbox; emit with a delay instead, which goes through the inbox",
-                            route.name
-                        ));
-                    } else if relay.all_topics().contains(&topic) {
-                        problems.push(format!(
-                            "route `{}`: topic `{topic}` is also a topic of the delay relay",
-                            route.name
-                        ));
-                    }
-                }
             }
         }
         if delay.is_none() {
@@ -685,7 +730,9 @@ mod tests {
         let problems = config.resolve(dir.path()).unwrap_err();
         assert_eq!(
             problems,
-            vec!["route `b`: input topic `a.retry.5s` is the retry tier of route `a`"]
+            vec![
+                "route `b`: input topic `a.retry.5s` is the retry tier of route `a`; hopper writes it itself"
+            ]
         );
     }
 }

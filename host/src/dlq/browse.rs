@@ -285,7 +285,7 @@ fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> DlqError {
 
 /// A consumer that reads by assignment and never commits.
 fn reader(cluster: &Cluster, topic: &str) -> Result<BaseConsumer<WatchedContext>, DlqError> {
-    let mut config = cluster.consumer_config("hopper-dlq-reader");
+    let mut config = cluster.consumer_config(crate::config::DLQ_READER_GROUP);
     config
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");

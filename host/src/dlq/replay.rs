@@ -15,7 +15,7 @@ use super::browse::{Dlq, DlqError, replay_counts};
 use super::record::{RecordRef, envelope_of};
 use super::{Plan, plan as dead_letter};
 use crate::clock::now_ms;
-use crate::config::{RELAY_ROUTE, replay_journal};
+use crate::config::{OwnedKind, OwnedTopics, RELAY_ROUTE, owners_text, replay_journal};
 use crate::headers::{self, Envelope, Reason};
 use crate::renewable::AwaitedProducer;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
@@ -114,6 +114,7 @@ impl Dlq<'_> {
     ) -> Result<Vec<Planned>, DlqError> {
         let mut journals = std::collections::HashMap::new();
         let mut planned = Vec::with_capacity(messages.len());
+        let owned = self.config.owned();
         for message in messages {
             let at = RecordRef {
                 topic: message.topic().to_string(),
@@ -140,7 +141,8 @@ impl Dlq<'_> {
                     &[][..],
                 ),
                 (Ok(envelope), Some(route)) => {
-                    match self.input_of(&at.topic, route, &envelope.origin.topic) {
+                    match self.input_of(&owned, &at.topic, route, &envelope.origin.topic, &message)
+                    {
                         Err(problem) => (skip(problem), &[][..]),
                         Ok((to, keep)) => {
                             // Saturating: `replays` comes from a header, and a
@@ -187,12 +189,17 @@ impl Dlq<'_> {
     /// so the headers only have to agree with where the record was read:
     /// the destination comes from the config, never from a header. A record
     /// whose `hopper-route` is not an owner of `dlq`, or whose origin is not
-    /// one of that route's inputs, is skipped with the reason.
+    /// one of that route's inputs, is skipped with the reason. So is a
+    /// destination that is one of hopper's own topics (`owned`) but another
+    /// route's dead-letter topic (a route may read one), and a relay's record
+    /// whose `hopper-target` the relay would refuse.
     fn input_of(
         &self,
+        owned: &OwnedTopics,
         dlq: &str,
         route: &str,
         origin: &str,
+        message: &OwnedMessage,
     ) -> Result<(String, &'static [&'static str]), String> {
         let relay = self.config.delay.as_ref().filter(|relay| relay.dlq == dlq);
         let owners: Vec<&str> = self
@@ -224,6 +231,15 @@ impl Dlq<'_> {
             ));
         }
         if let Some(relay) = relay.filter(|_| route == RELAY_ROUTE) {
+            // The relay schedules the record again: its target must be one
+            // the relay would forward to, or the replay would write, with
+            // hopper's credentials, where no producer may.
+            let target = headers::text(message.headers(), headers::TARGET)
+                .map_err(|e| format!("header {}: {e}", headers::TARGET))?
+                .ok_or_else(|| format!("header {} is missing", headers::TARGET))?;
+            relay
+                .check_target(target)
+                .map_err(|why| format!("header {}: {why}", headers::TARGET))?;
             return Ok((relay.inbox.clone(), RELAY_KEEP));
         }
         let owner = self
@@ -232,7 +248,18 @@ impl Dlq<'_> {
             .iter()
             .find(|r| r.name == route && r.dlq == dlq)
             .expect("`route` is one of the owners");
-        if owner.topics.iter().any(|t| t == origin) {
+        if let Some(own) = owned
+            .get(origin)
+            .filter(|own| own.kind != OwnedKind::DeadLetter)
+        {
+            Err(format!(
+                "header {} names `{}`, hopper's own {} ({}), which a replay never writes",
+                headers::ORIGIN_TOPIC,
+                headers::shorten(origin, 256),
+                own.kind.name(),
+                owners_text(&own.owners)
+            ))
+        } else if owner.topics.iter().any(|t| t == origin) {
             Ok((origin.to_string(), &[]))
         } else {
             Err(format!(

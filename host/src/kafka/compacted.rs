@@ -95,7 +95,7 @@ pub fn reader(
     what: &'static str,
     topic: &str,
 ) -> Result<(TableReader, Vec<i32>), Error> {
-    let mut config = cluster.consumer_config(&format!("{topic}.reader"));
+    let mut config = cluster.consumer_config(&crate::config::table_reader_group(topic));
     config
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")

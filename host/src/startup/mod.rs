@@ -181,18 +181,13 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
         return Err(HandlerError::Load(failures).into());
     }
 
-    // The cancellation topic is compacted: created with its settings
-    // before the check that creates the rest.
-    if let Some(relay) = &config.delay
-        && delay::CancelTable::ensure_topic(&cluster, &relay.cancels, relay.cancel_lifetime())
-            .await?
-    {
-        tracing::info!(topic = relay.cancels, "Cancellation topic created.");
-    }
-    // So are the park topics of the routes with ordered retries.
-    for parking in config.routes.iter().filter_map(|r| r.parking.as_ref()) {
-        if parked::ensure_topic(&cluster, parking).await? {
-            tracing::info!(topic = parking.topic, "Park topic created.");
+    // The compacted tables (the cancellation topic, the park topics) are
+    // created with their settings before the check that creates the rest.
+    for spec in config.topic_specs().iter().filter(|s| s.compacted()) {
+        let what = spec.role.name();
+        let retention = spec.retention_ms.map(std::time::Duration::from_millis);
+        if crate::kafka::compacted::ensure_topic(&cluster, what, &spec.topic, retention).await? {
+            tracing::info!(topic = spec.topic, kind = what, "Compacted topic created.");
         }
     }
     let created = cluster.ensure_topics(&config.all_topics()).await?;
