@@ -625,3 +625,52 @@ fn spans_are_read_as_references_or_skipped() {
     assert!(!matches_path(&run, &["pipeline", "run"]));
     assert!(matches_path(&run, &["Runner", "run"]));
 }
+
+/// The fenced block that follows the line holding `marker` in `markdown`:
+/// its text, without the fences.
+fn block_after(markdown: &str, marker: &str) -> Option<String> {
+    let rest = &markdown[markdown.find(marker)? + marker.len()..];
+    let open = rest.find("```")?;
+    let body = &rest[open..];
+    let body = &body[body.find('\n')? + 1..];
+    Some(body[..body.find("```")?].to_string())
+}
+
+/// docs/connecting.md's ACL scripts are what `hopper acls` prints for the
+/// config shown beside them, so the documented list cannot drift from the
+/// code that creates the topics and groups. `HOPPER_BLESS_DOCS=1` writes
+/// what the code prints into the doc.
+#[test]
+fn the_acl_scripts_in_connecting_md_are_what_hopper_acls_prints() {
+    use hopper::config::{AclsFor, ConfigFile, kafka_acls_script};
+    let path = root().join("docs/connecting.md");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    let bless = std::env::var_os("HOPPER_BLESS_DOCS").is_some();
+    let toml = block_after(&text, "<!-- acls: config -->").expect("the example config");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("handlers")).unwrap();
+    std::fs::write(dir.path().join("handlers/orders.wasm"), b"").unwrap();
+    let config = ConfigFile::parse(&toml)
+        .unwrap()
+        .resolve(dir.path())
+        .unwrap_or_else(|problems| panic!("{problems:?}"));
+    let brokers = config.kafka.brokers.clone().unwrap();
+    for (marker, who, principal) in [
+        ("<!-- acls: run -->", AclsFor::Run, "User:hopper"),
+        ("<!-- acls: cli -->", AclsFor::Cli, "User:hopper-ops"),
+    ] {
+        let documented = block_after(&text, marker).unwrap_or_else(|| panic!("no {marker}"));
+        let printed = kafka_acls_script(&config.acls(who), principal, &brokers);
+        if bless && documented != printed {
+            let at = text.find(marker).unwrap();
+            let start = at + text[at..].find(&documented).unwrap();
+            text.replace_range(start..start + documented.len(), &printed);
+            std::fs::write(&path, &text).unwrap();
+            continue;
+        }
+        assert_eq!(
+            documented, printed,
+            "docs/connecting.md's block after {marker} is not what `hopper acls` prints:\n{printed}"
+        );
+    }
+}

@@ -1,6 +1,7 @@
 //! `hopper dlq ls|show|replay`, `hopper status` and the log formats, run
 //! as a user runs them: the `hopper` binary against a real broker.
 
+use hopper::kafka::Cluster;
 use hopper_tests::*;
 use rdkafka::Message;
 use std::io::{BufRead, BufReader};
@@ -398,4 +399,154 @@ async fn the_session_token_reaches_the_console_url_and_hopper_status_only() {
     assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGTERM) }, 0);
     assert!(child.wait().unwrap().success());
     assert!(!file.exists(), "the token file outlived hopper");
+}
+
+/// `hopper send` with a config carries that config's credentials, often
+/// hopper's own: it writes only to the relay's inbox, and only a schedule
+/// the relay would forward.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hopper_send_refuses_hoppers_own_topics_as_topic_and_inbox() {
+    init_tracing();
+    let inbox = rand_name("inbox");
+    let route = ConfigBuilder::new()
+        .route(
+            RouteTable::new(&plugin("noop"))
+                .ordering("key")
+                .key("retry_order", quoted("key")),
+        )
+        .delay(DelayTable::default().inbox(&inbox))
+        .test_route();
+    let config = route.config();
+    let owned = config.owned();
+    let path = route.config_path.to_str().unwrap();
+    create_topics(&[&inbox]).await;
+    // The positive control: a schedule for the route's input goes through.
+    let sent = hopper(&[
+        "send",
+        "--config",
+        path,
+        "--topic",
+        &route.input,
+        "--delay",
+        "1h",
+        "--payload",
+        "ok",
+    ]);
+    assert!(sent.status.success(), "{}", stderr(&sent));
+    let mut refused = 0;
+    for own in owned.iter() {
+        let out = hopper(&[
+            "send",
+            "--config",
+            path,
+            "--topic",
+            &own.topic,
+            "--delay",
+            "1h",
+            "--payload",
+            "x",
+        ]);
+        assert!(!out.status.success(), "{} was accepted", own.topic);
+        let why = config
+            .delay
+            .as_ref()
+            .unwrap()
+            .check_target(&own.topic)
+            .unwrap_err();
+        assert!(
+            stderr(&out).contains(&format!("--topic: {why}")),
+            "{}: {}",
+            own.topic,
+            stderr(&out)
+        );
+        if own.topic != inbox {
+            let out = hopper(&[
+                "send",
+                "--config",
+                path,
+                "--inbox",
+                &own.topic,
+                "--topic",
+                &route.input,
+                "--delay",
+                "1h",
+                "--payload",
+                "x",
+            ]);
+            assert!(!out.status.success(), "--inbox {} was accepted", own.topic);
+            assert!(
+                stderr(&out).contains("--inbox: ") && stderr(&out).contains(own.kind.name()),
+                "{}: {}",
+                own.topic,
+                stderr(&out)
+            );
+        }
+        refused += 1;
+    }
+    assert!(refused >= 7, "{refused}");
+    // Only the positive control reached the inbox.
+    let arrived = consume(&inbox, 1, PATIENCE).await;
+    assert_eq!(arrived[0].payload(), Some(&b"ok"[..]));
+    assert_eq!(
+        hopper::lag::topic_size(&Cluster::of(&config.kafka).unwrap(), &inbox).unwrap(),
+        1
+    );
+}
+
+/// `hopper topics` and `hopper acls` read only the config: every one of
+/// hopper's own topics is listed under its kind, and each gets its ACL.
+#[test]
+fn hopper_topics_and_acls_list_every_topic_of_the_config_without_a_broker() {
+    let route = ConfigBuilder::new()
+        .route(
+            RouteTable::new(&plugin("noop"))
+                .ordering("key")
+                .key("retry_order", quoted("key")),
+        )
+        .delay(DelayTable::default())
+        .test_route();
+    let config = route.config();
+    let path = route.config_path.to_str().unwrap();
+    let topics = hopper(&["topics", "--config", path, "--json"]);
+    assert!(topics.status.success(), "{}", stderr(&topics));
+    let listed: serde_json::Value = serde_json::from_str(&stdout(&topics)).unwrap();
+    let listed = listed.as_array().unwrap();
+    for own in config.owned().iter() {
+        let entry = listed
+            .iter()
+            .find(|t| t["topic"] == own.topic.as_str())
+            .unwrap_or_else(|| panic!("{} not listed", own.topic));
+        assert_eq!(
+            entry["role"]["own"],
+            serde_json::to_value(own.kind).unwrap()
+        );
+    }
+    let parked = listed
+        .iter()
+        .find(|t| t["role"]["own"] == "parked")
+        .unwrap();
+    assert_eq!(parked["cleanup_policy"], "compact");
+    let acls = hopper(&["acls", "--config", path, "--principal", "User:hopper"]);
+    assert!(acls.status.success(), "{}", stderr(&acls));
+    let script = stdout(&acls);
+    for spec in config.topic_specs() {
+        assert!(
+            script.contains(&format!("--topic {}\n", spec.topic)),
+            "{} missing from:\n{script}",
+            spec.topic
+        );
+    }
+    let missing = hopper(&[
+        "acls",
+        "--config",
+        "/nonexistent/hopper.toml",
+        "--principal",
+        "User:x",
+    ]);
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains("/nonexistent/hopper.toml"),
+        "{}",
+        stderr(&missing)
+    );
 }

@@ -2,7 +2,7 @@
 
 use anyhow::Context as _;
 use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
-use hopper::config::Config;
+use hopper::config::{Config, OwnedKind};
 use hopper::embedded::EmbeddedBroker;
 use hopper::kafka::Cluster;
 use hopper::{Hopper, Options, Stopped};
@@ -16,6 +16,7 @@ mod parked;
 mod scaffold;
 mod session;
 mod test_cases;
+mod topics;
 
 #[global_allocator]
 static ALLOCATOR: hopper::Allocator = hopper::Allocator;
@@ -121,6 +122,12 @@ enum Command {
     /// the first readable offset. Every hopper of the pipeline must be
     /// stopped first.
     Skip(ops::SkipArgs),
+    /// Every topic a config reads, writes or creates, with what it is and
+    /// the settings hopper creates it with. Needs no broker.
+    Topics(topics::TopicsArgs),
+    /// The Kafka ACLs a config needs, for `hopper run` or (`--for cli`) the
+    /// CLI, as a `kafka-acls.sh` script or JSON. Needs no broker.
+    Acls(topics::AclsArgs),
 }
 
 #[derive(Args)]
@@ -247,6 +254,8 @@ async fn main() -> ExitCode {
         Command::Parked { command } => parked::run(command).await,
         Command::Status(target) => ops::status(target).await,
         Command::Skip(args) => ops::skip(args).await,
+        Command::Topics(args) => topics::topics(args),
+        Command::Acls(args) => topics::acls(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -521,6 +530,29 @@ async fn send(args: SendArgs) -> anyhow::Result<()> {
     let (mut kafka, mut inbox) = (hopper::config::KafkaConfig::default(), None);
     if let Some(path) = &args.config {
         let config = Config::load(path).with_context(|| format!("loading {}", path.display()))?;
+        // With the config come its credentials, often hopper's own: the
+        // record goes only to the relay's inbox, for a target the relay
+        // would forward to.
+        let owned = config.owned();
+        if let Some(why) = args
+            .inbox
+            .as_deref()
+            .filter(|i| {
+                owned
+                    .get(i)
+                    .is_some_and(|o| o.kind != OwnedKind::DelayInbox)
+            })
+            .and_then(|i| owned.refusal(i))
+        {
+            anyhow::bail!("--inbox: {why}; a schedule goes to the delay relay's inbox");
+        }
+        match &config.delay {
+            Some(relay) => relay.check_target(&args.topic),
+            None => owned.refusal(&args.topic).map_or(Ok(()), |why| {
+                Err(format!("{why}: a delayed message cannot target it"))
+            }),
+        }
+        .map_err(|why| anyhow::anyhow!("--topic: {why}"))?;
         inbox = config.delay.map(|d| d.inbox);
         kafka = config.kafka;
     }
