@@ -485,7 +485,7 @@ async fn hoppers_own_topics_and_those_outside_targets_get_invalid_target() {
     let brokers = brokers();
     for (_, topic) in &sends[..own_count] {
         let expected = if *topic == relay.dlq {
-            own_count + 1
+            own_count as i64 + 1
         } else {
             0
         };
