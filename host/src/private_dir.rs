@@ -136,7 +136,9 @@ mod tests {
             let err = secure(&shared, PURPOSE).unwrap_err().to_string();
             assert!(
                 err.starts_with("the test directory ")
-                    && err.contains(&format!("is writable by others (mode {mode:o}); a test trusts it")),
+                    && err.contains(&format!(
+                        "is writable by others (mode {mode:o}); a test trusts it"
+                    )),
                 "{err}"
             );
         }
@@ -166,6 +168,9 @@ mod tests {
         let file = root.path().join("file");
         std::fs::write(&file, "").unwrap();
         let err = secure(&file, PURPOSE).unwrap_err().to_string();
-        assert!(err.contains("cannot create") || err.contains("not a directory"), "{err}");
+        assert!(
+            err.contains("cannot create") || err.contains("not a directory"),
+            "{err}"
+        );
     }
 }

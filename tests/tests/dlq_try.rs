@@ -289,7 +289,14 @@ async fn a_candidate_reads_no_secret_unless_the_cli_grants_it() {
         "steps": [{"leak": "token"}, {"secret": "token"}, {"reveal": "token"}],
         "verdict": "fatal",
     });
-    produce(&producer(), &route.input, Some("k"), &script.to_string(), &[]).await;
+    produce(
+        &producer(),
+        &route.input,
+        Some("k"),
+        &script.to_string(),
+        &[],
+    )
+    .await;
     consume(&route.dlq, 1, PATIENCE).await;
     let revealed: String = SECRET.bytes().map(|b| format!("{b:02x}")).collect();
     let denied = "leaked  | secret token: none | reveal token: none";
@@ -300,7 +307,10 @@ async fn a_candidate_reads_no_secret_unless_the_cli_grants_it() {
     let (status, body) = post_candidate(addr, &query, Some(TOKEN), &candidate).await;
     assert_eq!(status, 200, "{body}");
     assert!(!body.contains(&revealed), "the secret came back: {body}");
-    assert!(!body.contains("[secret token]"), "the candidate read it: {body}");
+    assert!(
+        !body.contains("[secret token]"),
+        "the candidate read it: {body}"
+    );
     let report: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(report["secrets"], false, "{body}");
     assert_eq!(report["records"][0]["reason"], denied, "{body}");
@@ -308,15 +318,26 @@ async fn a_candidate_reads_no_secret_unless_the_cli_grants_it() {
 
     let out = try_cli_with(&route, "acting", &["--json"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    assert!(!stdout.contains(&revealed), "the secret came back: {stdout}");
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains(&revealed),
+        "the secret came back: {stdout}"
+    );
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["records"][0]["reason"], denied, "{stdout}");
 
     // Asked for, the candidate runs under the route's grants.
     let out = try_cli_with(&route, "acting", &["--json", "--with-secrets"]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(report["secrets"], true, "{stdout}");
     assert_eq!(
@@ -397,7 +418,11 @@ async fn dlq_try_prints_a_records_control_characters_escaped() {
 
     let out = try_cli_with(&route, "acting", &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for raw in ['\u{1b}', '\u{7}', '\r', '\u{9b}'] {
         assert!(!stdout.contains(raw), "{raw:?} printed as is:\n{stdout}");
     }

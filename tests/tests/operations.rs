@@ -596,11 +596,13 @@ async fn ready_names_what_the_config_turns_off_of_kafka_security() {
         .collect();
     assert_eq!(warnings.len(), 2, "{warnings:?}");
     assert!(
-        warnings[0].starts_with("kafka.properties.\"enable.ssl.certificate.verification\" is false"),
+        warnings[0]
+            .starts_with("kafka.properties.\"enable.ssl.certificate.verification\" is false"),
         "{warnings:?}"
     );
     assert!(
-        warnings[1].starts_with("kafka.properties.\"ssl.endpoint.identification.algorithm\" is none"),
+        warnings[1]
+            .starts_with("kafka.properties.\"ssl.endpoint.identification.algorithm\" is none"),
         "{warnings:?}"
     );
     hopper.stop().await;

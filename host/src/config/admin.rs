@@ -207,7 +207,11 @@ mod tests {
         assert!(!admin.remote());
         assert!(admin.metrics);
         assert!(!admin.allow_code_upload, "uploading code is off by default");
-        assert!(resolve("allow_code_upload = true").unwrap().allow_code_upload);
+        assert!(
+            resolve("allow_code_upload = true")
+                .unwrap()
+                .allow_code_upload
+        );
     }
 
     #[test]

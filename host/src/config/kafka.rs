@@ -201,7 +201,8 @@ impl KafkaConfig {
                 "kafka.properties.\"security.protocol\" is sasl_plaintext with sasl.mechanism PLAIN: the password crosses the network unencrypted; use sasl_ssl".to_string(),
             );
         }
-        if value("sasl.oauthbearer.token.endpoint.url").is_some_and(|url| url.starts_with("http://"))
+        if value("sasl.oauthbearer.token.endpoint.url")
+            .is_some_and(|url| url.starts_with("http://"))
         {
             weakened.push(
                 "kafka.properties.\"sasl.oauthbearer.token.endpoint.url\" is http://: the client secret and the tokens cross the network unencrypted; use https://".to_string(),
@@ -298,7 +299,10 @@ mod tests {
                 ("sasl.mechanism", "PLAIN"),
                 ("enable.ssl.certificate.verification", "true"),
                 ("ssl.endpoint.identification.algorithm", "https"),
-                ("sasl.oauthbearer.token.endpoint.url", "https://idp.example/token"),
+                (
+                    "sasl.oauthbearer.token.endpoint.url",
+                    "https://idp.example/token"
+                ),
             ])
             .is_empty(),
             "a secured connection warns of nothing"
@@ -316,12 +320,12 @@ mod tests {
             ("ssl.endpoint.identification.algorithm", "none"),
             ("security.protocol", "SASL_PLAINTEXT"),
             ("sasl.mechanisms", "PLAIN"),
-            ("sasl.oauthbearer.token.endpoint.url", "HTTP://idp.internal/token"),
+            (
+                "sasl.oauthbearer.token.endpoint.url",
+                "HTTP://idp.internal/token",
+            ),
         ]);
-        let named: Vec<&str> = all
-            .iter()
-            .map(|w| w.split(' ').next().unwrap())
-            .collect();
+        let named: Vec<&str> = all.iter().map(|w| w.split(' ').next().unwrap()).collect();
         assert_eq!(
             named,
             vec![

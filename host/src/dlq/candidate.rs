@@ -46,7 +46,6 @@ impl HttpMode {
             HttpMode::Live => "live",
         }
     }
-
 }
 
 /// `route` as a candidate runs under it: with no hosts granted unless

@@ -69,16 +69,15 @@ pub async fn run(args: TryArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
         })?;
     let bytes = std::fs::read(&args.handler)
         .with_context(|| format!("reading handler {}", args.handler.display()))?;
-    let (handler, tried_route) =
-        hopper::dlq::candidate::load_candidate(
-            &args.handler,
-            &bytes,
-            &route,
-            args.http,
-            args.with_secrets,
-            cache_dir,
-        )
-        .with_context(|| format!("loading handler {}", args.handler.display()))?;
+    let (handler, tried_route) = hopper::dlq::candidate::load_candidate(
+        &args.handler,
+        &bytes,
+        &route,
+        args.http,
+        args.with_secrets,
+        cache_dir,
+    )
+    .with_context(|| format!("loading handler {}", args.handler.display()))?;
     let filter = args.filter.resolve()?;
     let max = args.max;
     let started = Instant::now();

@@ -514,9 +514,9 @@ async fn live_status(
         let file = crate::session::path(addr)
             .map_or_else(|| "(no directory)".into(), |p| p.display().to_string());
         return Err(match token {
-            Some(_) => format!(
-                "the session token in {file} was refused (a file of an earlier run?)"
-            ),
+            Some(_) => {
+                format!("the session token in {file} was refused (a file of an earlier run?)")
+            }
             None => format!(
                 "it needs a token: run this as the user that runs hopper, which writes its session's read token to {file} (the configured admin.token is never sent: it changes state)"
             ),
