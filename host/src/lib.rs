@@ -34,6 +34,7 @@ pub mod parked;
 pub mod per_thread;
 pub mod pipeline;
 pub mod plugin;
+pub mod private_dir;
 pub mod produce;
 pub mod reload;
 pub mod renewable;
@@ -99,13 +100,13 @@ impl Hopper {
         self.running.admin.as_ref().map(admin::Server::addr)
     }
 
-    /// The admin server's session token, when it runs without a configured
-    /// token ([`admin::Server::session_token`]).
+    /// The admin server's session (read) token, when the server runs
+    /// ([`admin::Server::session_token`]).
     pub fn admin_session_token(&self) -> Option<&str> {
         self.running
             .admin
             .as_ref()
-            .and_then(admin::Server::session_token)
+            .map(admin::Server::session_token)
     }
 
     /// Events of every route, from now on.

@@ -492,6 +492,12 @@ impl AdminTable {
         self
     }
 
+    /// Lets `POST /api/dlq/try` run an uploaded candidate.
+    pub fn allow_code_upload(mut self) -> Self {
+        self.keys.set("allow_code_upload", "true".into());
+        self
+    }
+
     /// Serves `/metrics`.
     pub fn metrics(mut self) -> Self {
         self.keys.set("metrics", "true".into());

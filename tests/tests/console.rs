@@ -420,3 +420,39 @@ async fn the_console_reads_with_the_session_token_from_its_url() {
     browser.close().await.unwrap();
     hopper.stop().await;
 }
+
+/// Without `admin.allow_code_upload`, "Try a fix" says that uploading a
+/// candidate is off on this server and names the key, and its button is
+/// disabled, rather than offer a try the server can only refuse.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_a_fix_says_when_uploading_code_is_off() {
+    init_tracing();
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
+    let hopper = route.start().await;
+    let console = format!("http://{}/", hopper.admin_addr().unwrap());
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser
+        .goto(&format!("{console}#token={TOKEN}"))
+        .await
+        .unwrap();
+    let note = until(&browser, "the note that uploading is off", async |b| {
+        let shown = b
+            .execute(
+                "const off = document.getElementById('try-off'); \
+                 return [off.hidden, document.getElementById('try').disabled, off.innerText];",
+                vec![],
+            )
+            .await
+            .unwrap();
+        let (hidden, disabled, text): (bool, bool, String) = serde_json::from_value(shown).unwrap();
+        (!hidden && disabled).then_some(text)
+    })
+    .await;
+    assert!(note.contains("admin.allow_code_upload"), "{note}");
+    browser.close().await.unwrap();
+    hopper.stop().await;
+}

@@ -40,8 +40,26 @@ fn command(i: usize) -> &'static str {
     }
 }
 
-/// `POST /api/dlq/try?query` with the candidate's bytes as the body.
+/// `POST /api/dlq/try?query` with the candidate's bytes as the body; again
+/// while the server answers that another try runs (one runs at a time per
+/// process, and the tests of this binary share one).
 async fn post_candidate(
+    addr: std::net::SocketAddr,
+    query: &str,
+    token: Option<&str>,
+    wasm: &[u8],
+) -> (u16, String) {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let (status, body) = post_candidate_once(addr, query, token, wasm).await;
+        if status != 429 || Instant::now() > deadline {
+            return (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn post_candidate_once(
     addr: std::net::SocketAddr,
     query: &str,
     token: Option<&str>,
@@ -76,7 +94,7 @@ async fn post_candidate(
 async fn dead_lettered(messages: usize) -> (TestRoute, hopper::Hopper) {
     let route = ConfigBuilder::new()
         .route(RouteTable::new(&plugin("fatal")))
-        .admin(AdminTable::loopback().token(TOKEN))
+        .admin(AdminTable::loopback().token(TOKEN).allow_code_upload())
         .test_route();
     let running = route.start().await;
     let producer = producer();
@@ -114,11 +132,17 @@ async fn dead_lettered(messages: usize) -> (TestRoute, hopper::Hopper) {
 /// `hopper dlq try` on the route's dead letters with the scripted
 /// candidate, `extra` arguments after.
 fn try_cli(route: &TestRoute, extra: &[&str]) -> std::process::Output {
+    try_cli_with(route, "scripted", extra)
+}
+
+/// `hopper dlq try` on the route's dead letters with the `candidate`
+/// fixture, `extra` arguments after.
+fn try_cli_with(route: &TestRoute, candidate: &str, extra: &[&str]) -> std::process::Output {
     Command::new(hopper_bin())
         .args(["dlq", "try", "--config"])
         .arg(&route.config_path)
         .args(["--route", &route.name, "--handler"])
-        .arg(plugin("scripted"))
+        .arg(plugin(candidate))
         .args(extra)
         .env("HOPPER_CACHE_DIR", cache_dir())
         .env_remove("HOPPER_BROKERS")
@@ -236,4 +260,184 @@ async fn a_fixed_candidate_is_tried_on_1000_dead_letters_and_nothing_is_written(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("route `nope` is not in "), "{stderr}");
+}
+
+/// The secret the route of [`a_candidate_reads_no_secret_unless_the_cli_grants_it`]
+/// grants its handler.
+const SECRET: &str = "pa55-w0rd+/=";
+
+/// Regression: a candidate ran under the route's grants but HTTP, so one
+/// uploaded with the admin token read every `[route.secrets]` value and
+/// returned it in its reason, hex-encoded past redaction, in the answer.
+/// Now the API's candidate gets no secret ("not granted", as a handler
+/// without the grant), and the CLI grants them only with `--with-secrets`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_candidate_reads_no_secret_unless_the_cli_grants_it() {
+    init_tracing();
+    let dir = tempfile::tempdir().unwrap();
+    let secret_file = dir.path().join("token");
+    std::fs::write(&secret_file, SECRET).unwrap();
+    let route = ConfigBuilder::new()
+        .route(
+            RouteTable::new(&plugin("fatal"))
+                .secret("token", format!("file:{}", secret_file.display())),
+        )
+        .admin(AdminTable::loopback().token(TOKEN).allow_code_upload())
+        .test_route();
+    let running = route.start().await;
+    let script = serde_json::json!({
+        "steps": [{"leak": "token"}, {"secret": "token"}, {"reveal": "token"}],
+        "verdict": "fatal",
+    });
+    produce(
+        &producer(),
+        &route.input,
+        Some("k"),
+        &script.to_string(),
+        &[],
+    )
+    .await;
+    consume(&route.dlq, 1, PATIENCE).await;
+    let revealed: String = SECRET.bytes().map(|b| format!("{b:02x}")).collect();
+    let denied = "leaked  | secret token: none | reveal token: none";
+
+    let addr = running.admin_addr().unwrap();
+    let candidate = std::fs::read(plugin("acting")).unwrap();
+    let query = format!("route={}", route.name);
+    let (status, body) = post_candidate(addr, &query, Some(TOKEN), &candidate).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body.contains(&revealed), "the secret came back: {body}");
+    assert!(
+        !body.contains("[secret token]"),
+        "the candidate read it: {body}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(report["secrets"], false, "{body}");
+    assert_eq!(report["records"][0]["reason"], denied, "{body}");
+    running.stop().await;
+
+    let out = try_cli_with(&route, "acting", &["--json"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !stdout.contains(&revealed),
+        "the secret came back: {stdout}"
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["records"][0]["reason"], denied, "{stdout}");
+
+    // Asked for, the candidate runs under the route's grants.
+    let out = try_cli_with(&route, "acting", &["--json", "--with-secrets"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(report["secrets"], true, "{stdout}");
+    assert_eq!(
+        report["records"][0]["reason"],
+        format!(
+            "leaked [secret token] | secret token: {} bytes | reveal token: {revealed}",
+            SECRET.len()
+        ),
+        "{stdout}"
+    );
+}
+
+/// Uploading code to run is a permission of its own: without
+/// `admin.allow_code_upload`, `POST /api/dlq/try` answers 403 naming the
+/// key, even with the admin token, and runs nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploading_a_candidate_is_refused_unless_the_config_allows_it() {
+    init_tracing();
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("fatal")))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
+    let running = route.start().await;
+    let addr = running.admin_addr().unwrap();
+    let candidate = std::fs::read(plugin("scripted")).unwrap();
+    let query = format!("route={}", route.name);
+    let (status, body) = post_candidate(addr, &query, Some(TOKEN), &candidate).await;
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("admin.allow_code_upload = true"), "{body}");
+    let (status, _) = post_candidate(addr, &query, None, &candidate).await;
+    assert_eq!(status, 401, "the token is still asked for first");
+    running.stop().await;
+}
+
+/// Regression: `hopper dlq try` printed the reason class a dead letter
+/// claimed (`hopper-reason`) as it was, so a record written with an OSC
+/// sequence there wrote to the operator's terminal. Every field it prints
+/// from a record or a candidate (id, key, claimed reason, the candidate's
+/// reason) is cleaned as `hopper dlq ls` cleans it, one line per record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_try_prints_a_records_control_characters_escaped() {
+    init_tracing();
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("fatal")))
+        .test_route();
+    let running = route.start().await;
+    let producer = producer();
+    // Dead-lettered by the route: its id and key are the producer's, and
+    // the candidate's reason echoes what the payload asks.
+    let script = serde_json::json!({
+        "steps": [{"trace": "\u{1b}]0;reason-title\u{7}\r"}],
+        "verdict": "fatal",
+    });
+    produce(
+        &producer,
+        &route.input,
+        Some("key\u{1b}]0;key-title\u{7}"),
+        &script.to_string(),
+        &[("hopper-id", "id\u{1b}]8;;http://evil.example/\u{7}\r\nnext")],
+    )
+    .await;
+    consume(&route.dlq, 1, PATIENCE).await;
+    // Written straight to the DLQ, claiming the route and a reason.
+    produce(
+        &producer,
+        &route.dlq,
+        Some("raw\u{1b}[2J"),
+        "x",
+        &[
+            ("hopper-route", route.name.as_str()),
+            ("hopper-reason", "FATAL\u{1b}]0;was-title\u{7}"),
+            ("hopper-id", "raw\u{9b}31m"),
+        ],
+    )
+    .await;
+    consume(&route.dlq, 2, PATIENCE).await;
+    running.stop().await;
+
+    let out = try_cli_with(&route, "acting", &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for raw in ['\u{1b}', '\u{7}', '\r', '\u{9b}'] {
+        assert!(!stdout.contains(raw), "{raw:?} printed as is:\n{stdout}");
+    }
+    for shown in [
+        "id\\u{1b}]8;;http://evil.example/\\u{7}\\u{d}\\nnext key",
+        "key key\\u{1b}]0;key-title\\u{7}",
+        "traced \\u{1b}]0;reason-title\\u{7}\\u{d}",
+        "raw\\u{9b}31m key raw\\u{1b}[2J FATAL\\u{1b}]0;was-title\\u{7} -> skipped",
+    ] {
+        assert!(stdout.contains(shown), "no `{shown}` in:\n{stdout}");
+    }
+    // Two records, two lines each way: no field broke a line.
+    assert_eq!(
+        stdout.lines().filter(|l| l.contains(" -> ")).count(),
+        2,
+        "{stdout}"
+    );
 }

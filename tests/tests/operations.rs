@@ -562,3 +562,48 @@ fn a_non_loopback_listen_without_a_token_is_refused_at_load() {
         "{error}"
     );
 }
+
+/// A config that turns off the verification of the brokers' certificates
+/// (legal: hopper starts, and is ready) says so in `/ready`, one warning
+/// per property, whoever probes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_names_what_the_config_turns_off_of_kafka_security() {
+    init_tracing();
+    let route = ConfigBuilder::new()
+        .kafka_property("enable.ssl.certificate.verification", "false")
+        .kafka_property("ssl.endpoint.identification.algorithm", "none")
+        .route(RouteTable::new(&plugin("scripted")))
+        .admin(admin())
+        .test_route();
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let ready = loop {
+        let (status, ready) = http(addr, "GET", "/ready", None, None).await;
+        if status == 200 {
+            break ready;
+        }
+        assert!(Instant::now() < deadline, "never ready: {ready}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let ready: serde_json::Value = serde_json::from_str(&ready).unwrap();
+    assert_eq!(ready["ready"], true, "{ready}");
+    let warnings: Vec<&str> = ready["warnings"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no warnings in {ready}"))
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .starts_with("kafka.properties.\"enable.ssl.certificate.verification\" is false"),
+        "{warnings:?}"
+    );
+    assert!(
+        warnings[1]
+            .starts_with("kafka.properties.\"ssl.endpoint.identification.algorithm\" is none"),
+        "{warnings:?}"
+    );
+    hopper.stop().await;
+}

@@ -550,3 +550,96 @@ fn hopper_topics_and_acls_list_every_topic_of_the_config_without_a_broker() {
         stderr(&missing)
     );
 }
+
+/// Regression: `hopper status` sent the configured admin token, the one
+/// that replays and cancels, to whatever listened on `admin.listen`; a
+/// local user who bound that port while hopper was down received it. It
+/// sends only the session's read token `hopper run` wrote, and without one
+/// no token at all. A plain listener stands in for the admin server and
+/// records what it is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hopper_status_never_sends_the_configured_token() {
+    use std::io::{Read as _, Write as _};
+    init_tracing();
+    const WRITE_TOKEN: &str = "write-token-that-replays";
+    const READ_TOKEN: &str = "session-read-token";
+    // The route's topics, made by a hopper that ran once without the server.
+    let table = RouteTable::new(&plugin("scripted"));
+    let plain = ConfigBuilder::new().route(table.clone()).test_route();
+    plain.start().await.stop().await;
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let route = ConfigBuilder::new()
+        .route(table)
+        .admin(AdminTable::listen(addr).token(WRITE_TOKEN))
+        .test_route();
+    let recorder = std::thread::spawn(move || {
+        let mut requests = Vec::new();
+        for _ in 0..2 {
+            let (mut stream, _) = listener.accept().unwrap();
+            let mut request = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut buf).unwrap();
+                if n == 0 {
+                    break;
+                }
+                request.extend_from_slice(&buf[..n]);
+            }
+            let body = r#"{"ready": true, "handlers": [], "pipelines": []}"#;
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            requests.push(String::from_utf8_lossy(&request).into_owned());
+        }
+        requests
+    });
+    let status = |runtime: &std::path::Path| {
+        Command::new(hopper_bin())
+            .args(["status", "--json", "--config"])
+            .arg(&route.config_path)
+            .env("HOPPER_RUNTIME_DIR", runtime)
+            .env_remove("HOPPER_BROKERS")
+            .env_remove("HOPPER_ADMIN_TOKEN")
+            .output()
+            .unwrap()
+    };
+    let with_file = tempfile::tempdir().unwrap();
+    std::fs::write(
+        with_file
+            .path()
+            .join(format!("admin-127.0.0.1-{}.token", addr.port())),
+        format!("{READ_TOKEN}\n"),
+    )
+    .unwrap();
+    let out = status(with_file.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["live"]["ready"], true, "{shown}");
+    let without_file = tempfile::tempdir().unwrap();
+    let out = status(without_file.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let requests = recorder.join().unwrap();
+    for request in &requests {
+        assert!(
+            !request.contains(WRITE_TOKEN),
+            "the configured token was sent:\n{request}"
+        );
+    }
+    let authorization = |request: &str| {
+        request
+            .lines()
+            .find(|l| l.to_ascii_lowercase().starts_with("authorization:"))
+            .map(str::to_string)
+    };
+    assert_eq!(
+        authorization(&requests[0]).as_deref(),
+        Some(format!("Authorization: Bearer {READ_TOKEN}").as_str()),
+        "{}",
+        requests[0]
+    );
+    assert_eq!(authorization(&requests[1]), None, "{}", requests[1]);
+}

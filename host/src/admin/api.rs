@@ -107,6 +107,9 @@ pub(super) async fn ready(
     // Why the connection fails, while it does: an authentication or TLS
     // failure after start (the cause names no secret).
     let kafka = health.connection().failing();
+    // What the config turns off of the connection's security: it does not
+    // stop readiness, but whoever probes sees it.
+    let warnings = state.context.config.kafka.weakened_security();
     (
         status,
         Json(json!({
@@ -114,6 +117,7 @@ pub(super) async fn ready(
             "pipelines": pipelines,
             "kafka": kafka,
             "undecodable": health.undecodables(),
+            "warnings": warnings,
         })),
     )
 }
@@ -251,6 +255,9 @@ pub(super) async fn status(Shared(state): Shared<Arc<State>>) -> Json<serde_json
         "pending_error": sample.error,
         "delay_lateness": lateness,
         "parked": parked(&state),
+        // Whether `POST /api/dlq/try` runs an uploaded candidate: the
+        // console says so beside "Try a fix" rather than offer it in vain.
+        "code_upload": state.admin.allow_code_upload,
     }))
 }
 

@@ -1,14 +1,16 @@
 //! Who may call the admin server: the bearer token, and the `Host` a
 //! request names.
 //!
-//! Every `/api` call needs a token. Without a configured one, the server
-//! makes a session token when it starts ([`Token::session`]): 32 random
-//! bytes that exist only in this process's memory, the URL it logs and, for
-//! `hopper run`, a file only its user can read. A handler can obtain none of
-//! these (no file system, no environment, not this process's log), so no
-//! handler of this or another hopper on the same host reads a dead letter,
-//! whatever ports it is granted. A session token reads; it never changes
-//! state (replay, cancel), which needs a configured token.
+//! Every `/api` call needs a token. The server makes a session token when
+//! it starts ([`Token::new`]): 32 random bytes that exist only in this
+//! process's memory, a file only its user can read (for `hopper run`) and,
+//! without a configured token, the console URL it logs. A handler can obtain
+//! none of these (no file system, no environment, not this process's log),
+//! so no handler of this or another hopper on the same host reads a dead
+//! letter, whatever ports it is granted. A session token reads; it never
+//! changes state (replay, cancel, a candidate's upload), which needs the
+//! configured token. So a client that only reads (`hopper status`) sends
+//! the session token and never the configured one.
 //!
 //! Tokens are compared as sha256 digests with a constant-time equality, so
 //! neither the position of the first wrong byte nor the token's length shows
@@ -24,12 +26,14 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 use subtle::ConstantTimeEq;
 
-/// The token calls must present, as its digest.
+/// The tokens calls must present, as digests.
 pub(super) struct Token {
-    digest: [u8; 32],
-    /// Configured (`admin.token`, `HOPPER_ADMIN_TOKEN`), rather than made
-    /// for this session: only a configured token changes state.
-    configured: bool,
+    /// This session's read token ([`Token::new`]): it reads, never
+    /// changes state.
+    session: [u8; 32],
+    /// The configured token (`admin.token`, `HOPPER_ADMIN_TOKEN`), when
+    /// there is one: it reads, and it is the only one that changes state.
+    configured: Option<[u8; 32]>,
 }
 
 /// Why a request was refused.
@@ -41,23 +45,16 @@ pub(super) enum Refusal {
 }
 
 impl Token {
-    /// The configured token.
-    pub(super) fn configured(token: &str) -> Token {
-        Token {
-            digest: Sha256::digest(token.as_bytes()).into(),
-            configured: true,
-        }
-    }
-
-    /// A token for this session only, and its text: 32 bytes from the
-    /// operating system's random source, as 64 hex digits.
-    pub(super) fn session() -> std::io::Result<(Token, String)> {
+    /// A token for this session, and its text: 32 bytes from the operating
+    /// system's random source, as 64 hex digits; with the configured token,
+    /// when there is one. Both read; only the configured one writes.
+    pub(super) fn new(configured: Option<&str>) -> std::io::Result<(Token, String)> {
         let mut bytes = [0u8; 32];
         getrandom::fill(&mut bytes).map_err(std::io::Error::other)?;
         let text = hex::encode(bytes);
         let token = Token {
-            digest: Sha256::digest(text.as_bytes()).into(),
-            configured: false,
+            session: Sha256::digest(text.as_bytes()).into(),
+            configured: configured.map(|c| Sha256::digest(c.as_bytes()).into()),
         };
         Ok((token, text))
     }
@@ -65,27 +62,42 @@ impl Token {
     /// Checks the `Authorization` header of a call that changes state:
     /// only a configured token may.
     pub(super) fn check_write(&self, authorization: Option<&HeaderValue>) -> Result<(), Refusal> {
-        if !self.configured {
+        let Some(configured) = &self.configured else {
             return Err(Refusal::NoneConfigured);
-        }
-        self.check(authorization)
-    }
-
-    /// Checks the `Authorization` header of a request.
-    pub(super) fn check(&self, authorization: Option<&HeaderValue>) -> Result<(), Refusal> {
-        let expected = &self.digest;
-        let presented = authorization
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .ok_or(Refusal::Missing)?;
-        let presented: [u8; 32] = Sha256::digest(presented.as_bytes()).into();
-        if bool::from(presented.ct_eq(expected)) {
+        };
+        let presented = presented(authorization)?;
+        if bool::from(presented.ct_eq(configured)) {
             Ok(())
         } else {
             Err(Refusal::Wrong)
         }
     }
+
+    /// Checks the `Authorization` header of a read: the session's token or
+    /// the configured one. Both are compared, whichever matches.
+    pub(super) fn check(&self, authorization: Option<&HeaderValue>) -> Result<(), Refusal> {
+        let presented = presented(authorization)?;
+        let session = presented.ct_eq(&self.session);
+        let configured = match &self.configured {
+            Some(configured) => presented.ct_eq(configured),
+            None => subtle::Choice::from(0),
+        };
+        if bool::from(session | configured) {
+            Ok(())
+        } else {
+            Err(Refusal::Wrong)
+        }
+    }
+}
+
+/// The digest of the bearer token `authorization` presents.
+fn presented(authorization: Option<&HeaderValue>) -> Result<[u8; 32], Refusal> {
+    let presented = authorization
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .ok_or(Refusal::Missing)?;
+    Ok(Sha256::digest(presented.as_bytes()).into())
 }
 
 impl IntoResponse for Refusal {
@@ -225,6 +237,7 @@ mod tests {
             listen: listen.parse().unwrap(),
             token: None,
             metrics: true,
+            allow_code_upload: false,
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             own: Default::default(),
         }
@@ -271,8 +284,8 @@ mod tests {
     }
 
     #[test]
-    fn only_the_configured_token_passes() {
-        let token = Token::configured("s3cret");
+    fn only_the_configured_token_writes() {
+        let (token, session) = Token::new(Some("s3cret")).unwrap();
         let header = |v: &str| HeaderValue::from_str(v).unwrap();
         assert_eq!(token.check(Some(&header("Bearer s3cret"))), Ok(()));
         assert_eq!(token.check(None), Err(Refusal::Missing));
@@ -286,12 +299,17 @@ mod tests {
             Err(Refusal::Wrong)
         );
         assert_eq!(token.check_write(Some(&header("Bearer s3cret"))), Ok(()));
+        // The session's token reads beside a configured one, and never
+        // writes.
+        let read = header(&format!("Bearer {session}"));
+        assert_eq!(token.check(Some(&read)), Ok(()));
+        assert_eq!(token.check_write(Some(&read)), Err(Refusal::Wrong));
     }
 
     #[test]
     fn a_session_token_is_random_and_reads_but_never_writes() {
-        let (token, text) = Token::session().unwrap();
-        let (_, other) = Token::session().unwrap();
+        let (token, text) = Token::new(None).unwrap();
+        let (_, other) = Token::new(None).unwrap();
         assert_eq!(text.len(), 64);
         assert_ne!(text, other, "each session has its own token");
         let header = |v: &str| HeaderValue::from_str(v).unwrap();

@@ -2,7 +2,11 @@
 //! (the `.wasm` bytes), called on a route's dead letters in the sandbox
 //! (`crate::dlq::candidate`). Reads only: nothing is written to any topic.
 //! It runs code an operator uploads, so it needs the configured admin
-//! token, as replay does; one try runs at a time.
+//! token, as replay does, and `admin.allow_code_upload = true`: running
+//! uploaded code is a permission of its own, off by default. The candidate
+//! reads no secret of the route (only the CLI's `--with-secrets` grants
+//! them), so its reason, which comes back in the answer, holds none. One
+//! try runs at a time.
 
 use super::State;
 use super::api::{ApiError, bad_request, instant, with_dlq};
@@ -46,6 +50,12 @@ pub(super) async fn dlq_try(
     query: Result<Query<TryQuery>, axum::extract::rejection::QueryRejection>,
     body: Bytes,
 ) -> Result<Json<TryReport>, ApiError> {
+    if !state.admin.allow_code_upload {
+        return Err(ApiError(
+            StatusCode::FORBIDDEN,
+            "uploading a candidate handler to run is off: set admin.allow_code_upload = true to allow it, or run `hopper dlq try` where the config is".into(),
+        ));
+    }
     let Query(q) = query.map_err(|e| bad_request(e.body_text()))?;
     let route = state
         .context
@@ -85,6 +95,7 @@ pub(super) async fn dlq_try(
             &body,
             &candidate_route,
             http,
+            false,
             None,
         )
     })

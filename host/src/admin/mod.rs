@@ -4,12 +4,13 @@
 //!
 //! It listens on 127.0.0.1 unless `admin.listen` says otherwise. Every
 //! `/api` call needs a bearer token, reads included: DLQ payloads are data.
-//! With one configured (`admin.token` or `HOPPER_ADMIN_TOKEN`), that one.
-//! Without, the server makes a session token at start, which reads only
-//! ([`Server::session_token`]; `hopper run` logs the console's URL with it
-//! and writes it to a file for the CLI), and calls that change state
-//! (replay, cancel) or run an uploaded handler (`/api/dlq/try`) are
-//! refused. A non-loopback listen needs a configured
+//! The server makes a session token at start, which reads only
+//! ([`Server::session_token`]; `hopper run` writes it to a file for the CLI
+//! and, without a configured token, logs the console's URL with it). A
+//! configured token (`admin.token` or `HOPPER_ADMIN_TOKEN`) reads too, and
+//! only it changes state (replay, cancel) or runs an uploaded handler
+//! (`/api/dlq/try`, which `admin.allow_code_upload` must also allow).
+//! A non-loopback listen needs a configured
 //! token to start. Tokens are compared in constant time. The API and the
 //! console also refuse a `Host` that is not this server's
 //! (`auth::host_allowed`), so a web page that rebinds its name to 127.0.0.1
@@ -75,8 +76,8 @@ struct State {
 /// A running admin server; stops when hopper stops.
 pub struct Server {
     addr: SocketAddr,
-    /// The session token, when no token is configured.
-    session: Option<String>,
+    /// The session's read token.
+    session: String,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
 }
@@ -87,7 +88,7 @@ pub struct Server {
 pub struct Bound {
     listener: tokio::net::TcpListener,
     addr: SocketAddr,
-    session: Option<String>,
+    session: String,
     state: Arc<State>,
 }
 
@@ -121,8 +122,8 @@ impl Bound {
 }
 
 impl Server {
-    /// Binds `admin.listen`, and makes the session token when no token is
-    /// configured; serves nothing until [`Bound::serve`].
+    /// Binds `admin.listen`, and makes the session's read token; serves
+    /// nothing until [`Bound::serve`].
     pub async fn bind(context: Context, admin: Admin) -> Result<Bound, AdminError> {
         let listener = tokio::net::TcpListener::bind(admin.listen)
             .await
@@ -136,13 +137,8 @@ impl Server {
         })?;
         // Guards the bound address (the chosen port, for `:0`) from handlers.
         admin.own.set(addr);
-        let (token, session) = match admin.token.as_deref() {
-            Some(configured) => (auth::Token::configured(configured), None),
-            None => {
-                let (token, text) = auth::Token::session().map_err(AdminError::Random)?;
-                (token, Some(text))
-            }
-        };
+        let (token, session) =
+            auth::Token::new(admin.token.as_deref()).map_err(AdminError::Random)?;
         let state = Arc::new(State {
             pacer: Pacer::new(context.config.replay.rate),
             dlq_reads: Arc::new(tokio::sync::Semaphore::new(api::MAX_DLQ_READS)),
@@ -158,11 +154,11 @@ impl Server {
         })
     }
 
-    /// The token this session's API reads need, when none is configured:
-    /// 64 hex digits, made at start. It reads only; replay and cancels need
-    /// a configured token.
-    pub fn session_token(&self) -> Option<&str> {
-        self.session.as_deref()
+    /// This session's read token: 64 hex digits, made at start. It reads
+    /// only; replay, cancels and a candidate's upload need the configured
+    /// token.
+    pub fn session_token(&self) -> &str {
+        &self.session
     }
 
     /// The address it listens on (with the port the OS chose for `:0`).

@@ -31,6 +31,12 @@ pub struct AdminConfig {
     /// Time handler calls, sample lag and serve `/metrics`. Default true.
     #[serde(default = "default_true")]
     pub metrics: bool,
+    /// Let `POST /api/dlq/try` run a candidate handler uploaded with the
+    /// admin token. Default false: uploading code to run is a permission of
+    /// its own, apart from replay's, and `hopper dlq try` on the operator's
+    /// own machine needs no server at all.
+    #[serde(default)]
+    pub allow_code_upload: bool,
 }
 
 fn default_listen() -> String {
@@ -47,6 +53,8 @@ pub struct Admin {
     /// From `admin.token`, else from `HOPPER_ADMIN_TOKEN`.
     pub token: Option<String>,
     pub metrics: bool,
+    /// `admin.allow_code_upload`: `POST /api/dlq/try` runs uploaded code.
+    pub allow_code_upload: bool,
     /// `admin.hosts`, lowercased.
     pub hosts: Vec<String>,
     /// Where the server listens once bound, shared with every route's
@@ -120,6 +128,7 @@ impl AdminConfig {
             listen,
             token,
             metrics: self.metrics,
+            allow_code_upload: self.allow_code_upload,
             hosts,
             own,
         })
@@ -197,6 +206,12 @@ mod tests {
         assert_eq!(admin.listen.to_string(), "127.0.0.1:9464");
         assert!(!admin.remote());
         assert!(admin.metrics);
+        assert!(!admin.allow_code_upload, "uploading code is off by default");
+        assert!(
+            resolve("allow_code_upload = true")
+                .unwrap()
+                .allow_code_upload
+        );
     }
 
     #[test]

@@ -141,6 +141,10 @@ impl KafkaConfig {
                     }
                     Err(e) => problems.push(format!("kafka.properties.\"{key}\": {e}")),
                 }
+            } else if secret && value.is_empty() {
+                problems.push(format!(
+                    "kafka.properties.\"{key}\" is empty: give the secret, as env:NAME or file:PATH, or remove the property"
+                ));
             } else if secret {
                 tracing::warn!(
                     property = key.as_str(),
@@ -162,6 +166,49 @@ impl KafkaConfig {
     /// for librdkafka's log lines and errors, which hopper passes on.
     pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
         self.secrets.redact(text)
+    }
+
+    /// What this table's properties turn off of the connection's security,
+    /// one sentence each naming the property: TLS certificates not
+    /// verified, or not matched to the broker's name; a PLAIN password sent
+    /// over `sasl_plaintext`; an OIDC token endpoint over `http://`. Each
+    /// is legal (a test cluster may want it), so hopper starts, but it says
+    /// so at start and in `/ready`.
+    pub fn weakened_security(&self) -> Vec<String> {
+        let value = |key: &str| {
+            self.properties
+                .get(key)
+                .map(|v| v.trim().to_ascii_lowercase())
+        };
+        let mut weakened = Vec::new();
+        if let Some(v) = value("enable.ssl.certificate.verification")
+            && matches!(v.as_str(), "false" | "0" | "no" | "off")
+        {
+            weakened.push(
+                "kafka.properties.\"enable.ssl.certificate.verification\" is false: the brokers' TLS certificates are not verified, so anyone on the path can pose as a broker".to_string(),
+            );
+        }
+        if value("ssl.endpoint.identification.algorithm").as_deref() == Some("none") {
+            weakened.push(
+                "kafka.properties.\"ssl.endpoint.identification.algorithm\" is none: a broker's certificate is not matched to its host name, so any certificate the CA signed passes".to_string(),
+            );
+        }
+        let plain = ["sasl.mechanism", "sasl.mechanisms"]
+            .iter()
+            .any(|key| value(key).as_deref() == Some("plain"));
+        if plain && value("security.protocol").as_deref() == Some("sasl_plaintext") {
+            weakened.push(
+                "kafka.properties.\"security.protocol\" is sasl_plaintext with sasl.mechanism PLAIN: the password crosses the network unencrypted; use sasl_ssl".to_string(),
+            );
+        }
+        if value("sasl.oauthbearer.token.endpoint.url")
+            .is_some_and(|url| url.starts_with("http://"))
+        {
+            weakened.push(
+                "kafka.properties.\"sasl.oauthbearer.token.endpoint.url\" is http://: the client secret and the tokens cross the network unencrypted; use https://".to_string(),
+            );
+        }
+        weakened
     }
 
     /// Adds every problem of this table to `problems`.
@@ -201,5 +248,99 @@ impl KafkaConfig {
                 "kafka.properties.\"queue.buffering.max.messages\" must be a whole number of hops from 1 to {MAX_HOPS_HELD}, not {held:?}"
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(properties: &[(&str, &str)]) -> (KafkaConfig, Vec<String>) {
+        let config = KafkaConfig {
+            properties: properties
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            ..KafkaConfig::default()
+        };
+        let mut problems = Vec::new();
+        let resolved = config.resolve(Path::new("."), &mut problems);
+        (resolved, problems)
+    }
+
+    /// Regression: an empty inline secret was taken, and made the
+    /// redactor of librdkafka's log lines panic on a `%`.
+    #[test]
+    fn an_empty_inline_secret_is_refused_by_name() {
+        let (resolved, problems) = resolve(&[("ssl.key.password", ""), ("client.id", "")]);
+        assert_eq!(
+            problems,
+            vec![
+                "kafka.properties.\"ssl.key.password\" is empty: give the secret, as env:NAME or file:PATH, or remove the property"
+            ]
+        );
+        assert!(resolved.secrets.is_empty(), "no empty needle is kept");
+        assert_eq!(resolved.redact("100% done"), "100% done");
+        let (_, problems) = resolve(&[("ssl.key.password", "hunter2")]);
+        assert!(problems.is_empty(), "{problems:?}");
+    }
+
+    #[test]
+    fn each_weakening_of_the_connection_is_named() {
+        let weakened = |properties: &[(&str, &str)]| {
+            let (resolved, problems) = resolve(properties);
+            assert!(problems.is_empty(), "{problems:?}");
+            resolved.weakened_security()
+        };
+        assert!(weakened(&[]).is_empty());
+        assert!(
+            weakened(&[
+                ("security.protocol", "sasl_ssl"),
+                ("sasl.mechanism", "PLAIN"),
+                ("enable.ssl.certificate.verification", "true"),
+                ("ssl.endpoint.identification.algorithm", "https"),
+                (
+                    "sasl.oauthbearer.token.endpoint.url",
+                    "https://idp.example/token"
+                ),
+            ])
+            .is_empty(),
+            "a secured connection warns of nothing"
+        );
+        assert!(
+            weakened(&[
+                ("security.protocol", "sasl_plaintext"),
+                ("sasl.mechanisms", "SCRAM-SHA-512")
+            ])
+            .is_empty(),
+            "SCRAM does not send the password"
+        );
+        let all = weakened(&[
+            ("enable.ssl.certificate.verification", "False"),
+            ("ssl.endpoint.identification.algorithm", "none"),
+            ("security.protocol", "SASL_PLAINTEXT"),
+            ("sasl.mechanisms", "PLAIN"),
+            (
+                "sasl.oauthbearer.token.endpoint.url",
+                "HTTP://idp.internal/token",
+            ),
+        ]);
+        let named: Vec<&str> = all.iter().map(|w| w.split(' ').next().unwrap()).collect();
+        assert_eq!(
+            named,
+            vec![
+                "kafka.properties.\"enable.ssl.certificate.verification\"",
+                "kafka.properties.\"ssl.endpoint.identification.algorithm\"",
+                "kafka.properties.\"security.protocol\"",
+                "kafka.properties.\"sasl.oauthbearer.token.endpoint.url\"",
+            ],
+            "{all:?}"
+        );
+        assert!(all[2].contains("PLAIN"), "{}", all[2]);
+        let single = weakened(&[
+            ("security.protocol", "sasl_plaintext"),
+            ("sasl.mechanism", "plain"),
+        ]);
+        assert_eq!(single.len(), 1, "{single:?}");
     }
 }

@@ -52,10 +52,10 @@ impl Secrets {
     /// whole text before splitting it into lines. Borrows when there is
     /// nothing to replace, which is the common case.
     pub fn redact<'a>(&self, text: &'a str) -> std::borrow::Cow<'a, str> {
-        if self.0.is_empty() {
+        let secrets = self.longest_first();
+        if secrets.is_empty() {
             return std::borrow::Cow::Borrowed(text);
         }
-        let secrets = self.longest_first();
         // Copies as written first: a `%` just before one would otherwise
         // decode with its first characters and hide it.
         let mut out = std::borrow::Cow::Borrowed(text);
@@ -122,9 +122,15 @@ impl Secrets {
     }
 
     /// Secrets, longest first, so a secret that contains another is
-    /// replaced whole.
+    /// replaced whole. An empty value is left out: it is found between
+    /// every two characters, and hides nothing (config load refuses one,
+    /// so this is the redactor's own guard).
     fn longest_first(&self) -> Vec<(&String, &Secret)> {
-        let mut all: Vec<_> = self.0.iter().collect();
+        let mut all: Vec<_> = self
+            .0
+            .iter()
+            .filter(|(_, s)| !s.expose().is_empty())
+            .collect();
         all.sort_by_key(|(_, s)| std::cmp::Reverse(s.expose().len()));
         all
     }
@@ -177,6 +183,9 @@ fn redact_encoded<'a>(text: &'a str, secrets: &[(&String, &Secret)]) -> std::bor
     let mut replaced: Vec<(usize, usize, &str)> = Vec::new();
     for (name, secret) in secrets {
         let needle = secret.expose().as_bytes();
+        if needle.is_empty() {
+            continue;
+        }
         let mut at = 0;
         while at + needle.len() <= decoded.len() {
             let end = at + needle.len();
@@ -372,6 +381,21 @@ mod tests {
         assert_eq!(s.redact(&text), "before\n[secret key]\nafter");
         // Line by line, no line holds it whole: why whole texts are redacted.
         assert!(text.lines().all(|l| s.redact(l) == l));
+    }
+
+    /// Regression: an empty secret (an inline `"ssl.key.password" = ""`)
+    /// put a marker between every two characters, and a text with `%` then
+    /// panicked the redactor (an index at `end - 1` with `end = 0`), on
+    /// librdkafka's polling thread.
+    #[test]
+    fn an_empty_secret_is_no_needle() {
+        let s = secrets(&[("ssl.key.password", ""), ("token", "s3cr3t")]);
+        assert_eq!(s.redact("100% of s3cr3t%21"), "100% of [secret token]%21");
+        assert_eq!(s.redact("50%25 done"), "50%25 done");
+        assert_eq!(s.redact_within("%41% s3cr3t", 100), "%41% [secret token]");
+        let only_empty = secrets(&[("ssl.key.password", "")]);
+        assert_eq!(only_empty.redact("a % b"), "a % b");
+        assert_eq!(only_empty.partial_at_end(b"abc"), 0);
     }
 
     #[test]

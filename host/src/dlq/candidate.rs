@@ -9,10 +9,14 @@
 //! The candidate sees what a replay delivers: the record's id, key, payload
 //! and headers, its origin topic, partition and offset, and attempt 1 (a
 //! replay starts the attempts again). Its HTTP goes nowhere unless asked
-//! ([`HttpMode`]).
+//! ([`HttpMode`]), and it reads no secret unless asked: a candidate is code
+//! that has not shipped, and its verdict's reason comes back to whoever
+//! tried it, so a secret it read could come back too, encoded past
+//! redaction. Only `hopper dlq try --with-secrets` asks; the admin API
+//! never does.
 
 use super::record::{RecordRef, envelope_of};
-use crate::config::Route;
+use crate::config::{Route, Secrets};
 use crate::egress::AllowList;
 use crate::headers;
 use crate::plugin::{Delivery, Handler};
@@ -42,30 +46,35 @@ impl HttpMode {
             HttpMode::Live => "live",
         }
     }
+}
 
-    /// `route` as a candidate runs under it: with no hosts granted unless
-    /// the mode is live.
-    pub fn route(self, route: &Route) -> Route {
-        let mut route = route.clone();
-        if self == HttpMode::Deny {
-            route.grants.allowed_hosts = AllowList::default();
-        }
-        route
+/// `route` as a candidate runs under it: with no hosts granted unless
+/// `http` is live, and no secrets unless `with_secrets` (a secret asked
+/// for is then "not granted", as for a handler without the grant).
+pub fn candidate_route(route: &Route, http: HttpMode, with_secrets: bool) -> Route {
+    let mut route = route.clone();
+    if http == HttpMode::Deny {
+        route.grants.allowed_hosts = AllowList::default();
     }
+    if !with_secrets {
+        route.grants.secrets = Secrets::default();
+    }
+    route
 }
 
 /// Compiles the candidate whose file `path` held `bytes` for `route`,
-/// under `http`: its own engine, sized for the route, with the artifact
-/// cache in `cache` when given. Returns the handler and the route it runs
-/// under.
+/// under `http` and `with_secrets` ([`candidate_route`]): its own engine,
+/// sized for the route, with the artifact cache in `cache` when given.
+/// Returns the handler and the route it runs under.
 pub fn load_candidate(
     path: &std::path::Path,
     bytes: &[u8],
     route: &Route,
     http: HttpMode,
+    with_secrets: bool,
     cache: Option<std::path::PathBuf>,
 ) -> anyhow::Result<(Handler, Route)> {
-    let route = http.route(route);
+    let route = candidate_route(route, http, with_secrets);
     let mut runtime = crate::plugin::Runtime::for_routes(std::slice::from_ref(&route))?;
     if let Some(dir) = cache {
         runtime = runtime.with_cache(dir)?;
@@ -113,6 +122,8 @@ pub struct TryReport {
     /// The candidate's sha256.
     pub version: String,
     pub http: HttpMode,
+    /// The candidate could read the route's secrets (`--with-secrets`).
+    pub secrets: bool,
     pub total: usize,
     /// The candidate returns `ok`: a replay would be committed.
     pub ok: usize,
@@ -129,8 +140,8 @@ pub struct TryReport {
     pub records: Vec<Tried>,
 }
 
-/// Calls `handler` (loaded for `route` under [`HttpMode::route`]) on each
-/// of `messages`, `concurrency` at a time, in their order; `each` sees every
+/// Calls `handler` (loaded for `route` by [`load_candidate`]) on each of
+/// `messages`, `concurrency` at a time, in their order; `each` sees every
 /// record's outcome as it comes.
 pub async fn try_candidate(
     handler: &Handler,
@@ -145,6 +156,7 @@ pub async fn try_candidate(
         handler: handler.name().to_string(),
         version: handler.version().to_string(),
         http,
+        secrets: !route.grants.secrets.is_empty(),
         total: messages.len(),
         ok: 0,
         retry: 0,

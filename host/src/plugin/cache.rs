@@ -34,63 +34,23 @@ pub struct ArtifactCache {
 }
 
 /// Why a cache directory cannot be used. Hopper runs the machine code it
-/// finds there, so a directory anyone else may write to is refused.
-#[derive(Debug, thiserror::Error)]
-pub enum CacheError {
-    #[error("cannot create the compiled-handler cache {dir}: {source}")]
-    Create {
-        dir: PathBuf,
-        source: std::io::Error,
-    },
-    #[error(
-        "the compiled-handler cache {dir} is writable by others (mode {mode:o}); hopper runs the code it finds there, so only its owner may write to it: `chmod go-w {dir}`, or choose another --cache-dir"
-    )]
-    WritableByOthers { dir: PathBuf, mode: u32 },
-    #[error(
-        "the compiled-handler cache {dir} belongs to user {owner}, not to hopper's user {uid}; hopper runs the code it finds there, so choose a --cache-dir of your own"
-    )]
-    NotOwned { dir: PathBuf, owner: u32, uid: u32 },
-}
+/// finds there, so a directory anyone else may write to, or a link, is
+/// refused ([`crate::private_dir::secure`]).
+pub type CacheError = crate::private_dir::PrivateDirError;
 
-/// Creates `dir` (and its missing parents) readable and writable by its
-/// owner only, and checks that an existing `dir` is owned by this user and
-/// writable by nobody else.
-fn secure_dir(dir: &Path) -> Result<(), CacheError> {
-    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
-    let create = |source| CacheError::Create {
-        dir: dir.to_path_buf(),
-        source,
-    };
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-        .map_err(create)?;
-    let meta = std::fs::metadata(dir).map_err(create)?;
-    let uid = rustix::process::geteuid().as_raw();
-    if meta.uid() != uid {
-        return Err(CacheError::NotOwned {
-            dir: dir.to_path_buf(),
-            owner: meta.uid(),
-            uid,
-        });
-    }
-    let mode = meta.mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return Err(CacheError::WritableByOthers {
-            dir: dir.to_path_buf(),
-            mode,
-        });
-    }
-    Ok(())
-}
+/// The cache, as its refusals name it.
+const CACHE: crate::private_dir::Purpose = crate::private_dir::Purpose {
+    what: "the compiled-handler cache",
+    why: "hopper runs the code it finds there",
+    choose: "--cache-dir",
+};
 
 impl ArtifactCache {
     /// Opens (creating it if needed, mode 0700) the cache in `dir` for
-    /// `engine`'s compiled code. Refuses a directory that another user owns
-    /// or that others may write to.
+    /// `engine`'s compiled code. Refuses a directory that another user owns,
+    /// that others may write to, or that is a symbolic link.
     pub fn open(dir: PathBuf, engine: &Engine) -> Result<ArtifactCache, CacheError> {
-        secure_dir(&dir)?;
+        crate::private_dir::secure(&dir, CACHE)?;
         Ok(ArtifactCache::new(dir, engine))
     }
 

@@ -141,6 +141,15 @@ struct Relay {
 /// could not be loaded.
 async fn build(config: Config, options: Options) -> Result<Built, Error> {
     options.validate()?;
+    // Legal, so hopper starts; loud, once, and in `/ready` too.
+    let weakened = config.kafka.weakened_security();
+    if !weakened.is_empty() {
+        tracing::warn!(
+            weakened = weakened.len(),
+            "INSECURE KAFKA CONNECTION: {}.",
+            weakened.join("; ")
+        );
+    }
     let cluster = Cluster::of(&config.kafka)?;
     // Nothing starts unless a broker answers and takes the credentials:
     // a wrong password or CA fails here, by name, within seconds.

@@ -98,6 +98,11 @@ async function loadStatus() {
     handlers.appendChild(row([h.route, h.file, h.version.slice(0, 12), h.last_reload_error || "—"]));
   }
   drawParked(status.parked || []);
+  // Uploading code to run is a permission of its own: say so, rather than
+  // offer a button that can only be refused.
+  const uploadOff = status.code_upload === false;
+  $("try-off").hidden = !uploadOff;
+  $("try").disabled = uploadOff;
 }
 
 /** The parked keys of the routes with ordered retries, each with a release button. */

@@ -24,6 +24,11 @@ pub struct TryArgs {
     /// request is denied) or `live` (the hosts the route grants).
     #[arg(long, default_value = "deny", value_parser = http_mode)]
     http: HttpMode,
+    /// Let the candidate read the route's `[route.secrets]`. Off by
+    /// default: a candidate that asks for a secret is told it is not
+    /// granted, so code not yet trusted cannot put one in its reason
+    #[arg(long)]
+    with_secrets: bool,
     /// Records to try at most; more matches is an error (narrow the
     /// filters).
     #[arg(long, default_value_t = 100_000)]
@@ -64,9 +69,15 @@ pub async fn run(args: TryArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
         })?;
     let bytes = std::fs::read(&args.handler)
         .with_context(|| format!("reading handler {}", args.handler.display()))?;
-    let (handler, tried_route) =
-        hopper::dlq::candidate::load_candidate(&args.handler, &bytes, &route, args.http, cache_dir)
-            .with_context(|| format!("loading handler {}", args.handler.display()))?;
+    let (handler, tried_route) = hopper::dlq::candidate::load_candidate(
+        &args.handler,
+        &bytes,
+        &route,
+        args.http,
+        args.with_secrets,
+        cache_dir,
+    )
+    .with_context(|| format!("loading handler {}", args.handler.display()))?;
     let filter = args.filter.resolve()?;
     let max = args.max;
     let started = Instant::now();
@@ -85,13 +96,18 @@ pub async fn run(args: TryArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
         HttpMode::Deny => "HTTP denied: every request the candidate makes fails",
         HttpMode::Live => "HTTP live: requests go to the hosts the route grants",
     };
+    let secrets = if args.with_secrets {
+        "secrets granted as the route grants them"
+    } else {
+        "no secrets"
+    };
     if !json {
         println!(
-            "Trying {} ({}) on {} dead letters of route `{}`; {http}. Nothing is written to any topic.",
-            args.handler.display(),
+            "Trying {} ({}) on {} dead letters of route `{}`; {http}; {secrets}. Nothing is written to any topic.",
+            clean(&args.handler.display().to_string()),
             &handler.version()[..12],
             selected.len(),
-            route.name,
+            clean(&route.name),
         );
     }
     let calls_started = Instant::now();
@@ -105,7 +121,10 @@ pub async fn run(args: TryArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
             if quiet {
                 return;
             }
-            let was = t.was.as_deref().unwrap_or("?");
+            // Every field but the outcome and class (hopper's own words)
+            // comes from a producer or the candidate: cleaned, one line.
+            let line = |text: &str| clean(text).replace('\n', "\\n");
+            let was = line(t.was.as_deref().unwrap_or("?"));
             let now = match (t.outcome, t.reason_class, &t.reason) {
                 ("ok", _, _) => "ok".to_string(),
                 (outcome, class, reason) => format!(
@@ -113,14 +132,19 @@ pub async fn run(args: TryArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                     class.unwrap_or_default(),
                     reason
                         .as_deref()
-                        .map(|r| format!(": {}", clean(r).replace('\n', " ")))
+                        .map(|r| format!(": {}", line(r)))
                         .unwrap_or_default()
                 ),
             };
+            let key = t
+                .key
+                .as_deref()
+                .map(|k| format!(" key {}", line(k)))
+                .unwrap_or_default();
             println!(
-                "{} {} {was} -> {now}",
-                t.at,
-                clean(t.id.as_deref().unwrap_or("-"))
+                "{} {}{key} {was} -> {now}",
+                line(&t.at.to_string()),
+                line(t.id.as_deref().unwrap_or("-"))
             );
         },
     )

@@ -362,8 +362,9 @@ async fn run(
     let (config, _embedded) =
         prepare(&path, brokers, embedded).with_context(|| format!("loading {}", path.display()))?;
     let deadline = options.shutdown_timeout;
+    let configured = config.admin.as_ref().is_some_and(|a| a.token.is_some());
     let hopper = Hopper::start(config, options).await?;
-    let _session = announce_console(&hopper);
+    let _session = announce_console(&hopper, configured);
     // The first signal starts the drain; a second one forces the exit.
     let (first_tx, first_rx) = tokio::sync::oneshot::channel();
     let signals = async move {
@@ -403,31 +404,39 @@ async fn run(
     }
 }
 
-/// Logs the console's address. Without a configured admin token, the URL
-/// carries the session token in its fragment (which a browser never sends),
-/// and the token is written for `hopper status` ([`session`]); the file is
-/// removed when the returned guard drops.
-fn announce_console(hopper: &Hopper) -> Option<session::Written> {
+/// Logs the console's address, and writes the session's read token for
+/// `hopper status` ([`session`]); the file is removed when the returned
+/// guard drops. Without a configured admin token, the URL carries the
+/// session token in its fragment (which a browser never sends); with one,
+/// the console asks for that token, and the log holds no token at all.
+fn announce_console(hopper: &Hopper, configured: bool) -> Option<session::Written> {
     let addr = hopper.admin_addr()?;
-    let Some(token) = hopper.admin_session_token() else {
-        tracing::info!(console = %format!("http://{addr}/"), "Admin console ready.");
-        return None;
+    let token = hopper.admin_session_token()?;
+    let console = if configured {
+        format!("http://{addr}/")
+    } else {
+        format!("http://{addr}/#token={token}")
     };
-    let console = format!("http://{addr}/#token={token}");
+    let reads = if configured {
+        "API reads need admin.token, or this session's read token in the file."
+    } else {
+        "No admin.token is configured: API reads need this session's token, in the URL and the file."
+    };
     match session::write(addr, token) {
         Ok(file) => {
             tracing::info!(
                 %console,
                 token_file = %file.display(),
-                "Admin console ready. No admin.token is configured: API reads need this session's token, in the URL and the file."
+                "Admin console ready. {reads}"
             );
             Some(session::Written(file))
         }
         Err(e) => {
+            let error = format!("{e:#}");
             tracing::warn!(
                 %console,
-                error = %e,
-                "Admin console ready. No admin.token is configured: API reads need this session's token, in the URL; it could not be written for `hopper status`."
+                %error,
+                "Admin console ready. The session's read token could not be written for `hopper status`."
             );
             None
         }

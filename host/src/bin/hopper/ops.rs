@@ -393,13 +393,14 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
     .await?;
     let live = match &config.admin {
         Some(admin) => {
-            // Without a configured token, the session token `hopper run`
-            // wrote for this address.
-            let token = admin
-                .token
-                .clone()
-                .or_else(|| crate::session::read(admin.listen));
-            Some(live_status(admin.listen, token.as_deref()).await)
+            // Only the session's read token `hopper run` wrote for this
+            // address: never the configured token, which changes state, to
+            // whatever listens on the address (hopper may be down, and
+            // another local user's listener in its place).
+            Some(match crate::session::read(admin.listen) {
+                Ok(token) => live_status(admin.listen, token.as_deref()).await,
+                Err(refused) => Err(refused),
+            })
         }
         None => None,
     };
@@ -485,8 +486,8 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `GET /api/status` of a running hopper's admin server, with the
-/// configured or the session token: every API read needs one.
+/// `GET /api/status` of a running hopper's admin server, with the session's
+/// read token: every API read needs one.
 async fn live_status(
     addr: std::net::SocketAddr,
     token: Option<&str>,
@@ -510,12 +511,14 @@ async fn live_status(
     let text = String::from_utf8_lossy(&response);
     let (head, body) = text.split_once("\r\n\r\n").ok_or("not an HTTP response")?;
     if head.starts_with("HTTP/1.1 401") || head.starts_with("HTTP/1.0 401") {
+        let file = crate::session::path(addr)
+            .map_or_else(|| "(no directory)".into(), |p| p.display().to_string());
         return Err(match token {
-            Some(_) => "the admin token was refused".to_string(),
+            Some(_) => {
+                format!("the session token in {file} was refused (a file of an earlier run?)")
+            }
             None => format!(
-                "it needs a token: set admin.token, or run this as the user that runs hopper, which wrote its session token to {}",
-                crate::session::path(addr)
-                    .map_or_else(|| "(no directory)".into(), |p| p.display().to_string())
+                "it needs a token: run this as the user that runs hopper, which writes its session's read token to {file} (the configured admin.token is never sent: it changes state)"
             ),
         });
     }
