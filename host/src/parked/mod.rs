@@ -29,5 +29,5 @@ mod topic;
 
 pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
 pub use table::LaneView;
-pub use table::{Admission, KeyState, KeyView, ParkTable, Step, Summary};
-pub use topic::{LoadedTable, ParkError, Store, ensure_topic, list, load, release};
+pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step, Summary};
+pub use topic::{LoadedTable, ParkError, Purged, Refused, Store, ensure_topic, list, load, purge, release};
