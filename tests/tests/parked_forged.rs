@@ -76,7 +76,13 @@ impl Setup {
 }
 
 /// Messages `seqs` of `key`, each with id `key/seq`, GETting `/key/seq`.
-async fn produce_key(producer: &FutureProducer, topic: &str, recorder: &KeyRecorder, key: &str, seqs: std::ops::Range<u64>) {
+async fn produce_key(
+    producer: &FutureProducer,
+    topic: &str,
+    recorder: &KeyRecorder,
+    key: &str,
+    seqs: std::ops::Range<u64>,
+) {
     for seq in seqs {
         let id = format!("{key}/{seq}");
         let command = recorder.command(key, seq);
@@ -128,7 +134,9 @@ async fn forge(producer: &FutureProducer, park: &str, key: Vec<u8>, value: Optio
 }
 
 fn head_value(head: &str, seq: i64, since: i64) -> Option<Vec<u8>> {
-    Some(serde_json::to_vec(&serde_json::json!({"head": head, "seq": seq, "since": since})).unwrap())
+    Some(
+        serde_json::to_vec(&serde_json::json!({"head": head, "seq": seq, "since": since})).unwrap(),
+    )
 }
 
 fn waiting_value(payload: &[u8]) -> Option<Vec<u8>> {
@@ -187,8 +195,14 @@ async fn scrape_until(
         if done(&samples) {
             return samples;
         }
-        assert!(Instant::now() < deadline, "waited {PATIENCE:?} for {what}, in vain: {:?}",
-            samples.iter().filter(|(k, _)| k.contains("parked")).collect::<Vec<_>>());
+        assert!(
+            Instant::now() < deadline,
+            "waited {PATIENCE:?} for {what}, in vain: {:?}",
+            samples
+                .iter()
+                .filter(|(k, _)| k.contains("parked"))
+                .collect::<Vec<_>>()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -206,7 +220,10 @@ async fn parked_list_until(
         if done(&listing) {
             return listing;
         }
-        assert!(Instant::now() < deadline, "waited {PATIENCE:?} for {what}, in vain: {listing}");
+        assert!(
+            Instant::now() < deadline,
+            "waited {PATIENCE:?} for {what}, in vain: {listing}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
@@ -226,7 +243,10 @@ fn seqs(calls: &[Call]) -> Vec<(u64, u16)> {
 
 fn assert_in_order(recorder: &KeyRecorder) {
     let breaks = recorder.order_breaks();
-    assert!(breaks.is_empty(), "calls broke their key's order: {breaks:#?}");
+    assert!(
+        breaks.is_empty(),
+        "calls broke their key's order: {breaks:#?}"
+    );
 }
 
 /// `hopper ARGS` to the end, within a minute: stdout, after checking it
@@ -281,23 +301,47 @@ async fn forged_records_at_start_are_refused_and_counted_and_the_victims_lose_no
     let year_10000 = 253_402_300_800_000_i64;
     let forged: Vec<(Vec<u8>, Option<Vec<u8>>)> = vec![
         // Lanes the route does not have.
-        (park_key('h', "made-up", 0, v, None), head_value("x", 0, now)),
+        (
+            park_key('h', "made-up", 0, v, None),
+            head_value("x", 0, now),
+        ),
         (park_key('h', input, 5, v, None), head_value("x", 0, now)),
-        (park_key('p', "made-up", 0, v, Some("1")), waiting_value(b"forged")),
+        (
+            park_key('p', "made-up", 0, v, Some("1")),
+            waiting_value(b"forged"),
+        ),
         // A head at offset 0 with a message waiting at i64::MAX: every
         // later message of the key used to pass for parked already.
-        (park_key('h', input, 0, v, None), head_value("victim/0", 0, now)),
-        (park_key('p', input, 0, v, Some(&i64::MAX.to_string())), waiting_value(b"forged")),
+        (
+            park_key('h', input, 0, v, None),
+            head_value("victim/0", 0, now),
+        ),
+        (
+            park_key('p', input, 0, v, Some(&i64::MAX.to_string())),
+            waiting_value(b"forged"),
+        ),
         // A waiting message with no head.
-        (park_key('p', input, 0, b"orphan", Some("2")), waiting_value(b"forged")),
+        (
+            park_key('p', input, 0, b"orphan", Some("2")),
+            waiting_value(b"forged"),
+        ),
         // Dates that cannot be, one past year 9999, with escapes in its id.
-        (park_key('h', input, 0, b"future", None), head_value("\x1b]0;pwned\x07", 1, year_10000)),
-        (park_key('r', input, 0, b"later", Some("m1")), release_value(i64::MAX)),
+        (
+            park_key('h', input, 0, b"future", None),
+            head_value("\x1b]0;pwned\x07", 1, year_10000),
+        ),
+        (
+            park_key('r', input, 0, b"later", Some("m1")),
+            release_value(i64::MAX),
+        ),
         // Not a record at all.
         (b"zz".to_vec(), Some(b"?".to_vec())),
         // A head of the second victim that no message of it is: it parks
         // the key, and nothing else.
-        (park_key('h', input, 0, b"victim2", None), head_value("\x1b[31mforged\x1b[0m", 0, now)),
+        (
+            park_key('h', input, 0, b"victim2", None),
+            head_value("\x1b[31mforged\x1b[0m", 0, now),
+        ),
     ];
     for (key, value) in forged {
         forge(&producer, &s.park, key, value).await;
@@ -333,16 +377,39 @@ async fn forged_records_at_start_are_refused_and_counted_and_the_victims_lose_no
     assert!(status.contains("PARKED KEYS"), "{status}");
     assert!(status.contains("key \"victim2\""), "{status}");
     assert!(!status.contains('\x1b'), "{status:?}");
-    let released = s.cli(&["parked", "release", "--topic", input, "--partition", "0", "--key", "victim2"]);
+    let released = s.cli(&[
+        "parked",
+        "release",
+        "--topic",
+        input,
+        "--partition",
+        "0",
+        "--key",
+        "victim2",
+    ]);
     assert!(!released.contains('\x1b'), "{released:?}");
     recorder
-        .wait_for("the second victim's messages, once released", PATIENCE, |r| {
-            (0..5).all(|seq| r.has_ok("victim2", seq))
-        })
+        .wait_for(
+            "the second victim's messages, once released",
+            PATIENCE,
+            |r| (0..5).all(|seq| r.has_ok("victim2", seq)),
+        )
         .await;
     assert_eq!(
         seqs(&recorder.calls_of("victim")),
-        [(0, 200), (1, 200), (2, 200), (3, 503), (3, 200), (4, 200), (5, 200), (6, 200), (7, 200), (8, 200), (9, 200)]
+        [
+            (0, 200),
+            (1, 200),
+            (2, 200),
+            (3, 503),
+            (3, 200),
+            (4, 200),
+            (5, 200),
+            (6, 200),
+            (7, 200),
+            (8, 200),
+            (9, 200)
+        ]
     );
     assert_eq!(
         seqs(&recorder.calls_of("victim2")),
@@ -366,13 +433,24 @@ async fn a_forged_head_deletion_or_future_release_does_not_free_a_parked_key_ear
     recorder.fail("victim", 0, 3);
     produce_key(&producer, &s.input, &recorder, "victim", 0..1).await;
     recorder
-        .wait_for("the head's first 503", PATIENCE, |r| r.calls_to("victim", 0) == 1)
+        .wait_for("the head's first 503", PATIENCE, |r| {
+            r.calls_to("victim", 0) == 1
+        })
         .await;
     produce_key(&producer, &s.input, &recorder, "victim", 1..4).await;
-    parked_list_until(addr, &s.name, "3 messages waiting", |l| l["keys"][0]["parked"] == 3).await;
+    parked_list_until(addr, &s.name, "3 messages waiting", |l| {
+        l["keys"][0]["parked"] == 3
+    })
+    .await;
     let lane = |kind, rest| park_key(kind, &s.input, 0, b"victim", rest);
     forge(&producer, &s.park, lane('h', None), None).await;
-    forge(&producer, &s.park, lane('r', Some("victim/0")), release_value(now_ms() + 86_400_000)).await;
+    forge(
+        &producer,
+        &s.park,
+        lane('r', Some("victim/0")),
+        release_value(now_ms() + 86_400_000),
+    )
+    .await;
     scrape_until(addr, "the two refusals", |m| {
         refused(m, &s.name, "no-head") == 1.0 && refused(m, &s.name, "bad-time") == 1.0
     })
@@ -384,7 +462,15 @@ async fn a_forged_head_deletion_or_future_release_does_not_free_a_parked_key_ear
         .await;
     assert_eq!(
         seqs(&recorder.calls_of("victim")),
-        [(0, 503), (0, 503), (0, 503), (0, 200), (1, 200), (2, 200), (3, 200)]
+        [
+            (0, 503),
+            (0, 503),
+            (0, 503),
+            (0, 200),
+            (1, 200),
+            (2, 200),
+            (3, 200)
+        ]
     );
     hopper.stop().await;
 }
@@ -402,7 +488,9 @@ async fn a_message_carrying_another_keys_head_id_releases_only_its_own_key() {
     recorder.fail("victim", 0, 3);
     produce_key(&producer, &s.input, &recorder, "victim", 0..1).await;
     recorder
-        .wait_for("the head's first 503", PATIENCE, |r| r.calls_to("victim", 0) == 1)
+        .wait_for("the head's first 503", PATIENCE, |r| {
+            r.calls_to("victim", 0) == 1
+        })
         .await;
     produce_key(&producer, &s.input, &recorder, "victim", 1..3).await;
     // Key `attacker`, with the victim head's id, fails once.
@@ -415,7 +503,11 @@ async fn a_message_carrying_another_keys_head_id_releases_only_its_own_key() {
             key: "hopper-id",
             value: Some("victim/0"),
         }));
-    producer.send(record, Duration::from_secs(30)).await.map_err(|(e, _)| e).unwrap();
+    producer
+        .send(record, Duration::from_secs(30))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
     produce_key(&producer, &s.input, &recorder, "attacker", 1..2).await;
     recorder
         .wait_for("both keys' messages", PATIENCE, |r| {
@@ -426,7 +518,10 @@ async fn a_message_carrying_another_keys_head_id_releases_only_its_own_key() {
         seqs(&recorder.calls_of("victim")),
         [(0, 503), (0, 503), (0, 503), (0, 200), (1, 200), (2, 200)]
     );
-    assert_eq!(seqs(&recorder.calls_of("attacker")), [(0, 503), (0, 200), (1, 200)]);
+    assert_eq!(
+        seqs(&recorder.calls_of("attacker")),
+        [(0, 503), (0, 200), (1, 200)]
+    );
     hopper.stop().await;
 }
 
@@ -446,32 +541,71 @@ async fn a_park_topic_past_the_ceiling_is_loaded_within_it_and_a_purge_frees_the
     let big = vec![b'x'; 200_000];
     // 2 MB under a made-up topic: it used to fill the table for ever.
     for seq in 0..10 {
-        forge(&producer, &s.park, park_key('p', "made-up", 0, b"k", Some(&seq.to_string())), waiting_value(&big)).await;
+        forge(
+            &producer,
+            &s.park,
+            park_key('p', "made-up", 0, b"k", Some(&seq.to_string())),
+            waiting_value(&big),
+        )
+        .await;
     }
     // A forged head of a real key, and 2.6 MB behind it.
-    forge(&producer, &s.park, park_key('h', input, 0, b"forged", None), head_value("forged/0", 0, now_ms())).await;
+    forge(
+        &producer,
+        &s.park,
+        park_key('h', input, 0, b"forged", None),
+        head_value("forged/0", 0, now_ms()),
+    )
+    .await;
     for seq in 0..13 {
-        forge(&producer, &s.park, park_key('p', input, 0, b"forged", Some(&seq.to_string())), waiting_value(&big)).await;
+        forge(
+            &producer,
+            &s.park,
+            park_key('p', input, 0, b"forged", Some(&seq.to_string())),
+            waiting_value(&big),
+        )
+        .await;
     }
     let (hopper, addr) = s.start().await;
-    let samples = scrape_until(addr, "the refusals", |m| refused(m, &s.name, "unknown-lane") == 10.0).await;
+    let samples = scrape_until(addr, "the refusals", |m| {
+        refused(m, &s.name, "unknown-lane") == 10.0
+    })
+    .await;
     let over = refused(&samples, &s.name, "over-ceiling");
     assert!(over >= 1.0, "{over}");
     let held = samples[&format!("hopper_parked_messages{{route={}}}", s.name)];
     assert_eq!(held, 13.0 - over, "what the table kept");
     assert!(held * 200_000.0 <= 2.0 * 1024.0 * 1024.0, "{held} kept");
 
-    let out = s.cli(&["parked", "purge", "--topic", input, "--partition", "0", "--key", "forged"]);
-    assert!(out.contains("deleted 1 head, 13 waiting message(s) and 0 release(s)"), "{out}");
+    let out = s.cli(&[
+        "parked",
+        "purge",
+        "--topic",
+        input,
+        "--partition",
+        "0",
+        "--key",
+        "forged",
+    ]);
+    assert!(
+        out.contains("deleted 1 head, 13 waiting message(s) and 0 release(s)"),
+        "{out}"
+    );
     recorder
-        .wait_for("the victim's messages", PATIENCE, |r| (0..15).all(|seq| r.has_ok("victim", seq)))
+        .wait_for("the victim's messages", PATIENCE, |r| {
+            (0..15).all(|seq| r.has_ok("victim", seq))
+        })
         .await;
     assert_in_order(&recorder);
     scrape_until(addr, "nothing waiting", |m| {
         m.get(&format!("hopper_parked_messages{{route={}}}", s.name)) == Some(&0.0)
     })
     .await;
-    assert_eq!(recorder.calls_to("forged", 0), 0, "no forged message handled");
+    assert_eq!(
+        recorder.calls_to("forged", 0),
+        0,
+        "no forged message handled"
+    );
     hopper.stop().await;
 }
 
@@ -506,7 +640,9 @@ async fn a_key_too_large_for_the_park_topic_is_dead_lettered_not_retried_for_eve
             .expect("produce");
     }
     recorder
-        .wait_for("the big key's second message", PATIENCE, |r| r.has_ok("big", 1))
+        .wait_for("the big key's second message", PATIENCE, |r| {
+            r.has_ok("big", 1)
+        })
         .await;
     let dead = consume(&s.dlq, 1, PATIENCE).await;
     assert_eq!(dead.len(), 1);
@@ -516,7 +652,11 @@ async fn a_key_too_large_for_the_park_topic_is_dead_lettered_not_retried_for_eve
     assert_eq!(seqs(&recorder.calls_of("big")), [(0, 503), (1, 200)]);
     let stopping = Instant::now();
     hopper.stop().await;
-    assert!(stopping.elapsed() < Duration::from_secs(20), "{:?}", stopping.elapsed());
+    assert!(
+        stopping.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        stopping.elapsed()
+    );
 }
 
 /// One key cannot take the whole of `max_parked_mib`: past its share
@@ -581,11 +721,24 @@ async fn a_key_past_its_share_of_the_park_dead_letters_its_newest_messages_as_ke
     expected.sort();
     assert_eq!(ids, expected);
     recorder
-        .wait_for("the calm key", PATIENCE, |r| (0..3).all(|seq| r.has_ok("calm", seq)))
+        .wait_for("the calm key", PATIENCE, |r| {
+            (0..3).all(|seq| r.has_ok("calm", seq))
+        })
         .await;
-    s.cli(&["parked", "release", "--topic", &s.input, "--partition", "0", "--key", "hog"]);
+    s.cli(&[
+        "parked",
+        "release",
+        "--topic",
+        &s.input,
+        "--partition",
+        "0",
+        "--key",
+        "hog",
+    ]);
     recorder
-        .wait_for("the hog's parked messages", PATIENCE, |r| (1..11).all(|seq| r.has_ok("hog", seq)))
+        .wait_for("the hog's parked messages", PATIENCE, |r| {
+            (1..11).all(|seq| r.has_ok("hog", seq))
+        })
         .await;
     let calls = seqs(&recorder.calls_of("hog"));
     let mut expected = vec![(0, 503)];

@@ -30,4 +30,6 @@ mod topic;
 pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
 pub use table::LaneView;
 pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step, Summary};
-pub use topic::{LoadedTable, ParkError, Purged, Refused, Store, ensure_topic, list, load, purge, release};
+pub use topic::{
+    LoadedTable, ParkError, Purged, Refused, Store, ensure_topic, list, load, purge, release,
+};

@@ -88,9 +88,9 @@ impl Record {
     /// The lane it belongs to.
     pub fn lane(&self) -> &Lane {
         match self {
-            Record::Head { lane, .. } | Record::Parked { lane, .. } | Record::Release { lane, .. } => {
-                lane
-            }
+            Record::Head { lane, .. }
+            | Record::Parked { lane, .. }
+            | Record::Release { lane, .. } => lane,
         }
     }
 }

@@ -697,10 +697,14 @@ impl ParkTable {
                 seq: *seq,
                 message: message.clone(),
             },
-            (Some(KeyState::Releasing), None) if state.parked.is_empty() && state.lingered(now_ms()) => Step::Close {
-                head: state.head.as_ref().map(|h| h.head.clone()),
-                releases: state.releases.keys().cloned().collect(),
-            },
+            (Some(KeyState::Releasing), None)
+                if state.parked.is_empty() && state.lingered(now_ms()) =>
+            {
+                Step::Close {
+                    head: state.head.as_ref().map(|h| h.head.clone()),
+                    releases: state.releases.keys().cloned().collect(),
+                }
+            }
             _ => Step::Nothing,
         }
     }
@@ -884,7 +888,13 @@ mod tests {
     }
 
     fn table(policy: KeyDeadLetter) -> ParkTable {
-        ParkTable::new("orders", "orders.parked", policy, (1 << 20, 1 << 20), inputs())
+        ParkTable::new(
+            "orders",
+            "orders.parked",
+            policy,
+            (1 << 20, 1 << 20),
+            inputs(),
+        )
     }
 
     #[test]
@@ -1111,7 +1121,11 @@ mod tests {
         ] {
             assert_eq!(t.read(record.clone()), Err(refusal), "{record:?}");
         }
-        assert_eq!(t.read(head_at(&k, "m", 0, now + 1_000)), Ok(()), "a clock ahead");
+        assert_eq!(
+            t.read(head_at(&k, "m", 0, now + 1_000)),
+            Ok(()),
+            "a clock ahead"
+        );
         assert_eq!(t.read(parked(&k, i64::MAX)), Err(Refusal::BadOffset));
         assert_eq!(t.read(parked(&k, -3)), Err(Refusal::BadOffset));
         // Read at start, an offset at or past its partition's end, read
@@ -1195,7 +1209,11 @@ mod tests {
             "the orphan is dropped"
         );
         assert_eq!(t.summary().messages, 1);
-        assert_eq!(t.admit(&orphan, 7, "m7"), Admission::Call, "its key is free");
+        assert_eq!(
+            t.admit(&orphan, 7, "m7"),
+            Admission::Call,
+            "its key is free"
+        );
         assert_eq!(t.head_of(&late), Some(("m7".into(), KeyState::Parked)));
         // From now on a waiting message comes after its key's head.
         assert_eq!(t.read(parked(&lane("x"), 3)), Err(Refusal::NoHead));
@@ -1258,7 +1276,10 @@ mod tests {
         assert!(!t.settled(&victim, "orders-0-5", 40));
         assert_eq!(t.holds(&victim, "orders-0-5", 40), Some(false));
         t.apply(release(&other, "orders-0-5", Cause::Resolved));
-        assert_eq!(t.head_of(&victim), Some(("orders-0-5".into(), KeyState::Parked)));
+        assert_eq!(
+            t.head_of(&victim),
+            Some(("orders-0-5".into(), KeyState::Parked))
+        );
         assert_eq!(t.admit(&victim, 7, "m7"), Admission::Park);
     }
 
@@ -1268,7 +1289,7 @@ mod tests {
             (KeyDeadLetter::Continue, false),
             (KeyDeadLetter::DeadLetterKey, true),
         ] {
-            let t = ParkTable::new("orders", "orders.parked", policy, (10_000, 300), inputs());
+            let t = ParkTable::new("orders", "orders.parked", policy, (10_000, 400), inputs());
             let (k, other) = (lane("k"), lane("other"));
             assert!(!t.over_share(&k, 1_000), "a free key parks nothing");
             t.apply(head(&k, "m0", 0));
@@ -1276,7 +1297,7 @@ mod tests {
             t.apply(parked(&k, 1));
             t.apply(parked(&k, 2));
             assert!(!t.over_share(&k, 106));
-            assert!(t.over_share(&k, 200), "past 300 bytes");
+            assert!(t.over_share(&k, 200), "past 400 bytes");
             assert!(!t.over_share(&other, 200), "another key has its own share");
             assert_eq!(t.over_share(&k, 1), sticks, "{policy:?}");
             t.apply(release(&k, "m0", Cause::Operator));
