@@ -16,6 +16,10 @@
 //!   restart reads them back from the table, not from the input;
 //! - a waiting message's next hops before its record is deleted.
 //!
+//! Whoever may write the topic is not trusted: a record read from it is
+//! taken in only when the route could have written it
+//! ([`ParkTable::read`]), and refused, counted and logged otherwise.
+//!
 //! A partition's task runs everything of one key one at a time (the key
 //! queue), the messages read from the input and the *jobs* the table gives
 //! it for a key whose head resolved: the next waiting message, the

@@ -52,6 +52,12 @@ pub struct Refused {
     pub error: String,
 }
 
+/// A parked message's acknowledgement: refused for good, the message back,
+/// with why.
+pub type ParkAck = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(), (records::Parked, Refused)>> + Send>,
+>;
+
 /// A park-topic record as it is produced.
 struct Out {
     key: Vec<u8>,
@@ -590,9 +596,7 @@ impl Store {
         lane: &Lane,
         seq: i64,
         message: records::Parked,
-    ) -> std::pin::Pin<
-        Box<dyn std::future::Future<Output = Result<(), (records::Parked, Refused)>> + Send>,
-    > {
+    ) -> ParkAck {
         let record = Record::Parked {
             lane: lane.clone(),
             seq,
