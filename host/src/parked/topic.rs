@@ -591,12 +591,7 @@ impl Store {
     /// here: a key's own job, which frees room, may be waiting for this
     /// message's turn to end. Refused for good, the message is taken back
     /// out of the table and returned, to be dead-lettered.
-    pub fn park(
-        self: &Arc<Self>,
-        lane: &Lane,
-        seq: i64,
-        message: records::Parked,
-    ) -> ParkAck {
+    pub fn park(self: &Arc<Self>, lane: &Lane, seq: i64, message: records::Parked) -> ParkAck {
         let record = Record::Parked {
             lane: lane.clone(),
             seq,
