@@ -139,10 +139,14 @@ pub enum Reason {
     /// `on_key_dead_letter = "dead-letter-key"`, and no operator has
     /// released the key yet. `hopper-blocked-by` names that message.
     KeyBlocked,
+    /// The message's key held its share of the route's parked messages
+    /// (`max_parked_key_mib`): it did not wait behind the key's head. Its
+    /// handler was not called.
+    KeyParkFull,
 }
 
 impl Reason {
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 17] = [
         Reason::Retryable,
         Reason::Fatal,
         Reason::RetriesExhausted,
@@ -159,6 +163,7 @@ impl Reason {
         Reason::Undecodable,
         Reason::CancelTableFull,
         Reason::KeyBlocked,
+        Reason::KeyParkFull,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -179,6 +184,7 @@ impl Reason {
             Reason::Undecodable => "UNDECODABLE",
             Reason::CancelTableFull => "CANCEL_TABLE_FULL",
             Reason::KeyBlocked => "KEY_BLOCKED",
+            Reason::KeyParkFull => "KEY_PARK_FULL",
         }
     }
 

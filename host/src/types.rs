@@ -271,3 +271,46 @@ impl fmt::Display for Lane {
         )
     }
 }
+
+/// Why a record read from the park topic was not taken into the table
+/// (docs/ordered-retries.md, "What the table believes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ParkRefusal {
+    /// Its lane is not one of the route's: a topic that is not one of its
+    /// inputs, or a partition the topic does not have.
+    UnknownLane,
+    /// Its input offset cannot be: negative, or past its partition's end.
+    BadOffset,
+    /// Its time cannot be: negative, or ahead of the clock by more than
+    /// five minutes.
+    BadTime,
+    /// A waiting message of a key with no head, or a head deleted while
+    /// messages wait behind it.
+    NoHead,
+    /// The table holds its ceiling: twice `max_parked_mib`.
+    OverCeiling,
+    /// It could not be read at all.
+    Unreadable,
+}
+
+impl ParkRefusal {
+    pub const ALL: [ParkRefusal; 6] = [
+        ParkRefusal::UnknownLane,
+        ParkRefusal::BadOffset,
+        ParkRefusal::BadTime,
+        ParkRefusal::NoHead,
+        ParkRefusal::OverCeiling,
+        ParkRefusal::Unreadable,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ParkRefusal::UnknownLane => "unknown-lane",
+            ParkRefusal::BadOffset => "bad-offset",
+            ParkRefusal::BadTime => "bad-time",
+            ParkRefusal::NoHead => "no-head",
+            ParkRefusal::OverCeiling => "over-ceiling",
+            ParkRefusal::Unreadable => "unreadable",
+        }
+    }
+}

@@ -105,6 +105,10 @@ pub struct RouteConfig {
     /// process of the route holds them all); past it, a message that would
     /// be parked waits, and with it its partition. Default 64.
     pub max_parked_mib: Option<u64>,
+    /// The most bytes of parked messages one key may hold; past it, the
+    /// key's next messages are dead-lettered as `KEY_PARK_FULL`. Default an
+    /// eighth of `max_parked_mib`.
+    pub max_parked_key_mib: Option<u64>,
     /// Handler instances the route may have at once (one per running call).
     /// Default 64. `max_instances × memory_mib` is the most linear memory
     /// the route's handlers can take; see `[limits]`.
@@ -152,6 +156,8 @@ pub struct Parking {
     pub on_dead_letter: KeyDeadLetter,
     /// Bytes of parked messages held in memory, at most.
     pub max_bytes: usize,
+    /// Bytes of parked messages one key may hold, at most.
+    pub max_key_bytes: usize,
 }
 
 /// How a pipeline runs the messages of one partition.
@@ -545,6 +551,7 @@ fn resolve_parking(
             ),
             ("parked_topic", raw.parked_topic.is_some()),
             ("max_parked_mib", raw.max_parked_mib.is_some()),
+            ("max_parked_key_mib", raw.max_parked_key_mib.is_some()),
         ]
         .into_iter()
         .filter_map(|(key, set)| set.then_some(key))
@@ -568,10 +575,23 @@ fn resolve_parking(
             "{label}: max_parked_mib must be between 1 and {MAX_PARKED_MIB}, not {mib}"
         ));
     }
+    let max_bytes = (mib as usize) << 20;
+    let max_key_bytes = match raw.max_parked_key_mib {
+        None => max_bytes / 8,
+        Some(key_mib) => {
+            if key_mib == 0 || key_mib > mib {
+                problems.push(format!(
+                    "{label}: max_parked_key_mib must be between 1 and max_parked_mib ({mib}), not {key_mib}"
+                ));
+            }
+            (key_mib as usize) << 20
+        }
+    };
     Some(Parking {
         topic: topic.to_string(),
         on_dead_letter: raw.on_key_dead_letter,
-        max_bytes: (mib as usize) << 20,
+        max_bytes,
+        max_key_bytes,
     })
 }
 

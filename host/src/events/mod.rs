@@ -39,7 +39,7 @@ pub use handler::{
     HttpDenied, HttpRequest, STATUS_CLASSES,
 };
 pub use hops::HopFailed;
-pub use parked::{KeyParked, KeyReleased, MessageParked};
+pub use parked::{KeyParked, KeyReleased, MessageParked, ParkRecordsRefused};
 pub use telemetry::Telemetry;
 
 use crate::hop::{self, Outcome};
@@ -152,6 +152,7 @@ events! {
     KeyParked,
     MessageParked,
     KeyReleased,
+    ParkRecordsRefused,
 }
 
 /// The first 12 hex digits of a version, enough to tell versions apart in a

@@ -96,3 +96,43 @@ impl InternalEvent for KeyReleased {
         metrics.inc(&series::KeyReleases { route, cause });
     }
 }
+
+/// Records read from a route's park topic were not taken into its table:
+/// hopper could not have written them (docs/ordered-retries.md, "What the
+/// table believes"). Logged at most once a second (`logged`), counted
+/// always.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParkRecordsRefused {
+    pub route: String,
+    pub topic: String,
+    /// Why: [`crate::parked::Refusal::as_str`].
+    pub reason: &'static str,
+    /// How many.
+    pub count: u64,
+    /// Where the last one was read: partition and offset, when one record.
+    pub at: Option<(i32, i64)>,
+    /// Refusals not logged since the last line.
+    pub unlogged: u64,
+    /// Whether to log this one.
+    pub logged: bool,
+}
+
+impl InternalEvent for ParkRecordsRefused {
+    fn record(&self, metrics: &Metrics) {
+        let route = &self.route;
+        if self.logged {
+            tracing::warn!(
+                route,
+                topic = self.topic,
+                reason = self.reason,
+                count = self.count,
+                partition = self.at.map(|a| a.0),
+                offset = self.at.map(|a| a.1),
+                not_logged_before = self.unlogged,
+                "Park-topic record refused: hopper could not have written it; it changes nothing."
+            );
+        }
+        let reason = self.reason;
+        metrics.inc_by(&series::ParkRefused { route, reason }, self.count);
+    }
+}

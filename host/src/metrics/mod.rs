@@ -148,6 +148,10 @@ impl Metrics {
                 let cause = cause.as_str();
                 self.handle(&series::KeyReleases { route, cause });
             }
+            for reason in crate::types::ParkRefusal::ALL {
+                let reason = reason.as_str();
+                self.handle(&series::ParkRefused { route, reason });
+            }
         }
         if config.delay.is_some() {
             routes.push((RELAY_ROUTE, Vec::new(), false));

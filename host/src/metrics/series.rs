@@ -188,6 +188,9 @@ counters! {
     /// `hopper_key_releases_total{route,cause}`.
     KeyReleases "hopper_key_releases" [route, cause]
         "Parked keys whose head stopped holding them, by cause: resolved (its handler returned ok), dead-lettered, operator (released through the admin API or the CLI).";
+    /// `hopper_parked_refused_total{route,reason}`.
+    ParkRefused "hopper_parked_refused" [route, reason]
+        "Records of a route's park topic its park table did not take in, by reason: unknown-lane, bad-offset, bad-time, no-head, over-ceiling, unreadable (records hopper could not have written).";
     /// `hopper_trace_spans_dropped_total`.
     DroppedSpans "hopper_trace_spans_dropped" []
         "Spans dropped without being exported: the export queue was full, or the OTLP endpoint did not take their batch.";

@@ -16,6 +16,10 @@
 //!   restart reads them back from the table, not from the input;
 //! - a waiting message's next hops before its record is deleted.
 //!
+//! Whoever may write the topic is not trusted: a record read from it is
+//! taken in only when the route could have written it
+//! ([`ParkTable::read`]), and refused, counted and logged otherwise.
+//!
 //! A partition's task runs everything of one key one at a time (the key
 //! queue), the messages read from the input and the *jobs* the table gives
 //! it for a key whose head resolved: the next waiting message, the
@@ -29,5 +33,7 @@ mod topic;
 
 pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
 pub use table::LaneView;
-pub use table::{Admission, KeyState, KeyView, ParkTable, Step, Summary};
-pub use topic::{LoadedTable, ParkError, Store, ensure_topic, list, load, release};
+pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step, Summary};
+pub use topic::{
+    LoadedTable, ParkError, Purged, Refused, Store, ensure_topic, list, load, purge, release,
+};

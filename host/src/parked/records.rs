@@ -84,6 +84,17 @@ pub enum Record {
     },
 }
 
+impl Record {
+    /// The lane it belongs to.
+    pub fn lane(&self) -> &Lane {
+        match self {
+            Record::Head { lane, .. }
+            | Record::Parked { lane, .. }
+            | Record::Release { lane, .. } => lane,
+        }
+    }
+}
+
 /// Why a park-topic record could not be read; the record is skipped.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("park-topic record {what}")]

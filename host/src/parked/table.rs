@@ -19,8 +19,19 @@ use tokio::sync::Notify;
 pub const CLOSE_AFTER: std::time::Duration = std::time::Duration::from_secs(5);
 const CLOSE_AFTER_MS: i64 = CLOSE_AFTER.as_millis() as i64;
 /// What a parked key costs in memory besides its waiting messages (its
-/// entry, its head and the index by head id), counted against the bound.
+/// entry and its head), counted against the bound.
 pub const KEY_BYTES: usize = 512;
+/// How far ahead of this process's clock a record read from the park topic
+/// may date itself (a head's `since`, a release's `at`): clocks differ, but
+/// not by more.
+pub const MAX_SKEW_MS: i64 = 5 * 60 * 1000;
+/// The highest input offset a record read while following the topic may
+/// name (2^53): at a million messages a second, a partition reaches it in
+/// 285 years. A record read at start must name an offset below its
+/// partition's end, read just before.
+pub const MAX_OFFSET: i64 = 1 << 53;
+
+pub use crate::types::ParkRefusal as Refusal;
 
 /// What a key is, as the table has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -124,7 +135,13 @@ struct LaneState {
     bytes: usize,
     /// A job of this key waits in its partition's queue, or runs.
     queued: bool,
-    /// The highest input offset the key took here (head or parked).
+    /// Under `on_key_dead_letter = "dead-letter-key"`: a message of the key
+    /// went past its share, so every later one is dead-lettered too, until
+    /// the key is free again or an operator releases it.
+    overflowed: bool,
+    /// The highest input offset of a waiting message of the key handed on.
+    /// Not one still waiting, nor a head's: a record written with a
+    /// made-up offset would pass for every message of the key below it.
     high: Option<i64>,
 }
 
@@ -144,9 +161,11 @@ impl LaneState {
                 }
                 Some(_) => KeyState::Releasing,
             }),
-            None if !self.parked.is_empty() || !self.releases.is_empty() => {
-                Some(KeyState::Releasing)
-            }
+            // Its head deleted, and its releases not yet: nothing holds it.
+            // Messages read at start before their key's head (compaction
+            // keeps a rewritten head's latest record only) wait for it, and
+            // are dropped if none comes ([`ParkTable::loaded`]).
+            None if !self.releases.is_empty() => Some(KeyState::Releasing),
             None => None,
         }
     }
@@ -165,10 +184,19 @@ impl LaneState {
     /// since its last release, the key's records to delete.
     fn has_work(&self, policy: KeyDeadLetter, now: i64) -> bool {
         match self.state(policy) {
-            Some(KeyState::Releasing) => !self.parked.is_empty() || self.lingered(now),
+            Some(KeyState::Releasing) => {
+                (self.head.is_some() && !self.parked.is_empty())
+                    || (self.parked.is_empty() && self.lingered(now))
+            }
             Some(KeyState::Blocked) => !self.parked.is_empty(),
             _ => false,
         }
+    }
+
+    /// The waiting message a job may hand on next: none without a head.
+    fn first(&self) -> Option<(&i64, &Parked)> {
+        self.head.as_ref()?;
+        self.parked.iter().next()
     }
 
     /// Whether every release of the key is older than [`CLOSE_AFTER`].
@@ -190,8 +218,6 @@ impl LaneState {
 #[derive(Default)]
 struct Inner {
     lanes: HashMap<Lane, LaneState>,
-    /// Head id → its key, for a head resolved from a tier.
-    heads: HashMap<String, Lane>,
     bytes: usize,
     messages: usize,
     /// The partitions this process's tasks run, and how to wake each.
@@ -200,12 +226,25 @@ struct Inner {
     work: HashMap<TopicPartition, Vec<Lane>>,
 }
 
+/// The route's input partitions, which are the only lanes a park topic
+/// may hold: per input topic, each partition's end (high watermark) when
+/// the table was loaded.
+pub type Inputs = HashMap<String, Vec<i64>>;
+
 /// The parked keys of one route, in every process of the route.
 pub struct ParkTable {
     pub(super) route: String,
     pub(super) topic: String,
     policy: KeyDeadLetter,
     max_bytes: usize,
+    /// The most bytes of waiting messages one key may hold.
+    max_key_bytes: usize,
+    /// The most bytes records read from the topic may take: past it, a
+    /// record is refused ([`Refusal::OverCeiling`]).
+    ceiling: usize,
+    inputs: Inputs,
+    /// Reading the topic to its end, at start ([`ParkTable::loaded`]).
+    loading: std::sync::atomic::AtomicBool,
     inner: Mutex<Inner>,
     /// Woken when parked bytes are freed.
     room: Notify,
@@ -215,12 +254,22 @@ pub struct ParkTable {
 }
 
 impl ParkTable {
-    pub fn new(route: &str, topic: &str, policy: KeyDeadLetter, max_bytes: usize) -> ParkTable {
+    pub fn new(
+        route: &str,
+        topic: &str,
+        policy: KeyDeadLetter,
+        (max_bytes, max_key_bytes): (usize, usize),
+        inputs: Inputs,
+    ) -> ParkTable {
         ParkTable {
             route: route.to_string(),
             topic: topic.to_string(),
             policy,
             max_bytes,
+            max_key_bytes,
+            ceiling: max_bytes.saturating_mul(2),
+            inputs,
+            loading: std::sync::atomic::AtomicBool::new(true),
             inner: Mutex::default(),
             room: Notify::new(),
             held: std::sync::atomic::AtomicUsize::new(0),
@@ -239,17 +288,152 @@ impl ParkTable {
         self.policy
     }
 
-    /// Applies one record of the park topic (read, or written here).
+    /// Applies one record this process wrote.
     pub fn apply(&self, record: Record) {
+        let inner = self.inner.lock().unwrap();
+        self.apply_locked(inner, record);
+    }
+
+    /// Takes in one record read from the park topic, written by another
+    /// process or by anyone else who may write the topic: only what this
+    /// route could have written is believed. A record refused changes
+    /// nothing.
+    pub fn read(&self, record: Record) -> Result<(), Refusal> {
+        let now = now_ms();
+        let lane = record.lane();
+        let end = self
+            .inputs
+            .get(&lane.topic)
+            .and_then(|ends| ends.get(usize::try_from(lane.partition).ok()?))
+            .ok_or(Refusal::UnknownLane)?;
+        let loading = self.loading.load(std::sync::atomic::Ordering::Relaxed);
+        // What names an offset past its partition's end is dropped once
+        // the topic is read ([`ParkTable::loaded`]).
+        let limit = MAX_OFFSET.max(*end);
+        let offset_ok = |seq: i64| (0..=limit).contains(&seq);
+        let time_ok = |ms: i64| (0..=now.saturating_add(MAX_SKEW_MS)).contains(&ms);
+        let inner = self.inner.lock().unwrap();
+        let state = inner.lanes.get(lane);
+        let new_lane = if state.is_none() { KEY_BYTES } else { 0 };
+        let room = |more: usize| inner.bytes + more <= self.ceiling;
+        match &record {
+            Record::Head { head: Some(h), .. } => {
+                if !offset_ok(h.seq) {
+                    return Err(Refusal::BadOffset);
+                }
+                if !time_ok(h.since) {
+                    return Err(Refusal::BadTime);
+                }
+                if !room(new_lane) {
+                    return Err(Refusal::OverCeiling);
+                }
+            }
+            Record::Head { head: None, .. } => {
+                // A key's head is deleted only once nothing waits behind it.
+                if state.is_some_and(|s| !s.parked.is_empty()) {
+                    return Err(Refusal::NoHead);
+                }
+            }
+            Record::Parked {
+                seq,
+                message: Some(message),
+                ..
+            } => {
+                if !offset_ok(*seq) {
+                    return Err(Refusal::BadOffset);
+                }
+                // At start, a key's rewritten head may come after its
+                // waiting messages; from then on it is always written first.
+                if !loading && state.is_none_or(|s| s.head.is_none()) {
+                    return Err(Refusal::NoHead);
+                }
+                if !room(new_lane + message.size()) {
+                    return Err(Refusal::OverCeiling);
+                }
+            }
+            Record::Release {
+                release: Some(release),
+                ..
+            } => {
+                if !time_ok(release.at) {
+                    return Err(Refusal::BadTime);
+                }
+                if !room(new_lane) {
+                    return Err(Refusal::OverCeiling);
+                }
+            }
+            Record::Parked { message: None, .. } | Record::Release { release: None, .. } => {
+                if state.is_none() {
+                    // Deletes nothing.
+                    return Ok(());
+                }
+            }
+        }
+        self.apply_locked(inner, record);
+        Ok(())
+    }
+
+    /// The topic was read to its end, and `ends` are its input
+    /// partitions' ends read after that: every record read was written for
+    /// a message read before, below them. Drops the heads and waiting
+    /// messages that name an offset at or past their partition's end
+    /// ([`Refusal::BadOffset`]), then the waiting messages whose key has
+    /// no head, none having been written for them ([`Refusal::NoHead`]).
+    /// From now on a waiting message comes after its key's head. Returns
+    /// how many it dropped, for each reason.
+    pub fn loaded(&self, ends: &Inputs) -> [(Refusal, usize); 2] {
+        self.loading
+            .store(false, std::sync::atomic::Ordering::Relaxed);
         let mut inner = self.inner.lock().unwrap();
-        let lane = match &record {
-            Record::Head { lane, .. }
-            | Record::Parked { lane, .. }
-            | Record::Release { lane, .. } => lane.clone(),
-        };
         let Inner {
             lanes,
-            heads,
+            bytes,
+            messages,
+            ..
+        } = &mut *inner;
+        let (mut past, mut headless) = (0, 0);
+        lanes.retain(|lane, state| {
+            let end = ends
+                .get(&lane.topic)
+                .and_then(|e| e.get(usize::try_from(lane.partition).ok()?))
+                .copied()
+                .unwrap_or(0);
+            if state.head.as_ref().is_some_and(|h| h.seq >= end) {
+                past += 1;
+                state.head = None;
+            }
+            let beyond: Vec<i64> = state.parked.range(end..).map(|(seq, _)| *seq).collect();
+            for seq in beyond {
+                let message = state.parked.remove(&seq).expect("listed");
+                past += 1;
+                *messages -= 1;
+                *bytes -= message.size();
+                state.bytes -= message.size();
+            }
+            if state.head.is_none() {
+                headless += state.parked.len();
+                *messages -= state.parked.len();
+                *bytes -= state.bytes;
+                state.parked.clear();
+                state.bytes = 0;
+            }
+            if state.state(self.policy).is_none() {
+                *bytes -= KEY_BYTES;
+                return false;
+            }
+            true
+        });
+        self.held
+            .store(*bytes, std::sync::atomic::Ordering::Relaxed);
+        drop(inner);
+        self.room.notify_waiters();
+        [(Refusal::BadOffset, past), (Refusal::NoHead, headless)]
+    }
+
+    fn apply_locked(&self, mut inner: std::sync::MutexGuard<'_, Inner>, record: Record) {
+        let lane = record.lane().clone();
+        let Inner {
+            lanes,
             bytes,
             messages,
             ..
@@ -260,25 +444,18 @@ impl ParkTable {
         });
         let mut freed = false;
         match record {
-            Record::Head { head, .. } => {
-                if let Some(old) = state.head.take() {
-                    heads.remove(&old.head);
-                }
-                if let Some(head) = head {
-                    state.took(head.seq);
-                    heads.insert(head.head.clone(), lane.clone());
-                    state.head = Some(head);
-                }
-            }
+            Record::Head { head, .. } => state.head = head,
             Record::Parked { seq, message, .. } => {
                 if let Some(old) = state.parked.remove(&seq) {
                     state.bytes -= old.size();
                     *bytes -= old.size();
                     *messages -= 1;
                     freed = true;
+                    if message.is_none() {
+                        state.took(seq);
+                    }
                 }
                 if let Some(message) = message {
-                    state.took(seq);
                     state.bytes += message.size();
                     *bytes += message.size();
                     *messages += 1;
@@ -286,12 +463,17 @@ impl ParkTable {
                 }
             }
             Record::Release { head, release, .. } => match release {
-                Some(release) => _ = state.releases.insert(head, release),
+                Some(release) => {
+                    if release.cause == Cause::Operator {
+                        state.overflowed = false;
+                    }
+                    state.releases.insert(head, release);
+                }
                 None => _ = state.releases.remove(&head),
             },
         }
         let has_work = state.has_work(self.policy, now_ms()) && !state.queued;
-        if state.state(self.policy).is_none() && !state.queued {
+        if state.state(self.policy).is_none() && state.parked.is_empty() && !state.queued {
             lanes.remove(&lane);
             *bytes -= KEY_BYTES;
             freed = true;
@@ -305,6 +487,45 @@ impl ParkTable {
         if freed {
             self.room.notify_waiters();
         }
+    }
+
+    /// `max_parked_key_mib`, in bytes.
+    pub fn key_share(&self) -> usize {
+        self.max_key_bytes
+    }
+
+    /// Whether a message of `size` bytes would take `lane` past its share
+    /// of the parked messages; under `on_key_dead_letter =
+    /// "dead-letter-key"`, also whether one of the key's messages went
+    /// past it before (and the key was not free or released since).
+    pub fn over_share(&self, lane: &Lane, size: usize) -> bool {
+        let mut inner = self.inner.lock().unwrap();
+        let Some(state) = inner.lanes.get_mut(lane) else {
+            return false;
+        };
+        if state.overflowed {
+            return true;
+        }
+        let over = state.bytes + size > self.max_key_bytes;
+        if over && self.policy == KeyDeadLetter::DeadLetterKey {
+            state.overflowed = true;
+        }
+        over
+    }
+
+    /// Takes the waiting message `seq` of `lane` out of the table: the
+    /// park topic refused its record.
+    pub fn take(&self, lane: &Lane, seq: i64) -> Option<Parked> {
+        let message = {
+            let inner = self.inner.lock().unwrap();
+            inner.lanes.get(lane)?.parked.get(&seq)?.clone()
+        };
+        self.apply(Record::Parked {
+            lane: lane.clone(),
+            seq,
+            message: None,
+        });
+        Some(message)
     }
 
     /// What a message of `lane` read from the input at `seq`, with id `id`,
@@ -321,7 +542,13 @@ impl ParkTable {
                 Admission::CallAsHead
             }
             (Some(head), _) if seq < head.seq => Admission::Redeliver,
-            _ if state.high.is_some_and(|high| seq <= high) => Admission::Skip,
+            // The head itself, read again once resolved or being handed on.
+            (Some(head), _) if seq == head.seq && head.head == id => Admission::Skip,
+            _ if state.parked.contains_key(&seq) || state.high.is_some_and(|high| seq <= high) => {
+                Admission::Skip
+            }
+            // No head holds it: only its releases are left, to be deleted.
+            (None, _) => Admission::Call,
             (Some(head), Some(KeyState::Blocked)) => Admission::Block {
                 head: head.head.clone(),
             },
@@ -329,9 +556,35 @@ impl ParkTable {
         }
     }
 
-    /// The key a head id parks, when the table knows it.
-    pub fn lane_of_head(&self, id: &str) -> Option<Lane> {
-        self.inner.lock().unwrap().heads.get(id).cloned()
+    /// Whether `lane`'s head is the message `id` read at input offset
+    /// `seq`. A head is known by its lane, its id and its offset: an id
+    /// alone is the producer's to choose, and a message of another key, or
+    /// of another partition, may carry it.
+    pub fn is_head(&self, lane: &Lane, id: &str, seq: i64) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .lanes
+            .get(lane)
+            .and_then(|state| state.head.as_ref())
+            .is_some_and(|head| head.head == id && head.seq == seq)
+    }
+
+    /// Whether the message `id` (input offset `seq`) read from a retry
+    /// tier holds `lane`: it is the head the key is parked or blocked
+    /// behind. `None` when the table has no head for the key (its record
+    /// may not have been read yet).
+    pub fn holds(&self, lane: &Lane, id: &str, seq: i64) -> Option<bool> {
+        let inner = self.inner.lock().unwrap();
+        let state = inner.lanes.get(lane)?;
+        let head = state.head.as_ref()?;
+        Some(
+            head.head == id
+                && head.seq == seq
+                && matches!(
+                    state.state(self.policy),
+                    Some(KeyState::Parked | KeyState::Blocked)
+                ),
+        )
     }
 
     /// Whether a release of `head` by `cause` would change anything: the
@@ -429,7 +682,7 @@ impl ParkTable {
         let Some(state) = inner.lanes.get(lane) else {
             return Step::Nothing;
         };
-        let first = state.parked.iter().next();
+        let first = state.first();
         match (state.state(self.policy), first) {
             (Some(KeyState::Blocked), Some((seq, message))) => Step::DeadLetter {
                 seq: *seq,
@@ -444,10 +697,14 @@ impl ParkTable {
                 seq: *seq,
                 message: message.clone(),
             },
-            (Some(KeyState::Releasing), None) if state.lingered(now_ms()) => Step::Close {
-                head: state.head.as_ref().map(|h| h.head.clone()),
-                releases: state.releases.keys().cloned().collect(),
-            },
+            (Some(KeyState::Releasing), None)
+                if state.parked.is_empty() && state.lingered(now_ms()) =>
+            {
+                Step::Close {
+                    head: state.head.as_ref().map(|h| h.head.clone()),
+                    releases: state.releases.keys().cloned().collect(),
+                }
+            }
             _ => Step::Nothing,
         }
     }
@@ -460,7 +717,7 @@ impl ParkTable {
             return;
         };
         state.queued = false;
-        if state.state(self.policy).is_none() {
+        if state.state(self.policy).is_none() && state.parked.is_empty() {
             inner.lanes.remove(lane);
             inner.bytes -= KEY_BYTES;
             self.held
@@ -507,7 +764,7 @@ impl ParkTable {
             return false;
         };
         match &state.head {
-            Some(head) if head.head == id => state.releases.contains_key(id),
+            Some(head) if head.head == id && head.seq == seq => state.releases.contains_key(id),
             Some(head) => head.seq > seq,
             None => state.high.is_some_and(|high| high >= seq),
         }
@@ -624,8 +881,20 @@ mod tests {
         }
     }
 
+    /// The route's one input, `orders`, of two partitions, each 1000
+    /// records long.
+    fn inputs() -> Inputs {
+        HashMap::from([("orders".to_string(), vec![1_000, 1_000])])
+    }
+
     fn table(policy: KeyDeadLetter) -> ParkTable {
-        ParkTable::new("orders", "orders.parked", policy, 1 << 20)
+        ParkTable::new(
+            "orders",
+            "orders.parked",
+            policy,
+            (1 << 20, 1 << 20),
+            inputs(),
+        )
     }
 
     #[test]
@@ -764,7 +1033,7 @@ mod tests {
         t.apply(release(&k, "m1", Cause::Resolved));
         assert_eq!(t.head_of(&k), Some(("m2".into(), KeyState::Parked)));
         assert!(t.releases(&lane("unknown"), "x", Cause::Resolved));
-        assert_eq!(t.lane_of_head("m2"), Some(k));
+        assert!(t.is_head(&k, "m2", 2));
     }
 
     #[tokio::test]
@@ -773,7 +1042,8 @@ mod tests {
             "orders",
             "orders.parked",
             KeyDeadLetter::Continue,
-            100,
+            (100, 100),
+            inputs(),
         ));
         let k = lane("acct-4");
         assert!(!t.full());
@@ -795,5 +1065,243 @@ mod tests {
             .await
             .expect("woken when room was freed")
             .unwrap();
+    }
+
+    fn head_at(lane: &Lane, id: &str, seq: i64, since: i64) -> Record {
+        Record::Head {
+            lane: lane.clone(),
+            head: Some(Head {
+                head: id.into(),
+                seq,
+                since,
+            }),
+        }
+    }
+
+    fn in_partition(partition: i32, key: &str) -> Lane {
+        Lane {
+            partition,
+            ..lane(key)
+        }
+    }
+
+    #[test]
+    fn a_record_of_a_lane_the_route_does_not_have_is_refused() {
+        let t = table(KeyDeadLetter::Continue);
+        let made_up = Lane {
+            topic: "elsewhere".into(),
+            ..lane("k")
+        };
+        for lane in [made_up, in_partition(2, "k"), in_partition(-1, "k")] {
+            assert_eq!(t.read(head(&lane, "m1", 1)), Err(Refusal::UnknownLane));
+            assert_eq!(t.read(parked(&lane, 2)), Err(Refusal::UnknownLane));
+            assert_eq!(
+                t.read(release(&lane, "m1", Cause::Operator)),
+                Err(Refusal::UnknownLane)
+            );
+        }
+        assert_eq!(t.summary(), Summary::default(), "nothing kept");
+        assert!(t.list().is_empty());
+        assert_eq!(t.read(head(&in_partition(1, "k"), "m1", 1)), Ok(()));
+    }
+
+    #[test]
+    fn an_offset_or_a_time_that_cannot_be_is_refused() {
+        let t = table(KeyDeadLetter::Continue);
+        let k = lane("k");
+        let now = now_ms();
+        let year_10000 = 253_402_300_800_000;
+        for (record, refusal) in [
+            (head_at(&k, "m", -1, now), Refusal::BadOffset),
+            (head_at(&k, "m", i64::MAX, now), Refusal::BadOffset),
+            (head_at(&k, "m", 1, -5), Refusal::BadTime),
+            (head_at(&k, "m", 1, now + 3_600_000), Refusal::BadTime),
+            (head_at(&k, "m", 1, year_10000), Refusal::BadTime),
+            (head_at(&k, "m", 1, i64::MAX), Refusal::BadTime),
+        ] {
+            assert_eq!(t.read(record.clone()), Err(refusal), "{record:?}");
+        }
+        assert_eq!(
+            t.read(head_at(&k, "m", 0, now + 1_000)),
+            Ok(()),
+            "a clock ahead"
+        );
+        assert_eq!(t.read(parked(&k, i64::MAX)), Err(Refusal::BadOffset));
+        assert_eq!(t.read(parked(&k, -3)), Err(Refusal::BadOffset));
+        // Read at start, an offset at or past its partition's end, read
+        // once the topic is, cannot be: dropped then.
+        t.read(parked(&k, 1_000)).unwrap();
+        t.read(parked(&k, 999)).unwrap();
+        let beyond = lane("beyond");
+        t.read(head_at(&beyond, "b", 5_000, now)).unwrap();
+        t.read(parked(&beyond, 5_001)).unwrap();
+        assert_eq!(
+            t.read(Record::Release {
+                lane: k.clone(),
+                head: "m".into(),
+                release: Some(Release {
+                    cause: Cause::Resolved,
+                    at: year_10000
+                }),
+            }),
+            Err(Refusal::BadTime)
+        );
+        assert_eq!(
+            t.loaded(&inputs()),
+            [(Refusal::BadOffset, 3), (Refusal::NoHead, 0)]
+        );
+        assert_eq!(t.admit(&beyond, 5_001, "b1"), Admission::Call, "dropped");
+        assert_eq!(t.summary().messages, 1, "999 waits");
+        t.apply(Record::Parked {
+            lane: k.clone(),
+            seq: 999,
+            message: None,
+        });
+        // Once loaded, an offset past the end read at start may be a
+        // message read since; not one past 2^53.
+        assert_eq!(t.read(parked(&k, 5_000)), Ok(()));
+        assert_eq!(t.read(parked(&k, MAX_OFFSET + 1)), Err(Refusal::BadOffset));
+        assert_eq!(t.read(parked(&k, i64::MAX)), Err(Refusal::BadOffset));
+        assert_eq!(t.summary().messages, 1);
+        let view = &t.list()[0];
+        assert_eq!((view.since_ms, view.parked), (Some(now + 1_000), 1));
+    }
+
+    /// A head at offset 0 and a message waiting at a made-up offset used
+    /// to make every later message of the key "parked already": committed,
+    /// and never handled.
+    #[test]
+    fn a_waiting_message_at_a_made_up_offset_does_not_pass_for_the_keys_later_messages() {
+        let t = table(KeyDeadLetter::Continue);
+        let k = lane("victim");
+        t.read(head(&k, "m0", 0)).unwrap();
+        t.read(parked(&k, 999)).unwrap();
+        t.loaded(&inputs());
+        for seq in [1, 500, 998] {
+            assert_eq!(t.admit(&k, seq, "real"), Admission::Park, "{seq}");
+        }
+        assert_eq!(t.admit(&k, 999, "again"), Admission::Skip, "it waits");
+        // A head naming another message's offset does not pass for it.
+        let v = lane("victim-2");
+        t.read(head(&v, "forged", 3)).unwrap();
+        assert_eq!(t.admit(&v, 3, "real/3"), Admission::Park);
+        assert_eq!(t.admit(&v, 4, "real/4"), Admission::Park);
+    }
+
+    #[test]
+    fn a_waiting_message_without_a_head_is_refused_but_one_read_before_its_head_at_start_waits_for_it()
+     {
+        let t = table(KeyDeadLetter::Continue);
+        let tp = TopicPartition::new("orders", 0);
+        t.watch(&tp, Arc::new(Notify::new()));
+        let (orphan, late) = (lane("orphan"), lane("late-head"));
+        // Compaction keeps a rewritten head's latest record only, which may
+        // come after the key's waiting messages.
+        t.read(parked(&orphan, 7)).unwrap();
+        t.read(release(&late, "m1", Cause::Resolved)).unwrap();
+        t.read(parked(&late, 9)).unwrap();
+        assert!(t.jobs(&tp).is_empty(), "no head: nothing handed on");
+        assert_eq!(t.step(&late), Step::Nothing);
+        t.read(head(&late, "m7", 7)).unwrap();
+        assert_eq!(
+            t.loaded(&inputs()),
+            [(Refusal::BadOffset, 0), (Refusal::NoHead, 1)],
+            "the orphan is dropped"
+        );
+        assert_eq!(t.summary().messages, 1);
+        assert_eq!(
+            t.admit(&orphan, 7, "m7"),
+            Admission::Call,
+            "its key is free"
+        );
+        assert_eq!(t.head_of(&late), Some(("m7".into(), KeyState::Parked)));
+        // From now on a waiting message comes after its key's head.
+        assert_eq!(t.read(parked(&lane("x"), 3)), Err(Refusal::NoHead));
+        // A head is deleted only once nothing waits behind it.
+        assert_eq!(
+            t.read(Record::Head {
+                lane: late.clone(),
+                head: None
+            }),
+            Err(Refusal::NoHead)
+        );
+        assert_eq!(t.head_of(&late), Some(("m7".into(), KeyState::Parked)));
+        assert_eq!(t.summary().messages, 1);
+    }
+
+    #[test]
+    fn past_its_ceiling_a_record_read_is_refused() {
+        let t = ParkTable::new(
+            "orders",
+            "orders.parked",
+            KeyDeadLetter::Continue,
+            (4_000, 4_000),
+            inputs(),
+        );
+        let k = lane("k");
+        t.read(head(&k, "m0", 0)).unwrap();
+        let mut refused = 0;
+        for seq in 1..100 {
+            if t.read(parked(&k, seq)) == Err(Refusal::OverCeiling) {
+                refused += 1;
+            }
+        }
+        assert!(refused > 0);
+        assert!(t.summary().bytes <= 8_000, "{:?}", t.summary());
+        assert_eq!(
+            t.read(head(&lane("another"), "m1", 1)),
+            Err(Refusal::OverCeiling)
+        );
+        // What this process parks itself is bounded at the read, not here.
+        t.apply(parked(&k, 500));
+        assert!(t.summary().bytes > 8_000);
+    }
+
+    /// A head is known by its lane, its id and its offset: another key's
+    /// message carrying the same id settles and releases nothing.
+    #[test]
+    fn a_head_is_known_by_its_lane_its_id_and_its_offset() {
+        let t = table(KeyDeadLetter::Continue);
+        let (victim, other) = (lane("victim"), in_partition(1, "other"));
+        t.apply(head(&victim, "orders-0-5", 5));
+        t.apply(parked(&victim, 6));
+        assert!(t.is_head(&victim, "orders-0-5", 5));
+        assert!(!t.is_head(&other, "orders-0-5", 5));
+        assert!(!t.is_head(&victim, "orders-0-5", 4));
+        assert_eq!(t.holds(&victim, "orders-0-5", 5), Some(true));
+        assert_eq!(t.holds(&victim, "orders-0-5", 3), Some(false));
+        assert_eq!(t.holds(&other, "orders-0-5", 5), None);
+        // The other key parks behind a message carrying the victim's id.
+        t.apply(head(&other, "orders-0-5", 40));
+        assert!(!t.settled(&victim, "orders-0-5", 40));
+        assert_eq!(t.holds(&victim, "orders-0-5", 40), Some(false));
+        t.apply(release(&other, "orders-0-5", Cause::Resolved));
+        assert_eq!(
+            t.head_of(&victim),
+            Some(("orders-0-5".into(), KeyState::Parked))
+        );
+        assert_eq!(t.admit(&victim, 7, "m7"), Admission::Park);
+    }
+
+    #[test]
+    fn a_key_past_its_share_is_told_so_and_under_dead_letter_key_stays_so_until_released() {
+        for (policy, sticks) in [
+            (KeyDeadLetter::Continue, false),
+            (KeyDeadLetter::DeadLetterKey, true),
+        ] {
+            let t = ParkTable::new("orders", "orders.parked", policy, (10_000, 400), inputs());
+            let (k, other) = (lane("k"), lane("other"));
+            assert!(!t.over_share(&k, 1_000), "a free key parks nothing");
+            t.apply(head(&k, "m0", 0));
+            t.apply(head(&other, "o0", 0));
+            t.apply(parked(&k, 1));
+            t.apply(parked(&k, 2));
+            assert!(!t.over_share(&k, 106));
+            assert!(t.over_share(&k, 200), "past 400 bytes");
+            assert!(!t.over_share(&other, 200), "another key has its own share");
+            assert_eq!(t.over_share(&k, 1), sticks, "{policy:?}");
+            t.apply(release(&k, "m0", Cause::Operator));
+            assert!(!t.over_share(&k, 1), "released");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! followed from then on, and written, one acknowledged record at a time.
 
 use super::records::{self, BadRecord, Cause, Head, Lane, Record};
-use super::table::{KeyState, KeyView, ParkTable};
+use super::table::{Inputs, KeyState, KeyView, ParkTable, Refusal};
 use crate::clock::now_ms;
 use crate::config::{Parking, Route};
 use crate::events::{self, Event, Telemetry};
@@ -28,6 +28,8 @@ const SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often a wait for the table to catch up looks at the reader's
 /// position, besides each record read.
 const CATCH_UP_LOOK: Duration = Duration::from_millis(100);
+/// How long reading an input topic's partitions and ends may take.
+const INPUT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest wait between two tries of a record the broker refused.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
 
@@ -41,6 +43,20 @@ pub enum ParkError {
     #[error("{lane} is not parked or blocked")]
     NotParked { lane: String },
 }
+
+/// The broker refused a park-topic record for good (too large, not
+/// allowed): trying again would never end.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("the park topic refused the record for good: {error}")]
+pub struct Refused {
+    pub error: String,
+}
+
+/// A parked message's acknowledgement: refused for good, the message back,
+/// with why.
+pub type ParkAck = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(), (records::Parked, Refused)>> + Send>,
+>;
 
 /// A park-topic record as it is produced.
 struct Out {
@@ -73,7 +89,41 @@ pub struct Store {
     me: String,
     progress: Mutex<Progress>,
     progressed: Notify,
+    refusals: Mutex<Refusals>,
     telemetry: Telemetry,
+}
+
+/// The refusals logged, for [`Store::refused`]: at most one line a second.
+#[derive(Default)]
+struct Refusals {
+    last: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+/// The route's input partitions and their ends now: the only lanes its
+/// park topic may hold, and, read once the topic is, the offsets below
+/// which a record read at start must be.
+fn input_ends(reader: &TableReader, route: &Route) -> Result<Inputs, KafkaError> {
+    let mut inputs = Inputs::new();
+    for topic in &route.topics {
+        let metadata = reader
+            .fetch_metadata(Some(topic), INPUT_TIMEOUT)
+            .doing(|| format!("reading the partitions of `{topic}`"))?;
+        let count = metadata
+            .topics()
+            .iter()
+            .find(|t| t.name() == topic)
+            .map_or(0, |t| t.partitions().len() as i32);
+        let mut ends = Vec::with_capacity(count as usize);
+        for partition in 0..count {
+            let (_, high) = reader
+                .fetch_watermarks(topic, partition, INPUT_TIMEOUT)
+                .doing(|| format!("reading the end of `{topic}`[{partition}]"))?;
+            ends.push(high);
+        }
+        inputs.insert(topic.clone(), ends);
+    }
+    Ok(inputs)
 }
 
 /// A store read to the end of its topic, not yet following it.
@@ -97,13 +147,15 @@ pub async fn load(
         .ok_or_else(|| ParkError::NotOrdered {
             route: route.name.clone(),
         })?;
+    let (reader, partitions) = compacted::reader(cluster, WHAT, &parking.topic)?;
+    let inputs = input_ends(&reader, route)?;
     let table = ParkTable::new(
         &route.name,
         &parking.topic,
         parking.on_dead_letter,
-        parking.max_bytes,
+        (parking.max_bytes, parking.max_key_bytes),
+        inputs,
     );
-    let (reader, partitions) = compacted::reader(cluster, WHAT, &parking.topic)?;
     // Every record is awaited, most of them in a key's turn: a linger
     // would only add to each wait.
     let mut config = cluster.producer_config();
@@ -124,6 +176,7 @@ pub async fn load(
         ),
         progress: Mutex::default(),
         progressed: Notify::new(),
+        refusals: Mutex::default(),
         telemetry,
     });
     // The first record written waits for the topic's metadata otherwise,
@@ -142,6 +195,14 @@ pub async fn load(
         store.read(record)
     })
     .await?;
+    // The inputs' ends once the topic is read: a record read was written
+    // for a message read before them.
+    let ends = input_ends(&store.reader, route)?;
+    for (reason, dropped) in store.table.loaded(&ends) {
+        if dropped > 0 {
+            store.refused(reason, dropped as u64, None);
+        }
+    }
     let summary = store.table.summary();
     tracing::info!(
         route = route.name,
@@ -195,6 +256,77 @@ pub async fn release(cluster: &Cluster, route: &Route, lane: &Lane) -> Result<St
     loaded.0.release(lane).await
 }
 
+/// What [`purge`] deleted of a lane: its records, by kind.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Purged {
+    pub heads: usize,
+    pub waiting: usize,
+    pub releases: usize,
+}
+
+/// Deletes every record of `lane` in the park topic of `route`: `hopper
+/// parked purge`, straight against the brokers, whatever a running hopper
+/// makes of them. Reads the whole topic, records a table would refuse
+/// included, and writes a tombstone for each record of the lane still
+/// there: its waiting messages first, then its releases, then its head.
+/// A running hopper reads the tombstones and forgets the key.
+pub async fn purge(cluster: &Cluster, route: &Route, lane: &Lane) -> Result<Purged, ParkError> {
+    let parking = route
+        .parking
+        .as_ref()
+        .ok_or_else(|| ParkError::NotOrdered {
+            route: route.name.clone(),
+        })?;
+    let (reader, _) = compacted::reader(cluster, WHAT, &parking.topic)?;
+    // Per record key: the partition it is in and its kind, while live.
+    let mut live: HashMap<(i32, Vec<u8>), u8> = HashMap::new();
+    compacted::read_to_end(&reader, WHAT, &parking.topic, |record| {
+        let Some(key) = record.key() else { return };
+        let Ok(read) = records::read(Some(key), None, Vec::new(), None) else {
+            return;
+        };
+        if read.lane() != lane {
+            return;
+        }
+        let entry = (record.partition(), key.to_vec());
+        match record.payload() {
+            None => _ = live.remove(&entry),
+            Some(_) => _ = live.insert(entry, key[0]),
+        }
+    })
+    .await?;
+    let producer = cluster
+        .producer()
+        .doing(|| format!("creating the producer of `{}`", parking.topic))?;
+    let mut purged = Purged::default();
+    let mut doomed: Vec<_> = live.into_iter().collect();
+    doomed.sort_by_key(|(_, kind)| match kind {
+        b'p' => 0,
+        b'r' => 1,
+        _ => 2,
+    });
+    for ((partition, key), kind) in doomed {
+        let record = FutureRecord::<[u8], [u8]>::to(&parking.topic)
+            .partition(partition)
+            .key(&key)
+            .headers(OwnedHeaders::new().insert(Header {
+                key: records::BY,
+                value: Some("purge"),
+            }));
+        producer
+            .send(record, SEND_TIMEOUT)
+            .await
+            .map_err(|(e, _)| e)
+            .doing(|| format!("deleting a record of {lane} from `{}`", parking.topic))?;
+        match kind {
+            b'p' => purged.waiting += 1,
+            b'r' => purged.releases += 1,
+            _ => purged.heads += 1,
+        }
+    }
+    Ok(purged)
+}
+
 impl Store {
     /// Applies a record read from the topic, unless this process wrote it.
     fn read(&self, record: &BorrowedMessage<'_>) {
@@ -225,15 +357,51 @@ impl Store {
             return;
         }
         let timestamp = record.timestamp().to_millis();
+        let at = Some((record.partition(), record.offset()));
         match records::read(record.key(), record.payload(), headers, timestamp) {
-            Ok(read) => self.table.apply(read),
-            Err(BadRecord { what }) => tracing::warn!(
-                topic = self.table.topic,
-                partition = record.partition(),
-                offset = record.offset(),
-                "Skipped a park-topic record that hopper did not write: it {what}."
-            ),
+            Ok(read) => {
+                if let Err(refusal) = self.table.read(read) {
+                    self.refused(refusal, 1, at);
+                }
+            }
+            Err(BadRecord { what }) => {
+                tracing::debug!(
+                    topic = self.table.topic,
+                    partition = record.partition(),
+                    offset = record.offset(),
+                    "Skipped a park-topic record that hopper did not write: it {what}."
+                );
+                self.refused(Refusal::Unreadable, 1, at);
+            }
         }
+    }
+
+    /// Counts `count` records refused for `reason`, and logs them, at most
+    /// once a second.
+    fn refused(&self, reason: Refusal, count: u64, at: Option<(i32, i64)>) {
+        let (logged, unlogged) = {
+            let mut refusals = self.refusals.lock().unwrap();
+            let now = std::time::Instant::now();
+            if refusals
+                .last
+                .is_some_and(|last| now.duration_since(last) < Duration::from_secs(1))
+            {
+                refusals.unlogged += count;
+                (false, 0)
+            } else {
+                refusals.last = Some(now);
+                (true, std::mem::take(&mut refusals.unlogged))
+            }
+        };
+        self.telemetry.emit(events::ParkRecordsRefused {
+            route: self.table.route.clone(),
+            topic: self.table.topic.clone(),
+            reason: reason.as_str(),
+            count,
+            at,
+            unlogged,
+            logged,
+        });
     }
 
     fn ended(&self, partition: i32) {
@@ -338,11 +506,33 @@ impl Store {
     }
 
     /// Produces `out` and waits for its acknowledgement, trying again,
-    /// with a backoff, for as long as the broker refuses it.
-    async fn deliver(&self, out: &Out) {
+    /// with a backoff, while the broker's refusal may pass; a refusal for
+    /// good (classified as a hop's is, [`crate::produce::classify`]: a
+    /// record too large, a topic not allowed) ends it.
+    async fn deliver(&self, out: &Out) -> Result<(), Refused> {
         let mut failures = 0u32;
-        while let Err(e) = self.producer.send(self.record(out), SEND_TIMEOUT).await {
+        loop {
+            let Err(e) = self.producer.send(self.record(out), SEND_TIMEOUT).await else {
+                return Ok(());
+            };
             failures += 1;
+            if let Some(code) = e.rdkafka_error_code()
+                && matches!(
+                    crate::produce::classify(code, failures),
+                    crate::produce::Failure::TooLarge | crate::produce::Failure::Refused
+                )
+            {
+                tracing::error!(
+                    route = self.table.route,
+                    topic = self.table.topic,
+                    error = %e,
+                    bytes = out.key.len() + out.value.as_ref().map_or(0, Vec::len),
+                    "The park topic refused a record for good; not trying again."
+                );
+                return Err(Refused {
+                    error: e.to_string(),
+                });
+            }
             tracing::warn!(
                 route = self.table.route,
                 topic = self.table.topic,
@@ -357,21 +547,24 @@ impl Store {
 
     /// Writes `record`, waits for its acknowledgement (trying again as
     /// [`Store::deliver`] does), and applies it.
-    async fn write(&self, record: Record) {
+    async fn write(&self, record: Record) -> Result<(), Refused> {
         let out = self.out(&record);
-        self.deliver(&out).await;
+        self.deliver(&out).await?;
         self.table.apply(record);
+        Ok(())
     }
 
     /// Parks `lane` behind the message `id` (input offset `seq`), unless
-    /// it is parked behind it already.
-    pub async fn hold(&self, lane: &Lane, id: &str, seq: i64) {
+    /// it is parked behind it already. Refused for good (a key too large
+    /// for a record), the key is not parked: the message may not go to a
+    /// retry tier.
+    pub async fn hold(&self, lane: &Lane, id: &str, seq: i64) -> Result<(), Refused> {
         if self
             .table
             .head_of(lane)
             .is_some_and(|(head, state)| head == id && state == KeyState::Parked)
         {
-            return;
+            return Ok(());
         }
         self.write(Record::Head {
             lane: lane.clone(),
@@ -381,12 +574,13 @@ impl Store {
                 since: now_ms(),
             }),
         })
-        .await;
+        .await?;
         self.telemetry.emit(events::KeyParked {
             route: self.table.route.clone(),
             lane: lane.clone(),
             head: id.to_string(),
         });
+        Ok(())
     }
 
     /// Parks a message of `lane` read at `seq`: its record is enqueued
@@ -395,13 +589,9 @@ impl Store {
     /// once it is acknowledged. The table's bound is kept by its partitions
     /// reading nothing more while it is full ([`ParkTable::full`]), never
     /// here: a key's own job, which frees room, may be waiting for this
-    /// message's turn to end.
-    pub fn park(
-        self: &Arc<Self>,
-        lane: &Lane,
-        seq: i64,
-        message: records::Parked,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+    /// message's turn to end. Refused for good, the message is taken back
+    /// out of the table and returned, to be dead-lettered.
+    pub fn park(self: &Arc<Self>, lane: &Lane, seq: i64, message: records::Parked) -> ParkAck {
         let record = Record::Parked {
             lane: lane.clone(),
             seq,
@@ -416,44 +606,55 @@ impl Store {
             offset: seq,
         });
         let store = self.clone();
+        let lane = lane.clone();
         Box::pin(async move {
             let acknowledged = match enqueued {
                 Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
                 None => false,
             };
-            if !acknowledged {
-                store.deliver(&out).await;
+            if !acknowledged && let Err(refused) = store.deliver(&out).await {
+                let message = store.table.take(&lane, seq);
+                return message.map_or(Ok(()), |message| Err((message, refused)));
             }
+            Ok(())
         })
     }
 
     /// Deletes the waiting message `seq` of `lane`, handled or
     /// dead-lettered.
     pub async fn forget(&self, lane: &Lane, seq: i64) {
-        self.write(Record::Parked {
+        let deletion = Record::Parked {
             lane: lane.clone(),
             seq,
             message: None,
-        })
-        .await;
+        };
+        if self.write(deletion.clone()).await.is_err() {
+            // Logged: it is forgotten here, and read again at a restart.
+            self.table.apply(deletion);
+        }
     }
 
     /// Deletes the head and the releases of a key nothing waits behind.
     pub async fn close(&self, lane: &Lane, head: Option<String>, releases: Vec<String>) {
+        let mut deletions = Vec::new();
         if head.is_some() {
-            self.write(Record::Head {
+            deletions.push(Record::Head {
                 lane: lane.clone(),
                 head: None,
-            })
-            .await;
+            });
         }
         for head in releases {
-            self.write(Record::Release {
+            deletions.push(Record::Release {
                 lane: lane.clone(),
                 head,
                 release: None,
-            })
-            .await;
+            });
+        }
+        for deletion in deletions {
+            if self.write(deletion.clone()).await.is_err() {
+                // Logged: it is forgotten here, and read again at a restart.
+                self.table.apply(deletion);
+            }
         }
     }
 
@@ -462,12 +663,16 @@ impl Store {
         if !self.table.releases(lane, head, cause) {
             return;
         }
-        self.write(Record::Release {
+        let release = Record::Release {
             lane: lane.clone(),
             head: head.to_string(),
             release: Some(ParkTable::release_now(cause)),
-        })
-        .await;
+        };
+        if self.write(release.clone()).await.is_err() {
+            // Logged: released here; at a restart its head is read again
+            // from its tier, or released by an operator.
+            self.table.apply(release);
+        }
         self.telemetry.emit(events::KeyReleased {
             route: self.table.route.clone(),
             lane: lane.clone(),

@@ -601,6 +601,77 @@ pub(crate) fn dead_letter_blocked(
     hop
 }
 
+/// The dead-letter hop of a message of `route` that could not wait in its
+/// park topic, the broker refusing its record for good (its key or
+/// payload too large): `RECORD_TOO_LARGE`, instead of a retry (`called`:
+/// its handler was just called) or a place behind its key's head.
+pub(crate) fn dead_letter_unparkable(
+    route: &Route,
+    message: &OwnedMessage,
+    refused: &crate::parked::Refused,
+    called: bool,
+) -> PlannedHop {
+    let incoming = Incoming {
+        topic: message.topic(),
+        partition: message.partition(),
+        offset: message.offset(),
+        timestamp: message.timestamp().to_millis(),
+        headers: message.headers(),
+    };
+    let envelope =
+        Envelope::from_input(&incoming).unwrap_or_else(|_| Envelope::fallback(&incoming));
+    let error = format!("its key could not be parked in `{}`: {refused}", route.name);
+    let attempts_made = envelope.attempts_made.saturating_add(u32::from(called));
+    dlq::plan(
+        message,
+        dlq::Plan {
+            topic: &route.dlq,
+            route: &route.name,
+            envelope: &envelope,
+            attempts_made,
+            reason: Reason::RecordTooLarge,
+            error: &error,
+            handler: None,
+            keep: &[],
+        },
+    )
+}
+
+/// The dead-letter hop of a message whose key holds its share of the
+/// route's parked messages (`KEY_PARK_FULL`); its handler is not called.
+pub(crate) fn dead_letter_key_park_full(
+    shared: &RouteProcessor,
+    message: &OwnedMessage,
+    share: usize,
+) -> PlannedHop {
+    let incoming = Incoming {
+        topic: message.topic(),
+        partition: message.partition(),
+        offset: message.offset(),
+        timestamp: message.timestamp().to_millis(),
+        headers: message.headers(),
+    };
+    let envelope =
+        Envelope::from_input(&incoming).unwrap_or_else(|_| Envelope::fallback(&incoming));
+    let route = &shared.route;
+    let error = format!(
+        "its key holds its share of the parked messages ({share} bytes, max_parked_key_mib) behind its head"
+    );
+    dlq::plan(
+        message,
+        dlq::Plan {
+            topic: &route.dlq,
+            route: &route.name,
+            envelope: &envelope,
+            attempts_made: 0,
+            reason: Reason::KeyParkFull,
+            error: &error,
+            handler: None,
+            keep: &[],
+        },
+    )
+}
+
 /// Builds the record of the next hop and its outcome.
 fn plan(
     shared: &RouteProcessor,

@@ -34,15 +34,38 @@ pub(crate) async fn process(
     match store.table.admit(&lane, seq, &message_id(message)) {
         Admission::Call => {
             let action = route::handle(shared, message, spans).await;
-            if let Some(id) = retried(&action) {
-                store.hold(&lane, id, seq).await;
+            if let Some(id) = retried(&action)
+                && let Err(refused) = store.hold(&lane, id, seq).await
+            {
+                return Action::Hop(route::dead_letter_unparkable(
+                    &shared.route,
+                    message,
+                    &refused,
+                    true,
+                ));
             }
             action
         }
         Admission::CallAsHead => {
             let action = route::handle(shared, message, spans).await;
             match (retried(&action), resolution(&action)) {
-                (Some(id), _) => store.hold(&lane, id, seq).await,
+                (Some(id), _) => {
+                    if let Err(refused) = store.hold(&lane, id, seq).await {
+                        // Not parked: dead-lettered, and so its key released.
+                        store
+                            .send(route::dead_letter_unparkable(
+                                &shared.route,
+                                message,
+                                &refused,
+                                true,
+                            ))
+                            .await;
+                        store
+                            .resolved(&lane, &message_id(message), Cause::DeadLettered)
+                            .await;
+                        return Action::Done;
+                    }
+                }
                 // As from its tier: its hops acknowledged, then its release.
                 (None, Some(cause)) => {
                     for hop in hops(action) {
@@ -63,7 +86,29 @@ pub(crate) async fn process(
         // Its record is enqueued now, behind the key's earlier records,
         // and its offset is done once it is acknowledged: the key's turn
         // and the partition's call slot are not held for the round trip.
-        Admission::Park => Action::After(store.park(&lane, seq, parked(message))),
+        // Refused for good (too large), it is dead-lettered instead.
+        Admission::Park => {
+            let waiting = parked(message);
+            if store.table.over_share(&lane, waiting.size()) {
+                return Action::Hop(route::dead_letter_key_park_full(
+                    shared,
+                    message,
+                    store.table.key_share(),
+                ));
+            }
+            let parking = store.park(&lane, seq, waiting);
+            let (store, config) = (store.clone(), shared.route.clone());
+            Action::After(Box::pin(async move {
+                if let Err((message, refused)) = parking.await {
+                    let message = owned(&lane, seq, message);
+                    store
+                        .send(route::dead_letter_unparkable(
+                            &config, &message, &refused, false,
+                        ))
+                        .await;
+                }
+            }))
+        }
         Admission::Block { head } => {
             Action::Hop(route::dead_letter_blocked(shared, message, &head))
         }
@@ -80,10 +125,17 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
         Step::Handle { seq, message } => {
             let message = owned(&lane, seq, message);
             let mut spans = RouteSpans::default();
-            let action = route::handle(shared, &message, &mut spans).await;
+            let mut action = route::handle(shared, &message, &mut spans).await;
             spans.finish(shared.telemetry.tracer(), &action);
-            if let Some(id) = retried(&action) {
-                store.hold(&lane, id, seq).await;
+            if let Some(id) = retried(&action)
+                && let Err(refused) = store.hold(&lane, id, seq).await
+            {
+                action = Action::Hop(route::dead_letter_unparkable(
+                    &shared.route,
+                    &message,
+                    &refused,
+                    true,
+                ));
             }
             let resolved = resolution(&action);
             for hop in hops(action) {
@@ -93,7 +145,7 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
             // (`KeyState::Releasing`), that resolved this time.
             if let Some(cause) = resolved {
                 let id = message_id(&message);
-                if store.table.lane_of_head(&id).as_ref() == Some(&lane) {
+                if store.table.is_head(&lane, &id, seq) {
                     store.resolved(&lane, &id, cause).await;
                 }
             }
@@ -159,9 +211,11 @@ fn resolution(action: &Action) -> Option<Cause> {
 ///   messages go on. So a released head's hops are never lost, and the
 ///   check above may skip it.
 ///
-/// Its key is found by its id, or, when the table has not read its head
-/// yet, from its origin (then it is taken for a head: a release of a
-/// message that was none changes nothing).
+/// Its key is the one it was read with, in the input partition its origin
+/// headers name, and it is its key's head only with the head's id and
+/// input offset: an id alone is the producer's to choose. When the table
+/// has not read the key's head yet, it is taken for one: a release of a
+/// message that was none changes nothing.
 async fn from_tier(
     shared: &RouteProcessor,
     store: &Store,
@@ -176,22 +230,20 @@ async fn from_tier(
             .and_then(|v| std::str::from_utf8(v).ok())
             .map(str::to_string)
     };
-    let head = text(headers::ID).and_then(|id| {
-        let origin = text(headers::ORIGIN_OFFSET).and_then(|o| o.parse::<i64>().ok());
-        let lane = store.table.lane_of_head(&id).or_else(|| {
-            Some(Lane {
-                topic: text(headers::ORIGIN_TOPIC)?,
-                partition: text(headers::ORIGIN_PARTITION)?.parse().ok()?,
-                key: key.to_vec(),
-            })
-        })?;
-        Some((lane, id, origin))
-    });
+    let head = (|| {
+        let lane = Lane {
+            topic: text(headers::ORIGIN_TOPIC)?,
+            partition: text(headers::ORIGIN_PARTITION)?.parse().ok()?,
+            key: key.to_vec(),
+        };
+        let origin = text(headers::ORIGIN_OFFSET)?.parse::<i64>().ok()?;
+        Some((lane, text(headers::ID)?, origin))
+    })();
     let Some((lane, id, origin)) = head else {
         // Dead-lettered as INVALID_ENVELOPE: no head of any key.
         return route::handle(shared, message, spans).await;
     };
-    if origin.is_some_and(|seq| store.table.settled(&lane, &id, seq)) {
+    if store.table.settled(&lane, &id, origin) {
         tracing::debug!(
             route = shared.route.name,
             id,
@@ -203,11 +255,7 @@ async fn from_tier(
     let Some(cause) = resolution(&action) else {
         return action;
     };
-    let is_head = match store.table.head_of(&lane) {
-        Some((head, _)) => head == id,
-        None => store.table.lane_of_head(&id).is_none(),
-    };
-    if !is_head {
+    if !store.table.holds(&lane, &id, origin).unwrap_or(true) {
         return action;
     }
     for hop in hops(action) {

@@ -308,7 +308,8 @@ fn memory(keys: u64, messages: u64) -> Vec<Row> {
         "bench",
         "bench.parked",
         hopper::config::KeyDeadLetter::Continue,
-        usize::MAX,
+        (usize::MAX, usize::MAX),
+        std::collections::HashMap::from([("bench-parked.in".to_string(), vec![i64::MAX; 2])]),
     );
     let before = rss_kib("self");
     let started = Instant::now();

@@ -4,7 +4,7 @@
 
 const PAGE = 50;
 const REASONS = ["FATAL", "RETRIES_EXHAUSTED", "HANDLER_TRAP", "HANDLER_TIMEOUT",
-  "HANDLER_MEMORY", "INVALID_ENVELOPE", "NO_HANDLER", "DELAY_TOO_LONG", "REPLAY_LOOP", "KEY_BLOCKED"];
+  "HANDLER_MEMORY", "INVALID_ENVELOPE", "NO_HANDLER", "DELAY_TOO_LONG", "REPLAY_LOOP", "KEY_BLOCKED", "KEY_PARK_FULL"];
 const COLORS = ["#c62828", "#ef6c00", "#6a1b9a", "#1565c0", "#00838f", "#558b2f",
   "#4e342e", "#ad1457", "#37474f", "#827717", "#9e9e9e"];
 
@@ -30,7 +30,10 @@ function row(cells) {
 }
 
 function time(ms) {
-  return ms ? new Date(ms).toISOString().replace("T", " ").replace("Z", "") : "";
+  if (!ms) return "";
+  const date = new Date(ms);
+  // Past ±8.64e15 ms a Date is invalid and toISOString throws.
+  return isNaN(date.getTime()) ? `${ms} ms` : date.toISOString().replace("T", " ").replace("Z", "");
 }
 
 function showError(message) {
@@ -63,7 +66,7 @@ async function call(path, options) {
 
 /** A route's circuit breaker as text: closed, open until a time, or half-open. */
 function breaker(b) {
-  if (b.state === "open") return `open until ${new Date(b.until_ms).toISOString()}`;
+  if (b.state === "open") return `open until ${time(b.until_ms)}`;
   if (b.state === "half_open") return `half-open (${b.admitted} of ${b.probes} probes out)`;
   return b.state;
 }

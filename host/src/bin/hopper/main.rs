@@ -107,7 +107,7 @@ enum Command {
         command: ops::DelayCommand,
     },
     /// Keys parked by ordered retries (`retry_order = "key"`): list them,
-    /// and release one, straight against the brokers.
+    /// release one, or purge one's records, straight against the brokers.
     Parked {
         #[command(subcommand)]
         command: parked::ParkedCommand,

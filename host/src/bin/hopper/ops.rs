@@ -481,6 +481,17 @@ pub async fn status(target: Target) -> anyhow::Result<()> {
                 println!();
                 print!("{}", table(&["ROUTE", "BREAKER", "DETAIL"], breakers));
             }
+            let parked = parked_rows(&live["parked"]);
+            if !parked.is_empty() {
+                println!();
+                print!(
+                    "{}",
+                    table(
+                        &["ROUTE", "PARKED KEYS", "BLOCKED KEYS", "WAITING", "OLDEST"],
+                        parked
+                    )
+                );
+            }
         }
     }
     Ok(())
@@ -537,8 +548,47 @@ pub(crate) async fn blocking<T: Send + 'static, E: Into<anyhow::Error> + Send + 
         .map_err(Into::into)
 }
 
-fn iso(ms: i64) -> String {
-    let time = std::time::UNIX_EPOCH + Duration::from_millis(ms.max(0) as u64);
+/// The parked and blocked keys of each route with ordered retries, from
+/// `/api/status`'s `parked`: counts, and the oldest key (the listing is
+/// oldest first).
+fn parked_rows(parked: &serde_json::Value) -> Vec<Vec<String>> {
+    parked
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            let count = |k: &str| r[k].as_u64().unwrap_or_default().to_string();
+            let oldest = match r["keys"].get(0) {
+                Some(k) => format!(
+                    "key {:?} of {}[{}], {} since {}",
+                    k["key"].as_str().unwrap_or_default(),
+                    k["topic"].as_str().unwrap_or("-"),
+                    k["partition"],
+                    k["state"].as_str().unwrap_or("-"),
+                    k["since_ms"].as_i64().map_or("-".to_string(), iso)
+                ),
+                None => "-".to_string(),
+            };
+            vec![
+                r["route"].as_str().unwrap_or("-").to_string(),
+                count("parked_keys"),
+                count("blocked_keys"),
+                count("messages"),
+                oldest,
+            ]
+        })
+        .collect()
+}
+
+/// `ms` as RFC 3339; a time past year 9999, or before 1970, as its
+/// milliseconds (the formatter takes neither).
+pub fn iso(ms: i64) -> String {
+    /// 9999-12-31T23:59:59.999Z.
+    const LAST: i64 = 253_402_300_799_999;
+    if !(0..=LAST).contains(&ms) {
+        return format!("{ms} ms after the epoch");
+    }
+    let time = std::time::UNIX_EPOCH + Duration::from_millis(ms as u64);
     humantime::format_rfc3339_millis(time).to_string()
 }
 
