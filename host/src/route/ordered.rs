@@ -70,6 +70,27 @@ pub(crate) async fn process(
     }
 }
 
+/// Whether `message`, of an input, is of a key the table surely has no
+/// entry for ([`crate::parked::ParkTable::is_free`]): it is called as on
+/// any route, and parks its key if it goes to a retry tier ([`hold`]). What [`process`] does for a key in
+/// the table needs its lane and id; a free key's message needs neither.
+pub(crate) fn is_free(shared: &RouteProcessor, store: &Store, message: &OwnedMessage) -> bool {
+    message.key().is_some_and(|key| {
+        !shared.tiers.contains_key(message.topic()) && store.table.is_free(message.partition(), key)
+    })
+}
+
+/// Parks the key of `message`, of an input, behind it: it went to a retry
+/// tier as `id`.
+pub(crate) async fn hold(store: &Store, message: &OwnedMessage, id: &str) {
+    let lane = Lane {
+        topic: message.topic().to_string(),
+        partition: message.partition(),
+        key: message.key().unwrap_or_default().to_vec(),
+    };
+    store.hold(&lane, id, message.offset()).await;
+}
+
 /// Runs one step of the job of `lane`, whose head resolved: handles its
 /// next waiting message (every hop acknowledged before its record is
 /// deleted), dead-letters it when the key is blocked, or deletes the key's
@@ -127,7 +148,7 @@ fn message_id(message: &OwnedMessage) -> String {
 }
 
 /// The id of the message an action sends to a retry tier.
-fn retried(action: &Action) -> Option<&str> {
+pub(crate) fn retried(action: &Action) -> Option<&str> {
     match action {
         Action::Hop(PlannedHop {
             outcome: Outcome::Retry(retry),
