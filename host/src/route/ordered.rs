@@ -99,6 +99,7 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
     match store.table.step(&lane) {
         Step::Nothing => {}
         Step::Handle { seq, message } => {
+            store.written(&lane, seq).await;
             let message = owned(&lane, seq, message);
             let mut spans = RouteSpans::default();
             let action = route::handle(shared, &message, &mut spans).await;
@@ -121,6 +122,7 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
             store.forget(&lane, seq).await;
         }
         Step::DeadLetter { seq, message, head } => {
+            store.written(&lane, seq).await;
             let message = owned(&lane, seq, message);
             store
                 .send(route::dead_letter_blocked(shared, &message, &head))
