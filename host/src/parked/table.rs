@@ -8,6 +8,8 @@ use crate::config::KeyDeadLetter;
 pub use crate::health::ParkedSummary as Summary;
 use crate::types::TopicPartition;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasher as _;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
@@ -231,6 +233,57 @@ struct Inner {
 /// the table was loaded.
 pub type Inputs = HashMap<String, Vec<i64>>;
 
+/// The slots of [`Occupancy`]: 128 KiB a route. With 1,000 keys in the
+/// table, 1.5% of free keys share a slot with one and take the lock.
+const SLOTS: usize = 1 << 15;
+
+/// Which keys may have an entry in the table, read without its lock: per
+/// slot of a hash of (input partition, key), how many entries hash there.
+/// A slot at zero means no key of that slot has an entry: its message is
+/// called straight away, with no lock, no lane and no id (a route that
+/// never parks pays nothing else for the option). Two keys sharing a slot
+/// only cost the second a look under the lock.
+///
+/// A slot is raised before its entry is added and lowered after it is
+/// removed, both under the table's lock, so a slot at zero never hides an
+/// entry. The entries of a partition's keys are only added in their key's
+/// turn in that partition's task, or by the topic's reader, which the task
+/// waits for when the partition is assigned ([`ParkTable::watch`]).
+struct Occupancy {
+    /// Seeded per table: keys crafted to share a slot share it by chance
+    /// only.
+    hasher: foldhash::quality::RandomState,
+    slots: Box<[AtomicU32]>,
+}
+
+impl Occupancy {
+    fn new() -> Occupancy {
+        Occupancy {
+            hasher: foldhash::quality::RandomState::default(),
+            slots: (0..SLOTS).map(|_| AtomicU32::new(0)).collect(),
+        }
+    }
+
+    fn slot(&self, partition: i32, key: &[u8]) -> &AtomicU32 {
+        let hash = self.hasher.hash_one((partition, key));
+        &self.slots[hash as usize & (SLOTS - 1)]
+    }
+
+    fn added(&self, lane: &Lane) {
+        self.slot(lane.partition, &lane.key)
+            .fetch_add(1, Ordering::Release);
+    }
+
+    fn removed(&self, lane: &Lane) {
+        self.slot(lane.partition, &lane.key)
+            .fetch_sub(1, Ordering::Release);
+    }
+
+    fn empty(&self, partition: i32, key: &[u8]) -> bool {
+        self.slot(partition, key).load(Ordering::Acquire) == 0
+    }
+}
+
 /// The parked keys of one route, in every process of the route.
 pub struct ParkTable {
     pub(super) route: String,
@@ -251,6 +304,9 @@ pub struct ParkTable {
     /// The bytes of parked messages held, as in `inner`, read without its
     /// lock on every turn of a partition's task.
     held: std::sync::atomic::AtomicUsize,
+    /// Which keys may have an entry in `inner.lanes`, read without its lock
+    /// on every message.
+    occupied: Occupancy,
 }
 
 impl ParkTable {
@@ -273,6 +329,7 @@ impl ParkTable {
             inner: Mutex::default(),
             room: Notify::new(),
             held: std::sync::atomic::AtomicUsize::new(0),
+            occupied: Occupancy::new(),
         }
     }
 
@@ -419,6 +476,7 @@ impl ParkTable {
             }
             if state.state(self.policy).is_none() {
                 *bytes -= KEY_BYTES;
+                self.occupied.removed(lane);
                 return false;
             }
             true
@@ -440,6 +498,7 @@ impl ParkTable {
         } = &mut *inner;
         let state = lanes.entry(lane.clone()).or_insert_with(|| {
             *bytes += KEY_BYTES;
+            self.occupied.added(&lane);
             LaneState::default()
         });
         let mut freed = false;
@@ -475,6 +534,7 @@ impl ParkTable {
         let has_work = state.has_work(self.policy, now_ms()) && !state.queued;
         if state.state(self.policy).is_none() && state.parked.is_empty() && !state.queued {
             lanes.remove(&lane);
+            self.occupied.removed(&lane);
             *bytes -= KEY_BYTES;
             freed = true;
         }
@@ -526,6 +586,15 @@ impl ParkTable {
             message: None,
         });
         Some(message)
+    }
+
+    /// Whether the key `key` of input partition `partition` is surely
+    /// free: the table has no entry for it, so its message is called
+    /// ([`Admission::Call`]). It takes no lock and builds nothing; `false`
+    /// (the key has an entry, or shares its slot with one) means: ask
+    /// [`ParkTable::admit`].
+    pub fn is_free(&self, partition: i32, key: &[u8]) -> bool {
+        self.occupied.empty(partition, key)
     }
 
     /// What a message of `lane` read from the input at `seq`, with id `id`,
@@ -719,6 +788,7 @@ impl ParkTable {
         state.queued = false;
         if state.state(self.policy).is_none() && state.parked.is_empty() {
             inner.lanes.remove(lane);
+            self.occupied.removed(lane);
             inner.bytes -= KEY_BYTES;
             self.held
                 .store(inner.bytes, std::sync::atomic::Ordering::Relaxed);
@@ -958,8 +1028,10 @@ mod tests {
             head: "m5".into(),
             release: None,
         });
+        assert!(!t.is_free(0, &k.key), "its job still runs");
         t.job_done(&k);
         assert_eq!(t.admit(&k, 10, "m10"), Admission::Call, "free again");
+        assert!(t.is_free(0, &k.key), "free again, without the lock");
         assert_eq!(t.summary(), Summary::default());
         assert!(t.list().is_empty());
     }
@@ -1021,6 +1093,81 @@ mod tests {
         t.job_done(&k);
         assert_eq!(t.head_of(&k), Some(("m22".into(), KeyState::Parked)));
         assert!(t.jobs(&tp).is_empty());
+    }
+
+    /// A route that parks nothing must not pay for the option: a message
+    /// of a key with no entry is admitted with no look under the table's
+    /// lock, which a listing, a sweep or the reader may hold.
+    #[test]
+    fn a_free_key_is_admitted_while_the_lock_is_held() {
+        let t = Arc::new(table(KeyDeadLetter::Continue));
+        let parked_key = lane("acct-1");
+        t.apply(head(&parked_key, "m1", 1));
+        assert!(!t.is_free(0, b"acct-1"), "a parked key is never free");
+        // Another key shares the parked key's slot once in 32,768 tables.
+        let free_key = (0..100)
+            .map(|i| format!("other-{i}"))
+            .find(|k| t.is_free(0, k.as_bytes()))
+            .expect("a key of another slot");
+        assert_eq!(
+            t.admit(&lane(&free_key), 2, "m2"),
+            Admission::Call,
+            "free means called"
+        );
+        let held = t.inner.lock().unwrap();
+        let (tell, told) = std::sync::mpsc::channel();
+        let asking = t.clone();
+        std::thread::spawn(move || {
+            let _ = tell.send(asking.is_free(0, free_key.as_bytes()));
+        });
+        let answer = told.recv_timeout(std::time::Duration::from_secs(5));
+        drop(held);
+        assert_eq!(answer, Ok(true), "answered without the lock");
+    }
+
+    /// Whatever the table holds, a key it calls free has no entry, so
+    /// [`ParkTable::admit`] would call its message too; and once every key
+    /// has gone, every key is free again.
+    #[test]
+    fn a_key_called_free_is_one_admit_calls() {
+        use proptest::prelude::*;
+        let ops = proptest::collection::vec((0u8..6, 0usize..6, 0i64..4), 1..120);
+        proptest!(|(ops in ops)| {
+            let t = table(KeyDeadLetter::DeadLetterKey);
+            let keys: Vec<Lane> = (0..6).map(|k| lane(&format!("k{k}"))).collect();
+            for (op, k, n) in ops {
+                let l = &keys[k];
+                let record = match op {
+                    0 => head(l, &format!("h{n}"), n),
+                    1 => Record::Head { lane: l.clone(), head: None },
+                    2 => parked(l, 10 + n),
+                    3 => Record::Parked { lane: l.clone(), seq: 10 + n, message: None },
+                    4 => release(l, &format!("h{n}"), Cause::DeadLettered),
+                    _ => Record::Release { lane: l.clone(), head: format!("h{n}"), release: None },
+                };
+                t.apply(record);
+                for (i, other) in keys.iter().enumerate() {
+                    if t.is_free(0, &other.key) {
+                        prop_assert!(
+                            !t.inner.lock().unwrap().lanes.contains_key(other),
+                            "k{} has an entry", i
+                        );
+                        prop_assert_eq!(t.admit(other, 20, "m20"), Admission::Call);
+                    }
+                }
+            }
+            for l in &keys {
+                t.apply(Record::Head { lane: l.clone(), head: None });
+                for n in 0..4 {
+                    t.apply(Record::Parked { lane: l.clone(), seq: 10 + n, message: None });
+                    t.apply(Record::Release { lane: l.clone(), head: format!("h{n}"), release: None });
+                }
+            }
+            prop_assert!(t.inner.lock().unwrap().lanes.is_empty());
+            for l in &keys {
+                prop_assert!(t.is_free(0, &l.key), "{} free again", l);
+            }
+        });
     }
 
     #[test]

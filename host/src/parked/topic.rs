@@ -16,6 +16,7 @@ use rdkafka::error::KafkaError as ClientError;
 use rdkafka::message::{BorrowedMessage, Header, Headers, OwnedHeaders};
 use rdkafka::producer::FutureRecord;
 use std::collections::HashMap;
+use std::hash::BuildHasher as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -32,6 +33,11 @@ const CATCH_UP_LOOK: Duration = Duration::from_millis(100);
 const INPUT_TIMEOUT: Duration = Duration::from_secs(10);
 /// The longest wait between two tries of a record the broker refused.
 const MAX_BACKOFF: Duration = Duration::from_secs(5);
+/// How long a parked message's record waits for others to share its
+/// produce request. Parked messages are not awaited in their key's turn,
+/// so a linger costs them nothing but a later commit, and saves a request,
+/// its wake-ups and its system calls per message (BENCHMARKS.md).
+const PARK_LINGER_MS: &str = "5";
 
 /// Why a park-topic operation failed.
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +86,18 @@ struct Progress {
 pub struct Store {
     pub table: ParkTable,
     producer: AwaitedProducer,
+    /// The producer of parked messages' records ([`Store::park`]), with a
+    /// linger of its own; every other record goes through `producer`,
+    /// which has none, as its writer awaits it.
+    parks: AwaitedProducer,
+    /// The parked messages whose record is not acknowledged yet, by a hash
+    /// of their key and their input offset. A key's job waits for its
+    /// message's record before it handles it ([`Store::written`]): the
+    /// record's deletion, written by the other producer, must not reach
+    /// the topic before it.
+    unacked: Mutex<std::collections::HashSet<(u64, i64)>>,
+    acked: Notify,
+    lanes: foldhash::fast::RandomState,
     reader: TableReader,
     /// The topic's partition count: a key's records all go to partition
     /// `input partition mod partitions`, so they keep their order.
@@ -162,9 +180,17 @@ pub async fn load(
     config.set("linger.ms", "0");
     let producer = AwaitedProducer::new(config, &format!("route `{}`'s park topic", route.name))
         .doing(|| format!("creating the producer of `{}`", parking.topic))?;
+    let mut config = cluster.producer_config();
+    config.set("linger.ms", PARK_LINGER_MS);
+    let parks = AwaitedProducer::new(config, &format!("route `{}`'s parked messages", route.name))
+        .doing(|| format!("creating the producer of `{}`", parking.topic))?;
     let store = Arc::new(Store {
         table,
         producer,
+        parks,
+        unacked: Mutex::default(),
+        acked: Notify::new(),
+        lanes: foldhash::fast::RandomState::default(),
         reader,
         partitions: partitions.len() as i32,
         me: format!(
@@ -184,10 +210,11 @@ pub async fn load(
     let warm = store.clone();
     let _ = tokio::task::spawn_blocking(move || {
         use rdkafka::producer::Producer as _;
-        let producer = warm.producer.current();
-        let _ = producer
-            .client()
-            .fetch_metadata(Some(&warm.table.topic), Duration::from_secs(5));
+        for producer in [warm.producer.current(), warm.parks.current()] {
+            let _ = producer
+                .client()
+                .fetch_metadata(Some(&warm.table.topic), Duration::from_secs(5));
+        }
     })
     .await;
     let started = std::time::Instant::now();
@@ -585,12 +612,14 @@ impl Store {
 
     /// Parks a message of `lane` read at `seq`: its record is enqueued
     /// and applied now, behind everything written of its key before it
-    /// (one producer, one partition per key), and the future returned ends
-    /// once it is acknowledged. The table's bound is kept by its partitions
-    /// reading nothing more while it is full ([`ParkTable::full`]), never
-    /// here: a key's own job, which frees room, may be waiting for this
-    /// message's turn to end. Refused for good, the message is taken back
-    /// out of the table and returned, to be dead-lettered.
+    /// (the key's head was acknowledged before its first message parked;
+    /// its parked messages share a producer and a partition), and the
+    /// future returned ends once it is acknowledged. The table's bound is
+    /// kept by its partitions reading nothing more while it is full
+    /// ([`ParkTable::full`]), never here: a key's own job, which frees
+    /// room, may be waiting for this message's turn to end. Refused for
+    /// good, the message is taken back out of the table and returned, to be
+    /// dead-lettered.
     pub fn park(self: &Arc<Self>, lane: &Lane, seq: i64, message: records::Parked) -> ParkAck {
         let record = Record::Parked {
             lane: lane.clone(),
@@ -598,7 +627,9 @@ impl Store {
             message: Some(message),
         };
         let out = self.out(&record);
-        let enqueued = self.producer.enqueue(self.record(&out)).ok();
+        let tag = self.tag(lane, seq);
+        self.unacked.lock().unwrap().insert(tag);
+        let enqueued = self.parks.enqueue(self.record(&out)).ok();
         self.table.apply(record);
         self.telemetry.emit(events::MessageParked {
             route: self.table.route.clone(),
@@ -613,11 +644,36 @@ impl Store {
                 None => false,
             };
             if !acknowledged && let Err(refused) = store.deliver(&out).await {
+                // Out of the table before a job waiting on this
+                // acknowledgement looks: it must not hand on a message that
+                // is dead-lettered instead.
                 let message = store.table.take(&lane, seq);
+                store.unacked.lock().unwrap().remove(&tag);
+                store.acked.notify_waiters();
                 return message.map_or(Ok(()), |message| Err((message, refused)));
             }
+            store.unacked.lock().unwrap().remove(&tag);
+            store.acked.notify_waiters();
             Ok(())
         })
+    }
+
+    fn tag(&self, lane: &Lane, seq: i64) -> (u64, i64) {
+        (self.lanes.hash_one(lane), seq)
+    }
+
+    /// Waits until the record of the parked message `seq` of `lane` is
+    /// acknowledged: what is done with the message (its hops, its
+    /// record's deletion) then comes after it.
+    pub async fn written(&self, lane: &Lane, seq: i64) {
+        let tag = self.tag(lane, seq);
+        loop {
+            let acked = self.acked.notified();
+            if !self.unacked.lock().unwrap().contains(&tag) {
+                return;
+            }
+            acked.await;
+        }
     }
 
     /// Deletes the waiting message `seq` of `lane`, handled or

@@ -39,6 +39,7 @@ use crate::offsets::OffsetTracker;
 use crate::scheduler::Scheduled;
 use crate::types::TopicPartition;
 use futures::FutureExt as _;
+use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt as _};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
@@ -116,6 +117,30 @@ struct Called {
     panicked: bool,
     /// Its message went to a retry tier or a dead-letter topic.
     failed: bool,
+    /// Its offset is done once this ends ([`Action::After`]).
+    after: Option<After>,
+}
+
+/// A record written apart from the pipeline's producer (a route's parked
+/// message), whose acknowledgement completes its offset. The task awaits
+/// these beside its calls, in one `FuturesUnordered`: no task is spawned
+/// for each, and the acknowledgements of a produce request wake the task
+/// once, not once each.
+struct After {
+    written: Pin<Box<dyn Future<Output = ()> + Send>>,
+    done: Option<Completion>,
+}
+
+impl Future for After {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        futures::ready!(self.written.as_mut().poll(cx));
+        if let Some(done) = self.done.take() {
+            done.complete();
+        }
+        Poll::Ready(())
+    }
 }
 
 /// Runs a partition until the loop closes it. `previous` is the task of the
@@ -180,6 +205,7 @@ pub(super) async fn run<P: Processor>(
     let mut waiting: KeyQueue<Item<P::Job>> = KeyQueue::default();
     let mut waiting_bytes = 0usize;
     let mut calls = InFlight::new();
+    let mut afters: FuturesUnordered<After> = FuturesUnordered::new();
     // The box of a call that ended in its first poll, for the next call.
     let mut spare = None;
     let (mut held, mut closed) = (false, false);
@@ -207,13 +233,13 @@ pub(super) async fn run<P: Processor>(
             // the next call; one that waits goes into `calls`.
             match futures::poll!(next.as_mut()) {
                 Poll::Ready(called) => {
-                    ended(&partition, &mut waiting, &mut slice, called);
+                    ended(&partition, &mut waiting, &mut afters, &mut slice, called);
                     spare = Some(next);
                 }
                 Poll::Pending => calls.push(next),
             }
         }
-        if closed && calls.is_empty() {
+        if closed && calls.is_empty() && afters.is_empty() {
             processor.unwatch(&partition.tp);
             break;
         }
@@ -252,7 +278,11 @@ pub(super) async fn run<P: Processor>(
                 }
             },
             Some(called) = calls.next(), if !calls.is_empty() => {
-                ended(&partition, &mut waiting, &mut slice, called);
+                ended(&partition, &mut waiting, &mut afters, &mut slice, called);
+            }
+            // Every acknowledgement that came in, at once.
+            Some(()) = afters.next(), if !afters.is_empty() => {
+                while let Poll::Ready(Some(())) = futures::poll!(afters.next()) {}
             }
             // Full: read again once there is room.
             _ = processor.room(), if full && !closed => {}
@@ -355,10 +385,14 @@ fn read<P: Processor>(
 fn ended<P: Processor>(
     partition: &Partition<P>,
     waiting: &mut KeyQueue<Item<P::Job>>,
+    afters: &mut FuturesUnordered<After>,
     slice: &mut Slice,
     called: Called,
 ) {
     slice.record(called.failed);
+    if let Some(after) = called.after {
+        afters.push(after);
+    }
     if called.panicked {
         let tp = &partition.tp;
         partition.shared.halt.fail(format!(
@@ -429,6 +463,7 @@ async fn call<P: Processor>(
                 offset: -1,
                 panicked: run.await.is_err(),
                 failed: false,
+                after: None,
             };
         }
     };
@@ -440,25 +475,27 @@ async fn call<P: Processor>(
         let sends = match shared.processor.process(&message).await {
             Action::Done => {
                 done.complete();
-                return false;
+                return (false, None);
             }
             Action::Hops(hops) if hops.is_empty() => {
                 done.complete();
-                return false;
+                return (false, None);
             }
             Action::HopAt { at_ms, hop } => {
                 // The scheduler lives until shutdown; if it is gone, the
                 // offset simply stays uncommitted.
                 let _ = partition.scheduler.send(Scheduled { at_ms, hop, done });
-                return false;
+                return (false, None);
             }
+            // Awaited by the task, which ends only once it has ended (or
+            // is aborted at the drain's deadline, leaving the offset
+            // uncommitted).
             Action::After(written) => {
-                // Tracked as a hop is: the drain waits for it.
-                shared.acks.spawn(async move {
-                    written.await;
-                    done.complete();
-                });
-                return false;
+                let after = After {
+                    written,
+                    done: Some(done),
+                };
+                return (false, Some(after));
             }
             Action::Hop(hop) => vec![(hop, done)],
             Action::Hops(hops) => {
@@ -470,17 +507,18 @@ async fn call<P: Processor>(
         for (hop, done) in sends {
             shared.producer.send(hop, done).await;
         }
-        failed
+        (failed, None)
     };
-    let (panicked, failed) = match AssertUnwindSafe(work).catch_unwind().await {
-        Ok(failed) => (false, failed),
-        Err(_) => (true, false),
+    let (panicked, failed, after) = match AssertUnwindSafe(work).catch_unwind().await {
+        Ok((failed, after)) => (false, failed, after),
+        Err(_) => (true, false, None),
     };
     Called {
         key,
         offset,
         panicked,
         failed,
+        after,
     }
 }
 

@@ -163,13 +163,28 @@ impl Processor for RouteProcessor {
 
     async fn process(&self, message: &OwnedMessage) -> Action {
         let mut spans = RouteSpans::default();
-        let action = match &self.parked {
-            None => handle(self, message, &mut spans).await,
-            // Boxed: a route without ordered retries keeps its call's
-            // future, which every message allocates and moves, as small as
-            // it was.
-            Some(store) => Box::pin(ordered::process(self, store, message, &mut spans)).await,
+        // A message of a key the park table surely has no entry for (every
+        // message, on a route that parks nothing) is called as on any
+        // route: no lock, no lane, no id.
+        let free = self
+            .parked
+            .as_ref()
+            .filter(|store| ordered::is_free(self, store, message));
+        let mut action = match &self.parked {
+            Some(store) if free.is_none() => {
+                // Boxed: a route without ordered retries keeps its call's
+                // future, which every message allocates and moves, as small
+                // as it was.
+                Box::pin(ordered::process(self, store, message, &mut spans)).await
+            }
+            _ => handle(self, message, &mut spans).await,
         };
+        // As for a free key in `ordered::process`: a retry parks the key.
+        if let Some(store) = free
+            && let Some(id) = ordered::retried(&action).map(str::to_string)
+        {
+            action = Box::pin(ordered::hold(self, store, message, &id, action)).await;
+        }
         spans.finish(self.telemetry.tracer(), &action);
         action
     }

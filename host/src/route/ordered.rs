@@ -115,6 +115,43 @@ pub(crate) async fn process(
     }
 }
 
+/// Whether `message`, of an input, is of a key the table surely has no
+/// entry for ([`crate::parked::ParkTable::is_free`]): it is called as on
+/// any route, and parks its key if it goes to a retry tier ([`hold`]). What [`process`] does for a key in
+/// the table needs its lane and id; a free key's message needs neither.
+pub(crate) fn is_free(shared: &RouteProcessor, store: &Store, message: &OwnedMessage) -> bool {
+    message.key().is_some_and(|key| {
+        !shared.tiers.contains_key(message.topic()) && store.table.is_free(message.partition(), key)
+    })
+}
+
+/// Parks the key of `message`, of an input, behind it: it went to a retry
+/// tier as `id` (`action`). Refused for good (a key too large for a park
+/// record), the key is not parked and the message is dead-lettered
+/// instead, as in [`process`].
+pub(crate) async fn hold(
+    shared: &RouteProcessor,
+    store: &Store,
+    message: &OwnedMessage,
+    id: &str,
+    action: Action,
+) -> Action {
+    let lane = Lane {
+        topic: message.topic().to_string(),
+        partition: message.partition(),
+        key: message.key().unwrap_or_default().to_vec(),
+    };
+    match store.hold(&lane, id, message.offset()).await {
+        Ok(()) => action,
+        Err(refused) => Action::Hop(route::dead_letter_unparkable(
+            &shared.route,
+            message,
+            &refused,
+            true,
+        )),
+    }
+}
+
 /// Runs one step of the job of `lane`, whose head resolved: handles its
 /// next waiting message (every hop acknowledged before its record is
 /// deleted), dead-letters it when the key is blocked, or deletes the key's
@@ -123,6 +160,7 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
     match store.table.step(&lane) {
         Step::Nothing => {}
         Step::Handle { seq, message } => {
+            store.written(&lane, seq).await;
             let message = owned(&lane, seq, message);
             let mut spans = RouteSpans::default();
             let mut action = route::handle(shared, &message, &mut spans).await;
@@ -152,6 +190,7 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
             store.forget(&lane, seq).await;
         }
         Step::DeadLetter { seq, message, head } => {
+            store.written(&lane, seq).await;
             let message = owned(&lane, seq, message);
             store
                 .send(route::dead_letter_blocked(shared, &message, &head))
@@ -179,7 +218,7 @@ fn message_id(message: &OwnedMessage) -> String {
 }
 
 /// The id of the message an action sends to a retry tier.
-fn retried(action: &Action) -> Option<&str> {
+pub(crate) fn retried(action: &Action) -> Option<&str> {
     match action {
         Action::Hop(PlannedHop {
             outcome: Outcome::Retry(retry),
