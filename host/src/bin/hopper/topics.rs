@@ -4,7 +4,7 @@
 use anyhow::Context as _;
 use clap::Args;
 use hopper::config::{AclsFor, Config, kafka_acls_script};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Args)]
 pub struct TopicsArgs {
@@ -32,7 +32,7 @@ pub struct AclsArgs {
     json: bool,
 }
 
-fn load(path: &PathBuf) -> anyhow::Result<Config> {
+fn load(path: &Path) -> anyhow::Result<Config> {
     Config::load(path).with_context(|| format!("loading {}", path.display()))
 }
 
