@@ -23,7 +23,11 @@ fn end_offsets(topics: &std::collections::BTreeSet<String>) -> BTreeMap<(String,
         .fetch_metadata(None, Duration::from_secs(10))
         .unwrap();
     let mut ends = BTreeMap::new();
-    for topic in metadata.topics().iter().filter(|t| topics.contains(t.name())) {
+    for topic in metadata
+        .topics()
+        .iter()
+        .filter(|t| topics.contains(t.name()))
+    {
         for p in topic.partitions() {
             let (_, high) = consumer
                 .fetch_watermarks(topic.name(), p.id(), Duration::from_secs(10))

@@ -257,8 +257,16 @@ fn assert_in_order(recorder: &KeyRecorder) {
 /// `hopper ARGS` to the end, within a minute: stdout, after checking it
 /// succeeded.
 fn hopper_cli(args: &[&str]) -> String {
+    let runtime = tempfile::tempdir().unwrap();
+    hopper_cli_in(runtime.path(), args)
+}
+
+/// [`hopper_cli`], with `runtime` as hopper's runtime directory (where
+/// `hopper status` finds the admin server's session token).
+fn hopper_cli_in(runtime: &std::path::Path, args: &[&str]) -> String {
     let mut child = Command::new(hopper_bin())
         .args(args)
+        .env("HOPPER_RUNTIME_DIR", runtime)
         .env_remove("HOPPER_BROKERS")
         .env_remove("HOPPER_LOG_FORMAT")
         .stdin(std::process::Stdio::null())
@@ -378,7 +386,28 @@ async fn forged_records_at_start_are_refused_and_counted_and_the_victims_lose_no
     let table = s.cli(&["parked", "list"]);
     assert!(!table.contains('\x1b'), "{table:?}");
     assert!(table.contains("\\u{1b}[31mforged"), "{table}");
-    let status = hopper_cli(&["status", "--config", s.config.path.to_str().unwrap()]);
+    // `hopper status` reads with the session token `hopper run` writes to
+    // its runtime directory; this hopper runs in the test's process, so the
+    // test writes it there, as `hopper run` would.
+    let runtime = tempfile::tempdir().unwrap();
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let token = hopper.admin_session_token().expect("a session token");
+        let file = runtime
+            .path()
+            .join(format!("admin-{}-{}.token", addr.ip(), addr.port()));
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(file)
+            .unwrap();
+        std::io::Write::write_all(&mut file, format!("{token}\n").as_bytes()).unwrap();
+    }
+    let status = hopper_cli_in(
+        runtime.path(),
+        &["status", "--config", s.config.path.to_str().unwrap()],
+    );
     assert!(status.contains("PARKED KEYS"), "{status}");
     assert!(status.contains("key \"victim2\""), "{status}");
     assert!(!status.contains('\x1b'), "{status:?}");

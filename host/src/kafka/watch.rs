@@ -40,6 +40,11 @@ pub struct Failure {
 /// or a plaintext client talking to a TLS listener; `None` for what
 /// librdkafka heals by retrying (a broker restarting, a timeout).
 pub fn failure_of(error: &KafkaError, reason: &str) -> Option<Failure> {
+    let verify_failed = |reason: &str| {
+        format!(
+            "TLS failed: {reason}; check ssl.ca.location (the broker's CA) and, for mutual TLS, ssl.certificate.location, ssl.key.location and the certificate's dates"
+        )
+    };
     let code = error.rdkafka_error_code()?;
     let lower = reason.to_ascii_lowercase();
     let cause = match code {
@@ -51,10 +56,14 @@ pub fn failure_of(error: &KafkaError, reason: &str) -> Option<Failure> {
         RDKafkaErrorCode::UnsupportedSASLMechanism | RDKafkaErrorCode::IllegalSASLState => {
             format!("the broker refused the SASL mechanism: {reason}; check sasl.mechanism")
         }
+        // The client could not verify the broker's certificate. librdkafka
+        // reports it as an SSL error or, as often, a transport failure
+        // carrying OpenSSL's "certificate verify failed".
         RDKafkaErrorCode::SSL if lower.contains("verify") || lower.contains("certificate") => {
-            format!(
-                "TLS failed: {reason}; check ssl.ca.location (the broker's CA) and, for mutual TLS, ssl.certificate.location, ssl.key.location and the certificate's dates"
-            )
+            verify_failed(reason)
+        }
+        RDKafkaErrorCode::BrokerTransportFailure if lower.contains("certificate verify failed") => {
+            verify_failed(reason)
         }
         RDKafkaErrorCode::SSL => {
             format!("TLS failed: {reason}; check security.protocol and the ssl.* settings")
@@ -262,6 +271,15 @@ mod tests {
                 .unwrap()
                 .cause
                 .contains("ssl.certificate.location")
+        );
+        // The same verification failure, reported as a transport failure
+        // (seen when the broker's CA is not the one configured).
+        let unverified = "sasl_ssl://127.0.0.1:1/bootstrap: error:0A000086:SSL routines::certificate verify failed (after 1ms in state SSL_HANDSHAKE)";
+        let cause = failure_of(&plain, unverified).unwrap().cause;
+        assert!(cause.contains("ssl.ca.location"), "{cause}");
+        assert!(
+            !cause.contains("the broker refused the handshake"),
+            "{cause}"
         );
         assert_eq!(failure_of(&plain, "Connection refused"), None);
         let down = KafkaError::Global(RDKafkaErrorCode::AllBrokersDown);
