@@ -44,6 +44,23 @@ fn at(m: &rdkafka::message::OwnedMessage) -> String {
     format!("{}:{}:{}", m.topic(), m.partition(), m.offset())
 }
 
+/// The headers `genuine` has, with `changes` in place of theirs: a dead
+/// letter as anyone who can write the DLQ could forge it.
+fn forged(
+    genuine: &std::collections::HashMap<String, String>,
+    changes: &[(&str, &str)],
+) -> Vec<(String, String)> {
+    let mut headers: Vec<(String, String)> = genuine
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    for (key, value) in changes {
+        headers.retain(|(k, _)| k != key);
+        headers.push((key.to_string(), value.to_string()));
+    }
+    headers
+}
+
 async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
     let (status, answer) = http(
         addr,
@@ -337,15 +354,7 @@ async fn a_forged_dead_letter_is_skipped_and_never_reaches_the_topic_it_names() 
     .await;
     let genuine = consume(&route.dlq, 1, PATIENCE).await.remove(0);
     let (h, _) = header_map(&genuine);
-    let forge = |changes: &[(&str, &str)]| {
-        let mut headers: Vec<(String, String)> =
-            h.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        for (key, value) in changes {
-            headers.retain(|(k, _)| k != key);
-            headers.push((key.to_string(), value.to_string()));
-        }
-        headers
-    };
+    let forge = |changes: &[(&str, &str)]| forged(&h, changes);
     let other_input = format!("{other}.in");
     let forged = [
         forge(&[("hopper-id", "as-other"), ("hopper-route", &other)]),
@@ -457,15 +466,7 @@ async fn no_kind_of_hoppers_own_topic_is_a_replay_destination() {
     .await;
     let genuine = consume(&route.dlq, 1, PATIENCE).await.remove(0);
     let (h, _) = header_map(&genuine);
-    let forge = |changes: &[(&str, &str)]| {
-        let mut headers: Vec<(String, String)> =
-            h.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
-        for (key, value) in changes {
-            headers.retain(|(k, _)| k != key);
-            headers.push((key.to_string(), value.to_string()));
-        }
-        headers
-    };
+    let forge = |changes: &[(&str, &str)]| forged(&h, changes);
     let mut expected: Vec<(String, String)> = Vec::new();
     let (mut in_route_dlq, mut in_relay_dlq) = (0, 0);
     for kind in OwnedKind::ALL {

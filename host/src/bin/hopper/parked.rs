@@ -5,7 +5,7 @@
 use crate::ops::{Target, clean};
 use anyhow::Context as _;
 use base64::Engine as _;
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use hopper::parked::{self, Lane};
 
 #[derive(Subcommand)]
@@ -22,55 +22,39 @@ pub enum ParkedCommand {
     /// Releases a parked or blocked key: its waiting messages are handled,
     /// in order, by the hopper that runs its partition, and new ones are no
     /// longer parked or dead-lettered.
-    Release {
-        #[command(flatten)]
-        target: Target,
-        #[arg(long)]
-        route: String,
-        /// The input topic of the key.
-        #[arg(long)]
-        topic: String,
-        /// The input partition of the key.
-        #[arg(long)]
-        partition: i32,
-        /// The key, as text.
-        #[arg(
-            long,
-            conflicts_with = "key_base64",
-            required_unless_present = "key_base64"
-        )]
-        key: Option<String>,
-        /// The key, in base64 (for a key that is not UTF-8).
-        #[arg(long)]
-        key_base64: Option<String>,
-    },
+    Release(KeyArgs),
     /// Deletes every record of a key from the park topic (its head, its
     /// waiting messages, its releases), straight against the brokers,
     /// whatever a running hopper makes of them: for records hopper did not
     /// write, or a key that must be forgotten. Its waiting messages are
     /// not handled.
-    Purge {
-        #[command(flatten)]
-        target: Target,
-        #[arg(long)]
-        route: String,
-        /// The input topic of the key.
-        #[arg(long)]
-        topic: String,
-        /// The input partition of the key.
-        #[arg(long)]
-        partition: i32,
-        /// The key, as text.
-        #[arg(
-            long,
-            conflicts_with = "key_base64",
-            required_unless_present = "key_base64"
-        )]
-        key: Option<String>,
-        /// The key, in base64 (for a key that is not UTF-8).
-        #[arg(long)]
-        key_base64: Option<String>,
-    },
+    Purge(KeyArgs),
+}
+
+/// The key `release` and `purge` act on.
+#[derive(Args)]
+pub struct KeyArgs {
+    #[command(flatten)]
+    target: Target,
+    /// The route whose park topic holds the key.
+    #[arg(long)]
+    route: String,
+    /// The input topic of the key.
+    #[arg(long)]
+    topic: String,
+    /// The input partition of the key.
+    #[arg(long)]
+    partition: i32,
+    /// The key, as text.
+    #[arg(
+        long,
+        conflicts_with = "key_base64",
+        required_unless_present = "key_base64"
+    )]
+    key: Option<String>,
+    /// The key, in base64 (for a key that is not UTF-8).
+    #[arg(long)]
+    key_base64: Option<String>,
 }
 
 pub async fn run(command: ParkedCommand) -> anyhow::Result<()> {
@@ -104,14 +88,14 @@ pub async fn run(command: ParkedCommand) -> anyhow::Result<()> {
                 );
             }
         }
-        ParkedCommand::Release {
+        ParkedCommand::Release(KeyArgs {
             target,
             route,
             topic,
             partition,
             key,
             key_base64,
-        } => {
+        }) => {
             let (config, cluster) = target.load()?;
             let route = find(&config, &route)?;
             let lane = lane(topic, partition, key, key_base64)?;
@@ -133,14 +117,14 @@ pub async fn run(command: ParkedCommand) -> anyhow::Result<()> {
                 );
             }
         }
-        ParkedCommand::Purge {
+        ParkedCommand::Purge(KeyArgs {
             target,
             route,
             topic,
             partition,
             key,
             key_base64,
-        } => {
+        }) => {
             let (config, cluster) = target.load()?;
             let route = find(&config, &route)?;
             let lane = lane(topic, partition, key, key_base64)?;
