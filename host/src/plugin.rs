@@ -9,6 +9,7 @@
 mod cache;
 pub mod canned;
 mod emit;
+mod fetch;
 mod fit;
 mod grants;
 mod handler;
@@ -44,6 +45,7 @@ mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "handler",
+        imports: { "hopper:handler/http.fetch": async },
         exports: { default: async },
     });
 }
@@ -61,7 +63,7 @@ const OUTGOING_HANDLER: &str = "wasi:http/outgoing-handler@0.2.12";
 const HTTP_TYPES: &str = "wasi:http/types@0.2.12";
 
 /// The world every handler must target.
-pub const WORLD: &str = "hopper:handler/handler@0.1.2";
+pub const WORLD: &str = "hopper:handler/handler@0.1.3";
 
 /// How often the engine's epoch advances. At each tick a running guest
 /// checks its deadline and yields to the async runtime, so a call is

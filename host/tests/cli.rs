@@ -182,7 +182,7 @@ fn plugin_check_accepts_a_handler_and_names_what_is_wrong_with_others() {
     );
     assert!(stdout.starts_with("ok: "), "{stdout}");
     assert!(
-        stdout.contains("fits hopper:handler/handler@0.1.2"),
+        stdout.contains("fits hopper:handler/handler@0.1.3"),
         "{stdout}"
     );
     assert!(stdout.contains("exports: handle"), "{stdout}");
@@ -317,7 +317,7 @@ fn the_long_version_names_the_commit_the_wit_and_the_libraries() {
     let text = String::from_utf8(out.stdout).unwrap();
     for part in [
         concat!("hopper ", env!("CARGO_PKG_VERSION"), " (commit "),
-        "handler WIT: hopper:handler/handler@0.1.2",
+        "handler WIT: hopper:handler/handler@0.1.3",
         "wasmtime 50.",
         "librdkafka 2.",
     ] {

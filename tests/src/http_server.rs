@@ -13,6 +13,7 @@
 //! | `/auth`             | 200 `seen`; the `authorization` header is kept           |
 //! | `/flaky`            | 503 while [`TestServer::set_down`] is on, else 200 `up`  |
 //! | `/echo-length`      | 200 `received N bytes`, N the request body's length      |
+//! | `/echo`             | 200 with the request's body, and `x-echo: yes`; the request is kept ([`TestServer::echoed`]) |
 //! | anything else       | 404                                                      |
 //!
 //! Every `traceparent` header it receives is kept ([`TestServer::traceparents`]).
@@ -46,6 +47,19 @@ pub struct Seen {
     traceparents: Mutex<Vec<String>>,
     /// `/flaky` answers 503 while set.
     down: AtomicBool,
+    /// Every request to `/echo`, in order.
+    echoed: Mutex<Vec<Echoed>>,
+}
+
+/// A request as `/echo` received it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Echoed {
+    pub method: String,
+    /// Path and query.
+    pub target: String,
+    /// Every header, in order, names in lower case.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
 }
 
 pub struct TestServer {
@@ -179,6 +193,11 @@ impl TestServer {
         self.seen.traceparents.lock().unwrap().clone()
     }
 
+    /// Every request `/echo` received, in order.
+    pub fn echoed(&self) -> Vec<Echoed> {
+        self.seen.echoed.lock().unwrap().clone()
+    }
+
     /// Every `authorization` header `/auth` received, in order.
     pub fn authorizations(&self) -> Vec<String> {
         self.seen.authorizations.lock().unwrap().clone()
@@ -240,6 +259,36 @@ async fn answer(
                 exact: verb == "big",
             };
             Response::builder().status(200).body(body.boxed()).unwrap()
+        }
+        "echo" => {
+            let method = request.method().to_string();
+            let target = request
+                .uri()
+                .path_and_query()
+                .map_or(String::new(), |p| p.to_string());
+            let headers = request
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    let value = String::from_utf8_lossy(v.as_bytes()).into_owned();
+                    (k.as_str().to_string(), value)
+                })
+                .collect();
+            let body = match request.into_body().collect().await {
+                Ok(body) => body.to_bytes().to_vec(),
+                Err(e) => return Ok(text(400, format!("body failed: {e}"))),
+            };
+            seen.echoed.lock().unwrap().push(Echoed {
+                method,
+                target,
+                headers,
+                body: body.clone(),
+            });
+            Response::builder()
+                .status(200)
+                .header("x-echo", "yes")
+                .body(Full::new(Bytes::from(body)).boxed())
+                .unwrap()
         }
         "echo-length" => match request.into_body().collect().await {
             Ok(body) => text(200, format!("received {} bytes", body.to_bytes().len())),

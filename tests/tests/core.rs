@@ -473,7 +473,7 @@ async fn handlers_that_do_not_fit_fail_at_startup_naming_the_file() {
     let cases = [
         (
             plugin("wrong_world"),
-            "does not fit the hopper:handler/handler@0.1.2 world",
+            "does not fit the hopper:handler/handler@0.1.3 world",
         ),
         (core, "is a core WebAssembly module, not a component"),
         (truncated, "does not compile"),

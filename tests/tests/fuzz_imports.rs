@@ -44,10 +44,7 @@ fn fixture() -> &'static (tokio::runtime::Runtime, Handler) {
         let dir = tempfile::tempdir().unwrap().keep();
         let secret = dir.join("token");
         std::fs::write(&secret, "s3cr+t/=\nline two\n").unwrap();
-        let nowhere = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
+        let nowhere = nowhere();
         // A route that may call, emit, schedule and cancel, beside a relay.
         let route = ConfigBuilder::new()
             .without_kafka()
@@ -76,6 +73,18 @@ fn fixture() -> &'static (tokio::runtime::Runtime, Handler) {
                 .unwrap()
         });
         (tokio, handler)
+    })
+}
+
+/// A loopback address where nothing listens, the one origin the route
+/// grants: the same for every case.
+fn nowhere() -> std::net::SocketAddr {
+    static NOWHERE: OnceLock<std::net::SocketAddr> = OnceLock::new();
+    *NOWHERE.get_or_init(|| {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
     })
 }
 
@@ -217,6 +226,23 @@ proptest! {
             "method": method, "scheme": scheme, "authority": authority,
             "path": path, "headers": headers, "body": body,
         }})), "wasi:http outgoing-handler.handle")?;
+    }
+
+    #[test]
+    fn fetch_takes_any_request(
+        method in prop_oneof![Just("GET".to_string()), text()],
+        url in prop_oneof![
+            text(),
+            Just(format!("http://{}/x", nowhere())),
+            Just("http://169.254.169.254/latest/meta-data/".to_string()),
+            "(https?|ftp|)://[^/]{0,12}(/\\PC{0,12})?",
+        ],
+        headers in proptest::collection::vec((text(), text()), 0..4),
+        body in prop_oneof![Just(None), bytes().prop_map(Some)],
+    ) {
+        ok(call(json!({"fetch": {
+            "method": method, "url": url, "headers": headers, "body": body,
+        }})), "http.fetch")?;
     }
 
     #[test]

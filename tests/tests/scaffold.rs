@@ -247,7 +247,7 @@ fn plugin_check_lists_the_grants_a_components_imports_need() {
     };
     let acting = check("acting");
     for grant in [
-        "grant needed: HTTP (wasi:http/outgoing-handler): the hosts in the route's `allowed_hosts`",
+        "grant needed: HTTP (wasi:http/outgoing-handler, hopper:handler/http): the hosts in the route's `allowed_hosts`",
         "grant needed: emit (hopper:handler/emit): the topics in the route's `emit_topics`",
         "grant needed: secrets (hopper:handler/secrets): the names in the route's `[route.secrets]`",
     ] {

@@ -768,7 +768,8 @@ async fn the_service_a_handler_calls_receives_the_calls_traceparent() {
         .test_route();
     let hopper = route.start().await;
     let mut events = hopper.events();
-    let steps = json!([{"get": service.url("/hello")}, {"get": service.url("/hello")}]);
+    // One request through `wasi:http`, one through `fetch`.
+    let steps = json!([{"get": service.url("/hello")}, {"fetch": {"url": service.url("/hello")}}]);
     produce(
         &producer(),
         &route.input,
@@ -788,8 +789,9 @@ async fn the_service_a_handler_calls_receives_the_calls_traceparent() {
         .await;
     hopper.stop().await;
     let call = spans.iter().find(|s| s.name == call_name).unwrap();
-    // Both requests carry one traceparent: the message's trace, the call's
-    // span as the parent, so the service's own spans join the trace.
+    // Both requests, whichever API sent them, carry one traceparent: the
+    // message's trace, the call's span as the parent, so the service's own
+    // spans join the trace.
     let seen = service.traceparents();
     assert_eq!(seen.len(), 2, "{seen:?}");
     for value in &seen {

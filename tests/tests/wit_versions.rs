@@ -1,10 +1,11 @@
 //! Components built against earlier releases of the handler world keep
 //! loading and running unchanged: `plugins/fixtures/legacy-0-1-0` is built
 //! against `hopper:handler@0.1.0` (`log` and `config` only) and
-//! `legacy-0-1-1` against 0.1.1 (`emit` with `publish` only, `secrets`).
-//! Hopper links 0.1.2, whose `emit` has `schedule` and `cancel` as well;
-//! wasmtime's linker serves a 0.1.x import from 0.1.2 because 0.1.2 only
-//! adds.
+//! `legacy-0-1-1` against 0.1.1 (`emit` with `publish` only, `secrets`),
+//! `legacy-0-1-2` against 0.1.2 (`emit.schedule` and `emit.cancel`).
+//! Hopper links 0.1.3, which adds the `http` interface (`fetch`);
+//! wasmtime's linker serves a 0.1.x import from 0.1.3 because each 0.1.x
+//! only adds.
 
 use hopper::plugin::{Runtime, Verdict};
 use hopper_tests::*;
@@ -32,7 +33,7 @@ fn hopper_imports(name: &str) -> Vec<String> {
 #[test]
 fn the_fixtures_are_built_against_the_releases_they_are_named_for() {
     // What makes the tests below about old components: had a fixture been
-    // rebuilt against today's WIT, its imports would say 0.1.2.
+    // rebuilt against today's WIT, its imports would say 0.1.3.
     assert_eq!(
         hopper_imports("legacy_0_1_0"),
         vec![
@@ -50,9 +51,57 @@ fn the_fixtures_are_built_against_the_releases_they_are_named_for() {
             "hopper:handler/types@0.1.1",
         ]
     );
-    assert!(
-        hopper_imports("acting").contains(&"hopper:handler/emit@0.1.2".to_string()),
-        "a component built from wit/ today imports 0.1.2"
+    assert_eq!(
+        hopper_imports("legacy_0_1_2"),
+        vec![
+            "hopper:handler/config@0.1.2",
+            "hopper:handler/emit@0.1.2",
+            "hopper:handler/types@0.1.2",
+        ]
+    );
+    let today = hopper_imports("acting");
+    for import in ["hopper:handler/emit@0.1.3", "hopper:handler/http@0.1.3"] {
+        assert!(
+            today.contains(&import.to_string()),
+            "a component built from wit/ today imports {import}: {today:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_0_1_2_component_schedules_and_cancels_through_the_0_1_3_emit() {
+    let legacy = InProcess::with_config(
+        RouteTable::new(&plugin("legacy_0_1_2"))
+            .emit_topics(&["timeouts"])
+            .cancel_ids(&["timeout-*", "cancel-*"])
+            .config("topic", "timeouts"),
+        ConfigBuilder::new().delay(DelayTable::default().max_delay("1h")),
+    );
+    let handled = legacy.handler.run(legacy.delivery("m-1", "schedule")).await;
+    assert_eq!(handled.verdict, Verdict::Ok);
+    assert_eq!(handled.emitted.len(), 2, "{:?}", handled.emitted);
+    assert_eq!(handled.emitted[0].key.as_deref(), Some(&b"timeout-m-1"[..]));
+    assert_eq!(
+        handled.emitted[0].payload.as_deref(),
+        Some(&b"from 0.1.2"[..])
+    );
+    assert_eq!(handled.emitted[1].key.as_deref(), Some(&b"cancel-m-1"[..]));
+
+    // Its refusals are still 0.1.2's `schedule-error`.
+    let refused = InProcess::with_config(
+        RouteTable::new(&plugin("legacy_0_1_2"))
+            .emit_topics(&["timeouts"])
+            .config("topic", "timeouts"),
+        ConfigBuilder::new().delay(DelayTable::default().max_delay("1h")),
+    );
+    assert_eq!(
+        refused
+            .handler
+            .call(refused.delivery("m-2", "schedule"))
+            .await,
+        Verdict::Fatal {
+            reason: "schedule refused: ScheduleError::IdNotGranted(\"timeout-m-2\")".into()
+        }
     );
 }
 

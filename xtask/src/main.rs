@@ -26,7 +26,7 @@ mod deploy;
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
-const PLUGINS: [&str; 11] = [
+const PLUGINS: [&str; 12] = [
     "order-timeout",
     "order-events",
     "noop",
@@ -39,6 +39,7 @@ const PLUGINS: [&str; 11] = [
     // Built against the WIT releases they are named for, kept unchanged.
     "legacy-0-1-0",
     "legacy-0-1-1",
+    "legacy-0-1-2",
 ];
 const NISSHI_VERSION: &str = "0.8.1";
 

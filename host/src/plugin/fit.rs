@@ -10,12 +10,13 @@ use wasmtime::component::types::ComponentItem;
 /// The function every handler exports.
 const EXPORT: &str = "handle";
 /// The world's own imports (any 0.1.x version links).
-const WORLD_IMPORTS: [&str; 5] = [
+const WORLD_IMPORTS: [&str; 6] = [
     "hopper:handler/types",
     "hopper:handler/log",
     "hopper:handler/config",
     "hopper:handler/emit",
     "hopper:handler/secrets",
+    "hopper:handler/http",
 ];
 /// WASI 0.2 packages hopper links: stdio, clocks and randomness work, the
 /// filesystem and sockets are empty, and wasi:http goes through the route's
@@ -33,7 +34,8 @@ const WASI_PACKAGES: [&str; 7] = [
 /// A grant a route must give for a handler's import to do anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Grant {
-    /// `wasi:http/outgoing-handler`: hosts in `allowed_hosts`.
+    /// `wasi:http/outgoing-handler` or `hopper:handler/http`: hosts in
+    /// `allowed_hosts`.
     Http,
     /// `hopper:handler/emit`: topics in `emit_topics`; ids in `cancel_ids`
     /// for a cancel or a replace.
@@ -47,7 +49,7 @@ impl Grant {
     fn of_import(name: &str) -> Option<Grant> {
         let interface = name.split_once('@').map_or(name, |(i, _)| i);
         match interface {
-            "wasi:http/outgoing-handler" => Some(Grant::Http),
+            "wasi:http/outgoing-handler" | "hopper:handler/http" => Some(Grant::Http),
             "hopper:handler/emit" => Some(Grant::Emit),
             "hopper:handler/secrets" => Some(Grant::Secrets),
             _ => None,
@@ -59,7 +61,7 @@ impl fmt::Display for Grant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             Grant::Http => {
-                "HTTP (wasi:http/outgoing-handler): the hosts in the route's `allowed_hosts`"
+                "HTTP (wasi:http/outgoing-handler, hopper:handler/http): the hosts in the route's `allowed_hosts`"
             }
             Grant::Emit => {
                 "emit (hopper:handler/emit): the topics in the route's `emit_topics`, and the ids in its `cancel_ids` to cancel or replace a schedule"

@@ -18,8 +18,14 @@
 //! starts before the cut), then have secrets redacted.
 //! Time waiting here counts against the call's `timeout`: a response head is
 //! awaited at most until the call's deadline.
+//!
+//! `hopper:handler/http.fetch` (plugin/fetch.rs) sends through the same
+//! functions, [`HttpHooks::admit`] and [`HttpHooks::send`]: only how a
+//! request is built and how its outcome reaches the guest differ
+//! ([`Failure`]).
 
 use super::GuestInfo;
+use super::bindings::hopper::handler::http::FetchError;
 use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
 use crate::events;
 use http_body_util::BodyExt;
@@ -65,6 +71,11 @@ impl HttpHooks {
         }
     }
 
+    /// When the call in progress must end.
+    pub(super) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
     /// Arms the hooks for a new call.
     pub(super) fn begin(&mut self, message_id: &str, deadline: Instant) {
         self.message_id.clear();
@@ -107,7 +118,7 @@ impl HttpHooks {
 
 /// Why the grants refuse a request. Its text, which allocates, is made
 /// only when the refusal is logged or observed.
-enum Refusal {
+pub(super) enum Refusal {
     /// The call has made `http.max_requests` requests already.
     TooMany(u32),
     NoHosts,
@@ -125,7 +136,7 @@ impl Refusal {
         }
     }
 
-    fn text(&self, target: &Target) -> String {
+    pub(super) fn text(&self, target: &Target) -> String {
         let endpoint = target.endpoint();
         match (self, endpoint) {
             (Refusal::TooMany(limit), _) => format!(
@@ -149,20 +160,29 @@ impl Refusal {
 }
 
 impl HttpHooks {
+    /// Checks a request of either API against the call's limit and the
+    /// route's grants, and reports it when they refuse it: logged, counted,
+    /// and recorded by `hopper plugin test`.
+    pub(super) fn admit(&mut self, target: &Target) -> Result<(), Refusal> {
+        let Some(refusal) = self.refusal(target) else {
+            return Ok(());
+        };
+        if let Some(canned) = &self.guest.grants.canned {
+            canned.denied(&target.method, &target.uri, refusal.text(target));
+        }
+        denied(&self.guest, &self.message_id, target, || {
+            refusal.text(target)
+        });
+        Err(refusal)
+    }
+
     /// Checks a request the guest passes to `outgoing-handler.handle`
     /// against its grants: the error code to fail `handle` with, reported,
     /// when they refuse it. A request whose URL does not parse passes, for
     /// wasmtime-wasi-http's `handle` to give its own error.
     pub(super) fn refuse(&mut self, request: &HostOutgoingRequest) -> Option<ErrorCode> {
         let target = Target::of(request)?;
-        let refusal = self.refusal(&target)?;
-        if let Some(canned) = &self.guest.grants.canned {
-            canned.denied(&target.method, &target.uri, refusal.text(&target));
-        }
-        denied(&self.guest, &self.message_id, &target, || {
-            refusal.text(&target)
-        });
-        Some(refusal.error())
+        self.admit(&target).err().map(|refusal| refusal.error())
     }
 }
 
@@ -173,11 +193,11 @@ impl HttpHooks {
     /// mid-request (the guest dropped its future-incoming-response, or the
     /// store went with a call that ran out of time), it closes that
     /// connection instead of pooling it.
-    fn send(
+    pub(super) fn send(
         &mut self,
         mut request: http::Request<WasiBody>,
         options: Option<RequestOptions>,
-    ) -> impl Future<Output = Result<http::Response<WasiBody>, Error>> + Send + 'static {
+    ) -> impl Future<Output = Result<http::Response<WasiBody>, Failure>> + Send + 'static {
         // The call's trace continues in the service it calls.
         crate::trace::propagate(request.headers_mut());
         let target = Target {
@@ -210,11 +230,14 @@ impl HttpHooks {
         let max_body = limits.max_response_bytes;
         async move {
             if let Some(reason) = refused {
-                report.denied(reason);
-                return Err(Error::HttpRequestDenied);
+                report.denied(reason.clone());
+                return Err(Failure::Denied(reason));
             }
             if let Some(canned) = &report.guest.grants.canned {
-                return canned.answer(request, head_timeout, max_body).await;
+                return canned
+                    .answer(request, head_timeout, max_body)
+                    .await
+                    .map_err(Failure::Canned);
             }
             let started = Instant::now();
             let transport = report
@@ -233,7 +256,7 @@ impl HttpHooks {
                     if length.is_some_and(|n| n > max_body) {
                         // Refused before a byte of the body is read; the
                         // connection closes with the response.
-                        return Err(Error::HttpResponseBodySize(Some(max_body)));
+                        return Err(Failure::TooLarge(max_body));
                     }
                     Ok(response.map(|body| {
                         LimitedBody::new(body, max_body, between_bytes)
@@ -242,12 +265,17 @@ impl HttpHooks {
                     }))
                 }
                 Err(e @ SendError::Guarded { .. }) => {
-                    report.denied(e.to_string());
-                    Err(Error::HttpRequestDenied)
+                    let reason = e.to_string();
+                    report.denied(reason.clone());
+                    Err(Failure::Denied(reason))
+                }
+                Err(SendError::Timeout) => {
+                    report.answered(Err(&SendError::Timeout), started.elapsed());
+                    Err(Failure::Timeout(head_timeout))
                 }
                 Err(e) => {
                     report.answered(Err(&e), started.elapsed());
-                    Err(send_error(e))
+                    Err(Failure::Send(e))
                 }
             }
         }
@@ -262,6 +290,7 @@ impl HttpHooks {
     ) -> PendingResponse {
         let streams_body = !http_body::Body::is_end_stream(request.body());
         let send = self.send(request, options);
+        let send = async move { send.await.map_err(Failure::code) };
         if streams_body {
             // The guest may write the body after `handle`, more than its
             // buffer holds: the send must run without waiting for the guest.
@@ -272,6 +301,89 @@ impl HttpHooks {
         // to its connection's task.
         pending.poll_once();
         pending
+    }
+}
+
+/// Why a request the grants let through got no response head, for each
+/// API to tell its guest in its own terms ([`Failure::code`] for
+/// `wasi:http`, [`Failure::fetch_error`] for `fetch`).
+pub(super) enum Failure {
+    /// Refused on the way: the name resolved only to guarded addresses, or
+    /// the connection reached hopper's own admin server. The text says
+    /// which.
+    Denied(String),
+    /// No response head within this long (the route's
+    /// `http.first_byte_timeout`, or what was left of the call's time).
+    Timeout(Duration),
+    /// A `content-length` above `http.max_response_bytes` (given).
+    TooLarge(u64),
+    /// The transport's error.
+    Send(SendError),
+    /// A canned answer's error (`hopper plugin test`).
+    Canned(Error),
+}
+
+impl Failure {
+    /// The `wasi:http` error, as wasmtime-wasi-http gives it for the same
+    /// failure.
+    fn code(self) -> Error {
+        match self {
+            Failure::Denied(_) => Error::HttpRequestDenied,
+            Failure::Timeout(_) => Error::HttpResponseTimeout,
+            Failure::TooLarge(max_body) => Error::HttpResponseBodySize(Some(max_body)),
+            Failure::Send(e) => send_error(e),
+            Failure::Canned(e) => e,
+        }
+    }
+
+    /// The `fetch-error` of `hopper:handler/http.fetch`, its text naming
+    /// what went wrong.
+    pub(super) fn fetch_error(self) -> FetchError {
+        match self {
+            Failure::Denied(reason) => FetchError::Denied(reason),
+            Failure::Timeout(waited) => FetchError::Timeout(format!(
+                "no response head within {waited:?} (http.first_byte_timeout, or what was left of the call's timeout)"
+            )),
+            Failure::TooLarge(max_body) => FetchError::TooLarge(max_body),
+            Failure::Send(e) => {
+                let text = e.to_string();
+                match e {
+                    SendError::Guarded { .. } => FetchError::Denied(text),
+                    SendError::Dns { .. } => FetchError::Dns(text),
+                    SendError::ConnectTimeout => {
+                        FetchError::Timeout("no connection within http.connect_timeout".into())
+                    }
+                    SendError::Timeout => FetchError::Timeout(text),
+                    SendError::Connect { .. } => FetchError::Connection(text),
+                    SendError::TlsCertificate(_) | SendError::Tls(_) => FetchError::Tls(text),
+                    SendError::Protocol(_) => FetchError::Protocol(text),
+                }
+            }
+            Failure::Canned(e) => fetch_error_of(e),
+        }
+    }
+}
+
+/// The `fetch-error` for a `wasi:http` error: a canned answer's, or a
+/// response body's.
+pub(super) fn fetch_error_of(e: Error) -> FetchError {
+    let text = e.to_string();
+    match e {
+        Error::HttpRequestDenied => FetchError::Denied(text),
+        Error::HttpResponseBodySize(limit) => FetchError::TooLarge(limit.unwrap_or_default()),
+        Error::DnsError { .. } | Error::DnsTimeout => FetchError::Dns(text),
+        Error::ConnectionTimeout
+        | Error::ConnectionReadTimeout
+        | Error::ConnectionWriteTimeout
+        | Error::HttpResponseTimeout => FetchError::Timeout(text),
+        Error::ConnectionRefused
+        | Error::ConnectionTerminated
+        | Error::DestinationUnavailable
+        | Error::DestinationNotFound => FetchError::Connection(text),
+        Error::TlsCertificateError | Error::TlsProtocolError | Error::TlsAlertReceived { .. } => {
+            FetchError::Tls(text)
+        }
+        _ => FetchError::Protocol(text),
     }
 }
 
@@ -454,7 +566,7 @@ impl WasiHttpHooks for HttpHooks {
     ) -> Box<dyn Future<Output = SendResult> + Send> {
         let send = self.send(request, options);
         Box::new(async move {
-            let response = send.await?;
+            let response = send.await.map_err(Failure::code)?;
             let done: Box<dyn Future<Output = Result<(), Error>> + Send> =
                 Box::new(std::future::ready(Ok(())));
             Ok((response, done))
@@ -465,9 +577,9 @@ impl WasiHttpHooks for HttpHooks {
 /// Where a request goes, as far as checks and logs need it. Cheap to make
 /// (the URI's parts are shared, not copied); the text for logs and events is
 /// built only when a line is logged or someone observes.
-struct Target {
-    method: http::Method,
-    uri: http::Uri,
+pub(super) struct Target {
+    pub(super) method: http::Method,
+    pub(super) uri: http::Uri,
 }
 
 impl Target {

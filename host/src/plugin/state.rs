@@ -1,11 +1,12 @@
 //! What a store holds for one guest, and the host functions the guest may
 //! call: logging, its route's config values, and what the route grants:
 //! emitting records ([`super::emit`]), reading secrets, and outbound HTTP
-//! ([`super::http`]).
+//! ([`super::http`], and `fetch` in [`super::fetch`]).
 
 use super::GuestInfo;
 use super::bindings::hopper::handler::{
-    config as wit_config, emit as wit_emit, log as wit_log, secrets as wit_secrets, types,
+    config as wit_config, emit as wit_emit, http as wit_http, log as wit_log,
+    secrets as wit_secrets, types,
 };
 use super::emit::Emits;
 use super::http::HttpHooks;
@@ -320,5 +321,15 @@ impl wit_secrets::Host for GuestState {
             );
         }
         value.map(|s| s.expose().to_string())
+    }
+}
+
+impl wit_http::Host for GuestState {
+    /// One request, through the same path as `wasi:http`'s (plugin/fetch.rs).
+    async fn fetch(
+        &mut self,
+        request: wit_http::Request,
+    ) -> Result<wit_http::Response, wit_http::FetchError> {
+        self.hooks.fetch(request).await
     }
 }
