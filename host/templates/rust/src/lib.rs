@@ -2,8 +2,7 @@
 //! Kafka message and routes the message on by the outcome.
 //!
 //! Besides deciding, it shows the two things a handler may be granted: one
-//! HTTP call (through `wasi:http`, with the `wasip2` crate) and one emitted
-//! record. Each happens only when the route's config asks for it:
+//! HTTP call (`hopper:handler/http.fetch`) and one emitted record. Each happens only when the route's config asks for it:
 //! - `lookup-url`: a URL to GET for each message; the route must grant its
 //!   host in `allowed_hosts`;
 //! - `out-topic`: a topic to pass the message on to, with the lookup's
@@ -16,10 +15,9 @@ wit_bindgen::generate!({
 
 use hopper::handler::config;
 use hopper::handler::emit::{self, Outgoing};
+use hopper::handler::http::{self, Request};
 use hopper::handler::log::{Level, log};
 use hopper::handler::types::{Failure, Header};
-use wasip2::http::outgoing_handler;
-use wasip2::http::types::{Fields, Method, OutgoingRequest, Scheme};
 
 struct Handler;
 
@@ -74,30 +72,18 @@ impl Guest for Handler {
     }
 }
 
-/// The status of `GET url`, or why there is none (refused, timed out, not
-/// granted: the host answers `HTTP-request-denied`).
+/// The status of `GET url`, or why there is none: the host's `fetch-error`
+/// says (`denied` for a host the route does not grant, `timeout` for a
+/// service too slow).
 fn get(url: &str) -> Result<u16, String> {
-    let (scheme, rest) = url.split_once("://").ok_or("not a URL")?;
-    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-    let request = OutgoingRequest::new(Fields::new());
-    let scheme = match scheme {
-        "http" => Scheme::Http,
-        "https" => Scheme::Https,
-        _ => return Err(format!("unsupported scheme {scheme}")),
-    };
-    let path = if path.is_empty() { "/" } else { path };
-    request.set_method(&Method::Get).map_err(|()| "bad method")?;
-    request.set_scheme(Some(&scheme)).map_err(|()| "bad scheme")?;
-    request.set_authority(Some(authority)).map_err(|()| "bad host")?;
-    request.set_path_with_query(Some(path)).map_err(|()| "bad path")?;
-    let pending = outgoing_handler::handle(request, None).map_err(|e| format!("{e:?}"))?;
-    // The export is synchronous: block until the answer is there.
-    pending.subscribe().block();
-    match pending.get() {
-        Some(Ok(Ok(response))) => Ok(response.status()),
-        Some(Ok(Err(code))) => Err(format!("{code:?}")),
-        _ => Err("no response".into()),
-    }
+    let response = http::fetch(&Request {
+        method: "GET".into(),
+        url: url.into(),
+        headers: Vec::new(),
+        body: None,
+    })
+    .map_err(|e| format!("{e:?}"))?;
+    Ok(response.status)
 }
 
 fn retryable(reason: String) -> Outcome {
