@@ -1,5 +1,5 @@
 """The order-timeout handler in Python, built with componentize-py for the
-`handler-http` world.
+`handler` world.
 
 The same logic, requests, log lines, failure reasons and emitted records as
 the Rust handler in plugins/order-timeout/src/lib.rs; see there for the
@@ -7,28 +7,17 @@ payload, the config values and the verdicts. Only the text after
 `payload is not an order: ` differs, because it comes from a different JSON
 parser, and the detail of a transport error in the log.
 
-HTTP goes through componentize-py's `poll_loop` helper. It imports the
-wasi:http types as `wit_world.imports.types`, but this world has two
-interfaces called `types` (hopper's and wasi:http's), so componentize-py
-names them `hopper_handler_types` and `wasi_http_types`. The alias below
-lets `poll_loop` find the wasi:http ones; it must run before the import.
+HTTP is one call, `http.fetch`: the request in, the whole answer out (or
+`Err` with a `FetchError_*`). It is synchronous, so there is no event loop.
 """
 
-import asyncio
 import json
-import sys
 
 import wit_world
-from wit_world import imports
-from wit_world.imports import config, emit, log, wasi_http_types
+from componentize_py_types import Err
+from wit_world.imports import config, emit, http, log
 from wit_world.imports.log import Level
-
-imports.types = wasi_http_types
-sys.modules["wit_world.imports.types"] = wasi_http_types
-
-import poll_loop  # noqa: E402  (needs the alias above)
-from componentize_py_types import Err  # noqa: E402
-from wit_world.imports.hopper_handler_types import (  # noqa: E402
+from wit_world.imports.types import (
     Failure,
     Header,
     Message,
@@ -36,13 +25,6 @@ from wit_world.imports.hopper_handler_types import (  # noqa: E402
     Outcome_Fatal,
     Outcome_Ok,
     Outcome_Retryable,
-)
-from wit_world.imports.wasi_http_types import (  # noqa: E402
-    Fields,
-    Method_Post,
-    OutgoingRequest,
-    Scheme_Http,
-    Scheme_Https,
 )
 
 
@@ -77,53 +59,33 @@ def parse_order(payload: bytes) -> str:
 
 
 def close_url(base: str, order: str):
-    """(https, authority, path) of `{base}/orders/{order}/close`, or None
-    when `base` is not `http(s)://authority[/prefix]`."""
+    """`{base}/orders/{order}/close`, or None when `base` is not
+    `http(s)://authority[/prefix]`."""
     if base.startswith("http://"):
-        https, rest = False, base[len("http://") :]
+        rest = base[len("http://") :]
     elif base.startswith("https://"):
-        https, rest = True, base[len("https://") :]
+        rest = base[len("https://") :]
     else:
         return None
     slash = rest.find("/")
-    authority, prefix = (rest, "") if slash < 0 else (rest[:slash], rest[slash:])
+    authority = rest if slash < 0 else rest[:slash]
     if not authority or "?" in rest or "#" in rest:
         return None
     segment = "".join(
         chr(b) if chr(b).isascii() and (chr(b).isalnum() or chr(b) in "-._~") else f"%{b:02X}"
         for b in order.encode("utf-8")
     )
-    return https, authority, f"{prefix.rstrip('/')}/orders/{segment}/close"
+    return f"{base.rstrip('/')}/orders/{segment}/close"
 
 
-async def fetch(request: OutgoingRequest):
-    response = await poll_loop.send(request)
-    status = response.status()
-    body = bytearray()
-    stream = poll_loop.Stream(response.consume())
-    while (chunk := await stream.next()) is not None:
-        body += chunk
-    return status, bytes(body)
-
-
-def post(https: bool, authority: str, path: str):
-    """(status, body) of `POST` with an empty body, or Unreachable."""
-    request = OutgoingRequest(Fields())
+def post(url: str):
+    """(status, body) of `POST url` with an empty body, or Unreachable."""
+    request = http.Request(method="POST", url=url, headers=[], body=None)
     try:
-        request.set_method(Method_Post())
-        request.set_scheme(Scheme_Https() if https else Scheme_Http())
-        request.set_authority(authority)
-        request.set_path_with_query(path)
-    except Err:
-        raise Unreachable(f"invalid request to {authority}{path}") from None
-    loop = poll_loop.PollLoop()
-    asyncio.set_event_loop(loop)
-    try:
-        return loop.run_until_complete(fetch(request))
+        response = http.fetch(request)
     except Err as err:
         raise Unreachable(type(err.value).__name__) from None
-    finally:
-        loop.close()
+    return response.status, bytes(response.body)
 
 
 def refused(err) -> str:
@@ -196,7 +158,7 @@ class WitWorld(wit_world.WitWorld):
         if url is None:
             return fatal(f"`order-service` is not an http(s) URL: `{base}`")
         try:
-            status, body = post(*url)
+            status, body = post(url)
         except Unreachable as err:
             log.log(Level.WARN, f"Order service unreachable closing order {order}: {err}.")
             return retryable("order service unreachable")

@@ -113,22 +113,21 @@ pub fn build(dist: &Path) -> Result<()> {
     Ok(())
 }
 
-/// componentize-py: `app.py` in `src` is the module that defines `WitWorld`.
-/// World `handler-http`: componentize-py generates bindings for every import
-/// of the world, so the wasi:http ones come only from a world that names it.
+/// componentize-py: `app.py` in `src` is the module that defines `WitWorld`,
+/// for world `handler` (HTTP through its `fetch`).
 pub fn build_python(tool: &Path, src: &Path, out: &Path) -> Result<()> {
     let mut c = Command::new(tool);
     c.current_dir(src)
         .arg("-d")
         .arg(root().join("wit"))
-        .args(["-w", "handler-http", "componentize", "app", "-o"])
+        .args(["-w", "handler", "componentize", "app", "-o"])
         .arg(out);
     run(c, &format!("componentize-py on {}", src.display()))
 }
 
 /// componentize-js: `handler.js` in `src` exports `handle`. Every WASI
-/// feature but `http` is disabled: `http` is what gives `fetch` (through
-/// wasi:http/outgoing-handler), the rest would only add imports.
+/// feature is disabled, `http` (the web's `fetch` over wasi:http) too: HTTP
+/// is the handler world's own `fetch`, and the rest would only add imports.
 pub fn build_js(tool: &Path, src: &Path, out: &Path) -> Result<()> {
     let mut c = Command::new("node");
     c.current_dir(src)

@@ -1,7 +1,6 @@
 #!/usr/bin/env sh
 # Builds {{name}}.wasm with componentize-py, installed on first use into
-# $HOPPER_TOOLS (default ~/.cache/hopper-tools). World `handler-http`: the
-# handler world plus wasi:http/outgoing-handler (wit/deps holds WASI).
+# $HOPPER_TOOLS (default ~/.cache/hopper-tools), for the `handler` world.
 set -eu
 cd "$(dirname "$0")"
 TOOLS="${HOPPER_TOOLS:-$HOME/.cache/hopper-tools}"
@@ -11,5 +10,5 @@ if ! "$PY" --version 2>/dev/null | grep -q "{{componentize_py}}"; then
   [ -x "$TOOLS/venv/bin/pip" ] || python3 -m venv "$TOOLS/venv"
   "$TOOLS/venv/bin/pip" install --quiet --disable-pip-version-check "componentize-py=={{componentize_py}}"
 fi
-"$PY" -d wit -w handler-http componentize app -o {{name}}.wasm
+"$PY" -d wit -w handler componentize app -o {{name}}.wasm
 echo "built $(pwd)/{{name}}.wasm"
