@@ -1,5 +1,4 @@
-// The order-timeout handler in JavaScript, built with componentize-js with
-// its `http` feature, which provides `fetch` over wasi:http.
+// The order-timeout handler in JavaScript, built with componentize-js.
 //
 // The same logic, requests, log lines, failure reasons and emitted records
 // as the Rust handler in plugins/order-timeout/src/lib.rs; see there for the
@@ -7,13 +6,15 @@
 // `payload is not an order: ` differs, because it comes from a different
 // JSON parser, and the detail of a transport error in the log.
 //
-// `handle` is async because `fetch` is: componentize-js runs the event loop
-// until the promise settles, behind the synchronous WIT export. A promise
-// that rejects traps the call, so every path here returns an outcome.
+// HTTP is hopper's one call, `fetch` from `hopper:handler/http`: the request
+// in, the whole response out, synchronously; a `fetch-error` is thrown. It
+// is not the web's `fetch`, which componentize-js's `http` feature would
+// give; that feature is disabled.
 
-import { log } from "hopper:handler/log@0.1.2";
-import { get } from "hopper:handler/config@0.1.2";
-import { publish } from "hopper:handler/emit@0.1.2";
+import { log } from "hopper:handler/log@0.1.3";
+import { get } from "hopper:handler/config@0.1.3";
+import { publish } from "hopper:handler/emit@0.1.3";
+import { fetch } from "hopper:handler/http@0.1.3";
 
 class NotAnOrder extends Error {}
 
@@ -136,7 +137,7 @@ function fatal(reason) {
   return { tag: "fatal", val: { reason, retryAfterMs: undefined } };
 }
 
-export async function handle(message) {
+export function handle(message) {
   let order;
   try {
     order = parseOrder(message.payload ?? new Uint8Array());
@@ -154,11 +155,11 @@ export async function handle(message) {
   }
   let status, body;
   try {
-    const response = await fetch(url, { method: "POST" });
-    status = response.status;
-    body = new Uint8Array(await response.arrayBuffer());
+    ({ status, body } = fetch({ method: "POST", url, headers: [], body: undefined }));
   } catch (err) {
-    log("warn", `Order service unreachable closing order ${order}: ${err.message}.`);
+    // The fetch-error variant, thrown; some bindings wrap it in `payload`.
+    const why = err?.payload ?? err;
+    log("warn", `Order service unreachable closing order ${order}: ${why.tag ?? why.message}.`);
     return retryable("order service unreachable");
   }
   if (status === 200) {

@@ -136,7 +136,7 @@ pub fn build_js(tool: &Path, src: &Path, out: &Path) -> Result<()> {
         .arg("--wit")
         .arg(root().join("wit"))
         .args(["--world-name", "handler", "-d"])
-        .args(["stdio", "random", "clocks", "fetch-event"])
+        .args(["stdio", "random", "clocks", "http", "fetch-event"])
         .arg("-o")
         .arg(out);
     run(c, &format!("componentize-js on {}", src.display()))
@@ -149,14 +149,14 @@ pub struct CTools {
     pub jco: PathBuf,
 }
 
-/// C: bindings from wit-bindgen for world `handler-http` (`handler_http.h`,
-/// with the wasi:http bindings), clang for wasm32-wasi (a reactor: no
-/// `main`), then the core module is wrapped into a component.
+/// C: bindings from wit-bindgen for world `handler` (`handler.h`; HTTP is
+/// its `fetch`), clang for wasm32-wasi (a reactor: no `main`), then the core
+/// module is wrapped into a component.
 pub fn build_c(tools: &CTools, src: &Path, out: &Path) -> Result<()> {
     let work = tempdir("c-build")?;
     let mut bindgen = Command::new(&tools.wit_bindgen);
     bindgen
-        .args(["c", "--world", "handler-http", "--out-dir"])
+        .args(["c", "--world", "handler", "--out-dir"])
         .arg(&work)
         .arg(root().join("wit"));
     run(bindgen, "wit-bindgen c")?;
@@ -177,8 +177,8 @@ pub fn build_c(tools: &CTools, src: &Path, out: &Path) -> Result<()> {
     .arg("-I")
     .arg(&work)
     .args(&sources)
-    .arg(work.join("handler_http.c"))
-    .arg(work.join("handler_http_component_type.o"))
+    .arg(work.join("handler.c"))
+    .arg(work.join("handler_component_type.o"))
     .arg("-o")
     .arg(&core);
     run(cc, &format!("clang on {}", src.display()))?;

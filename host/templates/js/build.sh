@@ -1,8 +1,8 @@
 #!/usr/bin/env sh
 # Builds {{name}}.wasm with componentize-js, installed on first use into
-# $HOPPER_TOOLS (default ~/.cache/hopper-tools). Every WASI feature but
-# `http` (which gives `fetch`) is disabled: the component imports only the
-# handler world and wasi:http.
+# $HOPPER_TOOLS (default ~/.cache/hopper-tools). Every WASI feature is
+# disabled: HTTP is the handler world's own `fetch`, so the component imports
+# little more than the handler world.
 set -eu
 cd "$(dirname "$0")"
 TOOLS="${HOPPER_TOOLS:-$HOME/.cache/hopper-tools}"
@@ -14,5 +14,5 @@ if ! grep -q '"version": "{{componentize_js}}"' "$CJS/package.json" 2>/dev/null;
     "@bytecodealliance/componentize-js@{{componentize_js}}" "@bytecodealliance/jco@{{jco}}"
 fi
 node "$CJS/src/cli.js" handler.js --wit wit --world-name handler \
-  -d stdio random clocks fetch-event -o {{name}}.wasm
+  -d stdio random clocks http fetch-event -o {{name}}.wasm
 echo "built $(pwd)/{{name}}.wasm"

@@ -2,20 +2,23 @@
 // Kafka message and routes the message on by the outcome.
 //
 // Besides deciding, it shows the two things a handler may be granted: one
-// HTTP call (`fetch`, from componentize-js's `http` feature) and one emitted
-// record. Each happens only when the route's config asks for it:
+// HTTP call (`fetch` from `hopper:handler/http`: the request in, the whole
+// response out, synchronously) and one emitted record. Each happens only
+// when the route's config asks for it:
 // - `lookup-url`: a URL to GET for each message; the route must grant its
 //   host in `allowed_hosts`;
 // - `out-topic`: a topic to pass the message on to, with the lookup's status
 //   in a header; the route must grant it in `emit_topics`.
 //
-// `handle` is async because `fetch` is: componentize-js runs the event loop
-// until the promise settles, behind the synchronous WIT export. A promise
-// that rejects traps the call, so every path returns an outcome.
+// A failed `fetch` throws its `fetch-error` (`{ tag, val }`, for example
+// `denied` for a host the route does not grant); so does a refused emit.
+// An exception that escapes `handle` traps the call, so every path here
+// returns an outcome.
 
-import { log } from "hopper:handler/log@0.1.2";
-import { get } from "hopper:handler/config@0.1.2";
-import { publish } from "hopper:handler/emit@0.1.2";
+import { log } from "hopper:handler/log@0.1.3";
+import { get } from "hopper:handler/config@0.1.3";
+import { publish } from "hopper:handler/emit@0.1.3";
+import { fetch } from "hopper:handler/http@0.1.3";
 
 function retryable(reason) {
   log("warn", reason);
@@ -27,20 +30,21 @@ function fatal(reason) {
   return { tag: "fatal", val: { reason, retryAfterMs: undefined } };
 }
 
-export async function handle(message) {
+export function handle(message) {
   if (message.payload === undefined) {
     return fatal("a tombstone has nothing to handle");
   }
   // One HTTP call. A service that does not answer (a host the route does not
-  // grant rejects the fetch too), or answers 5xx, may be back later:
-  // retryable. Any other failure is fatal.
+  // grant is `denied` too), or answers 5xx, may be back later: retryable.
+  // Any other failure is fatal.
   let status;
   const url = get("lookup-url");
   if (url !== undefined) {
     try {
-      status = (await fetch(url)).status;
+      status = fetch({ method: "GET", url, headers: [], body: undefined }).status;
     } catch (err) {
-      return retryable(`${url} unreachable: ${err.message}`);
+      const why = err?.payload ?? err;
+      return retryable(`${url} unreachable: ${why.tag} ${why.val ?? ""}`);
     }
     if (status >= 500) {
       return retryable(`${url} answered HTTP ${status}`);
