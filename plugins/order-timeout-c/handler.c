@@ -1,6 +1,6 @@
 // The order-timeout handler in C, built with wit-bindgen's C generator
-// (world `handler-http`, for the wasi:http bindings), clang for wasm32-wasi
-// and jco (core module to component).
+// (world `handler`; HTTP through its `fetch`), clang for wasm32-wasi and jco
+// (core module to component).
 //
 // The same logic, requests, log lines, failure reasons and emitted records
 // as the Rust handler in plugins/order-timeout/src/lib.rs; see there for the
@@ -8,9 +8,9 @@
 // `payload is not an order: ` differs, because it comes from a different
 // JSON parser (json.c), and the detail of a transport error in the log.
 //
-// handler_http.h is generated from wit/ by `wit-bindgen c`.
+// handler.h is generated from wit/ by `wit-bindgen c`.
 
-#include "handler_http.h"
+#include "handler.h"
 #include "json.h"
 #include "service.h"
 
@@ -34,14 +34,14 @@ static char *format(const char *fmt, ...) {
 }
 
 static void log_line(hopper_handler_log_level_t level, const char *text) {
-  handler_http_string_t message;
-  handler_http_string_set(&message, text);
+  handler_string_t message;
+  handler_string_set(&message, text);
   hopper_handler_log_log(level, &message);
 }
 
 // Sets `ret` to a failure that owns `reason` (freed by the generated
 // post-return code).
-static void fail(handler_http_outcome_t *ret, uint8_t tag, char *reason) {
+static void fail(handler_outcome_t *ret, uint8_t tag, char *reason) {
   ret->tag = tag;
   hopper_handler_types_failure_t *failure =
       tag == HOPPER_HANDLER_TYPES_OUTCOME_FATAL ? &ret->val.fatal : &ret->val.retryable;
@@ -50,18 +50,18 @@ static void fail(handler_http_outcome_t *ret, uint8_t tag, char *reason) {
   failure->retry_after_ms.is_some = false;
 }
 
-static void fatal(handler_http_outcome_t *ret, char *reason) {
+static void fatal(handler_outcome_t *ret, char *reason) {
   log_line(HOPPER_HANDLER_LOG_LEVEL_ERROR, reason);
   fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, reason);
 }
 
 // The route's config value `key`, malloc'd, or NULL when it is not set.
 static char *config_value(const char *key) {
-  handler_http_string_t name, value;
-  handler_http_string_set(&name, key);
+  handler_string_t name, value;
+  handler_string_set(&name, key);
   if (!hopper_handler_config_get(&name, &value)) return NULL;
   char *out = format("%.*s", (int)value.len, (const char *)value.ptr);
-  handler_http_string_free(&value);
+  handler_string_free(&value);
   return out;
 }
 
@@ -84,10 +84,10 @@ static char *refused(const hopper_handler_emit_emit_error_t *err) {
 }
 
 // The order is closed: publish the service's record of it.
-static void announce(handler_http_outcome_t *ret, const char *order, const char *topic,
+static void announce(handler_outcome_t *ret, const char *order, const char *topic,
                      const answer_t *answer) {
   hopper_handler_emit_header_t header;
-  handler_http_string_set(&header.key, "content-type");
+  handler_string_set(&header.key, "content-type");
   header.value.ptr = (uint8_t *)"application/json";
   header.value.len = strlen("application/json");
   hopper_handler_emit_outgoing_t record = {
@@ -96,15 +96,15 @@ static void announce(handler_http_outcome_t *ret, const char *order, const char 
       .headers = {&header, 1},
       .delay_ms = {.is_some = false},
   };
-  handler_http_string_set(&record.topic, topic);
-  handler_http_string_t id;
+  handler_string_set(&record.topic, topic);
+  handler_string_t id;
   hopper_handler_emit_emit_error_t err;
   if (hopper_handler_emit_publish(&record, &id, &err)) {
     char *line = format("Closed unpaid order %s; announced it on %s as %.*s.", order, topic,
                         (int)id.len, (const char *)id.ptr);
     log_line(HOPPER_HANDLER_LOG_LEVEL_INFO, line);
     free(line);
-    handler_http_string_free(&id);
+    handler_string_free(&id);
     ret->tag = HOPPER_HANDLER_TYPES_OUTCOME_OK;
   } else {
     char *why = refused(&err);
@@ -115,7 +115,7 @@ static void announce(handler_http_outcome_t *ret, const char *order, const char 
 }
 
 // 409: the service would not close the order; its status says why.
-static void nothing_to_close(handler_http_outcome_t *ret, const char *order,
+static void nothing_to_close(handler_outcome_t *ret, const char *order,
                              const answer_t *answer) {
   char error[256];
   char *status = NULL;
@@ -132,7 +132,7 @@ static void nothing_to_close(handler_http_outcome_t *ret, const char *order,
   free(status);
 }
 
-static void handle(handler_http_message_t *message, handler_http_outcome_t *ret) {
+static void handle(handler_message_t *message, handler_outcome_t *ret) {
   static const uint8_t empty[1];
   const uint8_t *payload = message->payload.is_some ? message->payload.val.ptr : empty;
   size_t len = message->payload.is_some ? message->payload.val.len : 0;
@@ -184,7 +184,7 @@ static void handle(handler_http_message_t *message, handler_http_outcome_t *ret)
 }
 
 // The generated export: the message is ours to free.
-void exports_handler_http_handle(handler_http_message_t *message, handler_http_outcome_t *ret) {
+void exports_handler_handle(handler_message_t *message, handler_outcome_t *ret) {
   handle(message, ret);
   hopper_handler_types_message_free(message);
 }

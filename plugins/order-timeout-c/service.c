@@ -1,10 +1,9 @@
-// One call to the order service. Every resource the bindings hand out is
-// owned by this code and dropped here, children before parents (a stream
-// before its body, a body before its response): a handle left behind lives
-// on in the instance, which hopper keeps warm across calls.
+// One call to the order service, through `hopper:handler/http.fetch`: the
+// request in, the whole answer out. What the bindings hand back is this
+// code's to free.
 
 #include "service.h"
-#include "handler_http.h"
+#include "handler.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -68,98 +67,32 @@ void answer_free(answer_t *answer) {
   memset(answer, 0, sizeof *answer);
 }
 
-// Reads the whole body of `response` into `answer`.
-static bool read_body(wasi_http_types_borrow_incoming_response_t response, answer_t *answer,
-                      char *detail, size_t detail_len) {
-  wasi_http_types_own_incoming_body_t body;
-  if (!wasi_http_types_method_incoming_response_consume(response, &body)) {
-    snprintf(detail, detail_len, "no response body");
-    return false;
-  }
-  wasi_http_types_own_input_stream_t stream;
-  if (!wasi_http_types_method_incoming_body_stream(wasi_http_types_borrow_incoming_body(body),
-                                                   &stream)) {
-    wasi_http_types_incoming_body_drop_own(body);
-    snprintf(detail, detail_len, "no response body");
-    return false;
-  }
-  bool ok = true;
-  while (true) {
-    handler_http_list_u8_t chunk;
-    wasi_io_streams_stream_error_t err;
-    if (!wasi_io_streams_method_input_stream_blocking_read(
-            wasi_io_streams_borrow_input_stream(stream), 64 * 1024, &chunk, &err)) {
-      if (err.tag == WASI_IO_STREAMS_STREAM_ERROR_LAST_OPERATION_FAILED) {
-        wasi_io_error_error_drop_own(err.val.last_operation_failed);
-        snprintf(detail, detail_len, "reading the response failed");
-        ok = false;
-      }
-      break;  // closed: the whole body is read
-    }
-    uint8_t *grown = realloc(answer->body, answer->len + chunk.len + 1);
-    if (grown == NULL) abort();
-    memcpy(grown + answer->len, chunk.ptr, chunk.len);
-    answer->body = grown;
-    answer->len += chunk.len;
-    handler_http_list_u8_free(&chunk);
-  }
-  wasi_io_streams_input_stream_drop_own(stream);
-  wasi_http_types_future_trailers_drop_own(wasi_http_types_static_incoming_body_finish(body));
-  return ok;
-}
-
 bool post(const url_t *url, answer_t *answer, char *detail, size_t detail_len) {
   memset(answer, 0, sizeof *answer);
-  wasi_http_types_own_outgoing_request_t request =
-      wasi_http_types_constructor_outgoing_request(wasi_http_types_constructor_fields());
-  wasi_http_types_borrow_outgoing_request_t borrowed =
-      wasi_http_types_borrow_outgoing_request(request);
-  wasi_http_types_method_t method = {.tag = WASI_HTTP_TYPES_METHOD_POST};
-  wasi_http_types_scheme_t scheme = {
-      .tag = url->https ? WASI_HTTP_TYPES_SCHEME_HTTPS : WASI_HTTP_TYPES_SCHEME_HTTP};
-  handler_http_string_t authority, path;
-  handler_http_string_set(&authority, url->authority);
-  handler_http_string_set(&path, url->path);
-  if (!wasi_http_types_method_outgoing_request_set_method(borrowed, &method) ||
-      !wasi_http_types_method_outgoing_request_set_scheme(borrowed, &scheme) ||
-      !wasi_http_types_method_outgoing_request_set_authority(borrowed, &authority) ||
-      !wasi_http_types_method_outgoing_request_set_path_with_query(borrowed, &path)) {
-    wasi_http_types_outgoing_request_drop_own(request);
-    snprintf(detail, detail_len, "invalid request to %s%s", url->authority, url->path);
+  size_t n = strlen(url->authority) + strlen(url->path) + sizeof "https://";
+  char *full = malloc(n);
+  if (full == NULL) abort();
+  snprintf(full, n, "%s://%s%s", url->https ? "https" : "http", url->authority, url->path);
+  // No headers, no body: zeroed lists and options.
+  hopper_handler_http_request_t request;
+  memset(&request, 0, sizeof request);
+  handler_string_set(&request.method, "POST");
+  handler_string_set(&request.url, full);
+  hopper_handler_http_response_t response;
+  hopper_handler_http_fetch_error_t error;
+  bool ok = hopper_handler_http_fetch(&request, &response, &error);
+  free(full);
+  if (!ok) {
+    snprintf(detail, detail_len, "fetch error %u", (unsigned)error.tag);
+    hopper_handler_http_fetch_error_free(&error);
     return false;
   }
-
-  // `handle` takes ownership of the request.
-  wasi_http_outgoing_handler_own_future_incoming_response_t future;
-  wasi_http_outgoing_handler_error_code_t code;
-  if (!wasi_http_outgoing_handler_handle(request, NULL, &future, &code)) {
-    snprintf(detail, detail_len, "error code %u", (unsigned)code.tag);
-    wasi_http_outgoing_handler_error_code_free(&code);
-    return false;
-  }
-  wasi_http_types_borrow_future_incoming_response_t pending =
-      wasi_http_types_borrow_future_incoming_response(future);
-  wasi_io_poll_own_pollable_t ready =
-      wasi_http_types_method_future_incoming_response_subscribe(pending);
-  wasi_io_poll_method_pollable_block(wasi_io_poll_borrow_pollable(ready));
-  wasi_io_poll_pollable_drop_own(ready);
-
-  wasi_http_types_result_result_own_incoming_response_error_code_void_t got;
-  bool ok = false;
-  if (!wasi_http_types_method_future_incoming_response_get(pending, &got) || got.is_err) {
-    snprintf(detail, detail_len, "the response was lost");
-  } else if (got.val.ok.is_err) {
-    snprintf(detail, detail_len, "error code %u", (unsigned)got.val.ok.val.err.tag);
-    wasi_http_types_error_code_free(&got.val.ok.val.err);
-  } else {
-    wasi_http_types_own_incoming_response_t response = got.val.ok.val.ok;
-    wasi_http_types_borrow_incoming_response_t borrowed_response =
-        wasi_http_types_borrow_incoming_response(response);
-    answer->status = wasi_http_types_method_incoming_response_status(borrowed_response);
-    ok = read_body(borrowed_response, answer, detail, detail_len);
-    wasi_http_types_incoming_response_drop_own(response);
-  }
-  wasi_http_types_future_incoming_response_drop_own(future);
-  if (!ok) answer_free(answer);
-  return ok;
+  answer->status = response.status;
+  answer->len = response.body.len;
+  answer->body = malloc(answer->len + 1);
+  if (answer->body == NULL) abort();
+  memcpy(answer->body, response.body.ptr, answer->len);
+  answer->body[answer->len] = 0;
+  hopper_handler_http_response_free(&response);
+  return true;
 }

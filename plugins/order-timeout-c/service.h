@@ -1,5 +1,5 @@
-// One call to the order service through wasi:http/outgoing-handler, with
-// wit-bindgen's C bindings of the handler-http world.
+// One call to the order service through `hopper:handler/http.fetch`, with
+// wit-bindgen's C bindings of the handler world.
 #ifndef SERVICE_H
 #define SERVICE_H
 

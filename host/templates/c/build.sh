@@ -1,8 +1,7 @@
 #!/usr/bin/env sh
-# Builds {{name}}.wasm: bindings from `wit-bindgen c` for world `handler-http`
-# (the handler world plus wasi:http; wit/deps holds WASI), Debian's clang for
-# wasm32-wasi (a reactor, no main), then `jco new --wasi-reactor` wraps the
-# core module into a component. Tools are installed on first use into
+# Builds {{name}}.wasm: bindings from `wit-bindgen c` for world `handler`,
+# Debian's clang for wasm32-wasi (a reactor, no main), then `jco new
+# --wasi-reactor` wraps the core module into a component. Tools are installed on first use into
 # $HOPPER_TOOLS (default ~/.cache/hopper-tools); Debian packages with apt-get.
 set -eu
 cd "$(dirname "$0")"
@@ -29,8 +28,8 @@ if ! grep -q '"version": "{{jco}}"' "$JCO/package.json" 2>/dev/null; then
     "@bytecodealliance/componentize-js@{{componentize_js}}" "@bytecodealliance/jco@{{jco}}"
 fi
 mkdir -p build
-"$TOOLS/bin/wit-bindgen" c --world handler-http --out-dir build wit
+"$TOOLS/bin/wit-bindgen" c --world handler --out-dir build wit
 clang --target=wasm32-wasi --sysroot=/usr -O2 -Wall -mexec-model=reactor -I build \
-  -o build/core.wasm *.c build/handler_http.c build/handler_http_component_type.o
+  -o build/core.wasm *.c build/handler.c build/handler_component_type.o
 node "$JCO/dist/jco.js" new build/core.wasm --wasi-reactor -o {{name}}.wasm
 echo "built $(pwd)/{{name}}.wasm"

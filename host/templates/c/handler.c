@@ -2,19 +2,19 @@
 // Kafka message and routes the message on by the outcome.
 //
 // Besides deciding, it shows the two things a handler may be granted: one
-// HTTP call (wasi:http, through wit-bindgen's C bindings) and one emitted
-// record. Each happens only when the route's config asks for it:
+// HTTP call (`hopper_handler_http_fetch`: the request in, the whole response
+// out) and one emitted record. Each happens only when the route's config asks for it:
 // - `lookup-url`: a URL to GET for each message; the route must grant its
 //   host in `allowed_hosts`;
 // - `out-topic`: a topic to pass the message on to, with the lookup's status
 //   in a header; the route must grant it in `emit_topics`.
 //
-// handler_http.h is generated from wit/ by `wit-bindgen c` (build.sh). Every
+// handler.h is generated from wit/ by `wit-bindgen c` (build.sh). Every
 // resource the bindings hand out is this code's to drop, children before
 // parents: a handle left behind lives on in the instance, which hopper keeps
 // warm across calls.
 
-#include "handler_http.h"
+#include "handler.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -22,14 +22,14 @@
 #include <string.h>
 
 static void log_line(hopper_handler_log_level_t level, const char *text) {
-  handler_http_string_t message;
-  handler_http_string_set(&message, text);
+  handler_string_t message;
+  handler_string_set(&message, text);
   hopper_handler_log_log(level, &message);
 }
 
 // Sets `ret` to a failure (tag RETRYABLE or FATAL) with a formatted reason,
 // which the generated post-return code frees.
-static void fail(handler_http_outcome_t *ret, uint8_t tag, const char *fmt, ...) {
+static void fail(handler_outcome_t *ret, uint8_t tag, const char *fmt, ...) {
   char reason[512];
   va_list args;
   va_start(args, fmt);
@@ -41,79 +41,41 @@ static void fail(handler_http_outcome_t *ret, uint8_t tag, const char *fmt, ...)
   ret->tag = tag;
   hopper_handler_types_failure_t *failure =
       tag == HOPPER_HANDLER_TYPES_OUTCOME_FATAL ? &ret->val.fatal : &ret->val.retryable;
-  handler_http_string_dup(&failure->reason, reason);
+  handler_string_dup(&failure->reason, reason);
   failure->retry_after_ms.is_some = false;
 }
 
 // The route's config value `key` into `out` (NUL-terminated); false when the
 // route does not set it.
 static bool config_value(const char *key, char *out, size_t size) {
-  handler_http_string_t name, value;
-  handler_http_string_set(&name, key);
+  handler_string_t name, value;
+  handler_string_set(&name, key);
   if (!hopper_handler_config_get(&name, &value)) return false;
   snprintf(out, size, "%.*s", (int)value.len, (const char *)value.ptr);
-  handler_http_string_free(&value);
+  handler_string_free(&value);
   return true;
 }
 
 // The status of `GET url`, or 0 when there is none (refused, timed out, not
-// granted: the host answers HTTP-request-denied).
+// granted: `fetch` fails with HOPPER_HANDLER_HTTP_FETCH_ERROR_DENIED).
 static uint16_t get(const char *url) {
-  const char *rest = strstr(url, "://");
-  if (rest == NULL) return 0;
-  bool https = strncmp(url, "https", 5) == 0;
-  rest += 3;
-  const char *slash = strchr(rest, '/');
-  char authority[256];
-  snprintf(authority, sizeof authority, "%.*s", (int)(slash ? slash - rest : (long)strlen(rest)),
-           rest);
-
-  wasi_http_types_own_outgoing_request_t request =
-      wasi_http_types_constructor_outgoing_request(wasi_http_types_constructor_fields());
-  wasi_http_types_borrow_outgoing_request_t r = wasi_http_types_borrow_outgoing_request(request);
-  wasi_http_types_scheme_t scheme = {
-      .tag = https ? WASI_HTTP_TYPES_SCHEME_HTTPS : WASI_HTTP_TYPES_SCHEME_HTTP};
-  handler_http_string_t host, path;
-  handler_http_string_set(&host, authority);
-  handler_http_string_set(&path, slash ? slash : "/");
-  if (!wasi_http_types_method_outgoing_request_set_scheme(r, &scheme) ||
-      !wasi_http_types_method_outgoing_request_set_authority(r, &host) ||
-      !wasi_http_types_method_outgoing_request_set_path_with_query(r, &path)) {
-    wasi_http_types_outgoing_request_drop_own(request);
+  // No headers, no body: zeroed lists and options.
+  hopper_handler_http_request_t request;
+  memset(&request, 0, sizeof request);
+  handler_string_set(&request.method, "GET");
+  handler_string_set(&request.url, url);
+  hopper_handler_http_response_t response;
+  hopper_handler_http_fetch_error_t error;
+  if (!hopper_handler_http_fetch(&request, &response, &error)) {
+    hopper_handler_http_fetch_error_free(&error);
     return 0;
   }
-  // `handle` takes ownership of the request.
-  wasi_http_outgoing_handler_own_future_incoming_response_t future;
-  wasi_http_outgoing_handler_error_code_t code;
-  if (!wasi_http_outgoing_handler_handle(request, NULL, &future, &code)) {
-    wasi_http_outgoing_handler_error_code_free(&code);
-    return 0;
-  }
-  // The export is synchronous: block until the answer is there.
-  wasi_http_types_borrow_future_incoming_response_t pending =
-      wasi_http_types_borrow_future_incoming_response(future);
-  wasi_io_poll_own_pollable_t ready =
-      wasi_http_types_method_future_incoming_response_subscribe(pending);
-  wasi_io_poll_method_pollable_block(wasi_io_poll_borrow_pollable(ready));
-  wasi_io_poll_pollable_drop_own(ready);
-
-  uint16_t status = 0;
-  wasi_http_types_result_result_own_incoming_response_error_code_void_t got;
-  if (wasi_http_types_method_future_incoming_response_get(pending, &got) && !got.is_err) {
-    if (got.val.ok.is_err) {
-      wasi_http_types_error_code_free(&got.val.ok.val.err);
-    } else {
-      wasi_http_types_own_incoming_response_t response = got.val.ok.val.ok;
-      status = wasi_http_types_method_incoming_response_status(
-          wasi_http_types_borrow_incoming_response(response));
-      wasi_http_types_incoming_response_drop_own(response);
-    }
-  }
-  wasi_http_types_future_incoming_response_drop_own(future);
+  uint16_t status = response.status;
+  hopper_handler_http_response_free(&response);
   return status;
 }
 
-static void handle(handler_http_message_t *message, handler_http_outcome_t *ret) {
+static void handle(handler_message_t *message, handler_outcome_t *ret) {
   if (!message->payload.is_some) {
     fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "a tombstone has nothing to handle");
     return;
@@ -140,7 +102,7 @@ static void handle(handler_http_message_t *message, handler_http_outcome_t *ret)
     char status_text[8];
     snprintf(status_text, sizeof status_text, "%u", status);
     hopper_handler_emit_header_t header;
-    handler_http_string_set(&header.key, "lookup-status");
+    handler_string_set(&header.key, "lookup-status");
     header.value.ptr = (uint8_t *)status_text;
     header.value.len = strlen(status_text);
     hopper_handler_emit_outgoing_t record = {
@@ -149,8 +111,8 @@ static void handle(handler_http_message_t *message, handler_http_outcome_t *ret)
         .headers = {&header, status != 0 ? 1 : 0},
         .delay_ms = {.is_some = false},
     };
-    handler_http_string_set(&record.topic, topic);
-    handler_http_string_t id;
+    handler_string_set(&record.topic, topic);
+    handler_string_t id;
     hopper_handler_emit_emit_error_t err;
     if (!hopper_handler_emit_publish(&record, &id, &err)) {
       fail(ret, HOPPER_HANDLER_TYPES_OUTCOME_FATAL, "cannot emit to %s (error %u)", topic,
@@ -158,7 +120,7 @@ static void handle(handler_http_message_t *message, handler_http_outcome_t *ret)
       hopper_handler_emit_emit_error_free(&err);
       return;
     }
-    handler_http_string_free(&id);
+    handler_string_free(&id);
   }
   char line[256];
   snprintf(line, sizeof line, "Handled message %.*s (%zu bytes) on attempt %u.",
@@ -169,7 +131,7 @@ static void handle(handler_http_message_t *message, handler_http_outcome_t *ret)
 }
 
 // The generated export: the message is ours to free.
-void exports_handler_http_handle(handler_http_message_t *message, handler_http_outcome_t *ret) {
+void exports_handler_handle(handler_message_t *message, handler_outcome_t *ret) {
   handle(message, ret);
   hopper_handler_types_message_free(message);
 }
