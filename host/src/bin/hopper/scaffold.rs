@@ -23,45 +23,6 @@ const TESTS: [(&str, &str); 2] = [
 /// The handler world, which every project gets.
 const WIT: &str = include_str!("../../../../wit/handler.wit");
 
-/// World `handler-http` and the WASI packages it names, for toolchains that
-/// generate bindings for every import of a world (Python, C): they get the
-/// wasi:http bindings only from a world that imports it. Rust (the `wasip2`
-/// crate) and JavaScript (componentize-js's `fetch`) bring their own.
-const WIT_HTTP: [(&str, &str); 8] = [
-    (
-        "wit/handler-http.wit",
-        include_str!("../../../../wit/handler-http.wit"),
-    ),
-    (
-        "wit/deps/cli.wit",
-        include_str!("../../../../wit/deps/cli.wit"),
-    ),
-    (
-        "wit/deps/clocks.wit",
-        include_str!("../../../../wit/deps/clocks.wit"),
-    ),
-    (
-        "wit/deps/filesystem.wit",
-        include_str!("../../../../wit/deps/filesystem.wit"),
-    ),
-    (
-        "wit/deps/http.wit",
-        include_str!("../../../../wit/deps/http.wit"),
-    ),
-    (
-        "wit/deps/io.wit",
-        include_str!("../../../../wit/deps/io.wit"),
-    ),
-    (
-        "wit/deps/random.wit",
-        include_str!("../../../../wit/deps/random.wit"),
-    ),
-    (
-        "wit/deps/sockets.wit",
-        include_str!("../../../../wit/deps/sockets.wit"),
-    ),
-];
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Lang {
     Rust,
@@ -138,16 +99,13 @@ pub fn new(lang: Lang, name: &str, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
         ("{{wit_bindgen}}", WIT_BINDGEN.to_string()),
     ];
     let mut written = Vec::new();
-    let http: &[(&str, &str)] = match lang {
-        Lang::Python | Lang::C => &WIT_HTTP,
-        Lang::Rust | Lang::Js => &[],
-    };
+    // Every language calls services with the world's own `fetch`, so the
+    // handler world is all the WIT a project needs.
     let all = files(lang)
         .iter()
         .copied()
         .chain(TESTS)
-        .chain([("wit/handler.wit", WIT)])
-        .chain(http.iter().copied());
+        .chain([("wit/handler.wit", WIT)]);
     for (path, template) in all {
         let text = vars
             .iter()
@@ -191,11 +149,9 @@ mod tests {
             assert!(written.contains(&dir.join("build.sh")));
             assert!(written.contains(&dir.join("cases.toml")));
             assert!(written.contains(&dir.join("test.sh")));
-            let http_world = written.contains(&dir.join("wit/handler-http.wit"));
-            assert_eq!(
-                http_world,
-                matches!(lang, Lang::Python | Lang::C),
-                "{lang:?}: wasi:http WIT only where bindings need it"
+            assert!(
+                !written.contains(&dir.join("wit/handler-http.wit")),
+                "{lang:?}: `fetch` needs no wasi:http WIT"
             );
             for file in &written {
                 let text = std::fs::read_to_string(file).unwrap();
