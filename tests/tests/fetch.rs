@@ -205,7 +205,7 @@ async fn fetch_and_wasi_http_send_the_same_requests_and_are_counted_and_traced_a
     );
     assert_eq!(
         fetch[4],
-        "REQUEST GET http://169.254.169.254/latest/meta-data/ -> error FetchError::Denied(\"169.254.169.254:80 is a link-local or metadata address, and no allowed_hosts entry names it\")"
+        "REQUEST GET http://169.254.169.254/latest/meta-data/ -> error FetchError::Denied(\"http://169.254.169.254:80 is not in allowed_hosts\")"
     );
 }
 
