@@ -290,3 +290,124 @@ fn the_long_version_names_the_commit_the_wit_and_the_libraries() {
         assert!(text.contains(part), "{part:?} not in {text}");
     }
 }
+
+/// `hopper config check --config CONFIG`, with `env` set and
+/// HOPPER_BROKERS unset: its exit code, stdout and stderr.
+fn config_check(config: &Path, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut command = hopper();
+    command
+        .args(["config", "check", "--config"])
+        .arg(config)
+        .env_remove("HOPPER_BROKERS");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every problem at once, as `hopper run` would find them at start: the
+/// file's keys, the `env:` and `file:` values it cannot read (named, never
+/// a value), and no broker needed to say so.
+#[test]
+fn config_check_names_every_problem_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+brokers = "127.0.0.1:1"
+
+[kafka.properties]
+"security.protocol" = "sasl_ssl"
+"sasl.mechanism" = "SCRAM-SHA-512"
+"sasl.username" = "env:HOPPER_CHECK_USER"
+"sasl.password" = "env:HOPPER_CHECK_MISSING"
+"ssl.key.password" = "file:nowhere/key.pass"
+
+[[route]]
+name = "orders"
+topics = ["orders"]
+handler = "{handler}"
+retry = ["5m", "30s"]
+
+[[route]]
+name = "orders"
+topics = ["other"]
+handler = "missing.wasm"
+"#,
+            handler = plugin("noop").display()
+        ),
+    )
+    .unwrap();
+    let secret = "s3cret-user-value";
+    let (code, stdout, stderr) = config_check(&config, &[("HOPPER_CHECK_USER", secret)]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    for expected in [
+        "has 5 problem(s)",
+        "kafka.properties.\"sasl.password\": environment variable HOPPER_CHECK_MISSING is not set",
+        "kafka.properties.\"ssl.key.password\": cannot read file ",
+        "nowhere/key.pass",
+        "route `orders`: invalid retry ladder: 30s follows 5m",
+        "route `orders`: name is used by route #1 as well",
+        "missing.wasm does not exist or is not a file",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    assert!(!stdout.contains(secret) && !stderr.contains(secret));
+}
+
+/// A config that would start passes, saying what it runs; a handler that
+/// does not fit the world, and a config without brokers, are problems.
+#[test]
+fn config_check_passes_a_config_that_would_start_and_checks_its_handlers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    let write = |brokers: &str, handler: &Path| {
+        std::fs::write(
+            &config,
+            format!(
+                "[kafka]\n{brokers}\n\n[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"{}\"\n\n[delay]\n",
+                handler.display()
+            ),
+        )
+        .unwrap();
+    };
+    write("brokers = \"127.0.0.1:1\"", &plugin("noop"));
+    let (code, stdout, stderr) = config_check(&config, &[]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("ok: ")
+            && stdout.contains("1 route(s) (orders), the delay relay")
+            && stdout.contains("every handler fits hopper:handler/handler@0.1.2"),
+        "{stdout}"
+    );
+
+    let wrong = plugin("wrong_world");
+    write("", &wrong);
+    let (code, stdout, stderr) = config_check(&config, &[]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("has 2 problem(s)"), "{stderr}");
+    assert!(stderr.contains("kafka.brokers is not set"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("route `orders`: handler {}", wrong.display())),
+        "{stderr}"
+    );
+    // --brokers, as `hopper run` would be given, stands in for the key.
+    let out = hopper()
+        .args(["config", "check", "--brokers", "127.0.0.1:1", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("has 1 problem(s)"), "{stderr}");
+}

@@ -9,6 +9,7 @@ use hopper::{Hopper, Options, Stopped};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod config_check;
 mod demo;
 mod dlq_try;
 mod ops;
@@ -129,6 +130,12 @@ enum Command {
     /// The Kafka ACLs a config needs, for `hopper run` or (`--for cli`) the
     /// CLI, as a `kafka-acls.sh` script or JSON. Needs no broker.
     Acls(topics::AclsArgs),
+    /// Config files: check one as `hopper run` would at start, with no
+    /// broker.
+    Config {
+        #[command(subcommand)]
+        command: config_check::ConfigCommand,
+    },
 }
 
 #[derive(Args)]
@@ -260,6 +267,7 @@ async fn main() -> ExitCode {
         Command::Skip(args) => ops::skip(args).await,
         Command::Topics(args) => topics::topics(args),
         Command::Acls(args) => topics::acls(args),
+        Command::Config { command } => config_check::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
