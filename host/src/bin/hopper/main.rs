@@ -596,7 +596,6 @@ async fn send(args: SendArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory as _;
 
     /// Every argument and subcommand under `command` that has no help
     /// text, by its path (`hopper plugin check <file>`).
