@@ -760,7 +760,11 @@ fn documented_routes(markdown: &str) -> BTreeSet<String> {
 /// The admin routes the code registers and those docs/operations.md's
 /// table lists, each way: `(missing from the table, stale in it)`.
 fn admin_table_drift(sources: &[String], markdown: &str) -> (BTreeSet<String>, BTreeSet<String>) {
-    let registered: BTreeSet<String> = sources.iter().map(String::as_str).flat_map(registered_routes).collect();
+    let registered: BTreeSet<String> = sources
+        .iter()
+        .map(String::as_str)
+        .flat_map(registered_routes)
+        .collect();
     let documented = documented_routes(markdown);
     (
         registered.difference(&documented).cloned().collect(),
@@ -780,7 +784,11 @@ fn admin_sources() -> Vec<String> {
 #[test]
 fn the_admin_table_in_operations_md_lists_every_route_the_server_registers() {
     let sources = admin_sources();
-    let registered: BTreeSet<String> = sources.iter().map(String::as_str).flat_map(registered_routes).collect();
+    let registered: BTreeSet<String> = sources
+        .iter()
+        .map(String::as_str)
+        .flat_map(registered_routes)
+        .collect();
     for known in [
         "GET /ready",
         "POST /api/replay",
