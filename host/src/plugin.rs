@@ -370,6 +370,15 @@ impl Runtime {
         Ok(self)
     }
 
+    /// Bounds the cache, if there is one, to `max_bytes` of entries
+    /// (`[limits] cache_max_mib`).
+    pub fn with_cache_limit(mut self, max_bytes: u64) -> Runtime {
+        if let Some(cache) = self.cache.take() {
+            self.cache = Some(Arc::new((*cache).clone().with_max_bytes(max_bytes)));
+        }
+        self
+    }
+
     pub fn cache(&self) -> Option<&ArtifactCache> {
         self.cache.as_deref()
     }

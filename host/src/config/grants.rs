@@ -75,6 +75,11 @@ pub struct Grants {
     /// Where delayed emits go: the delay relay of the same config, if any.
     pub delay: Option<DelayGrant>,
     pub secrets: Secrets,
+    /// Why every HTTP request is refused whatever `allowed_hosts` says:
+    /// set for a candidate tried with HTTP denied
+    /// (`crate::dlq::candidate_route`), whose refusals are the try's own
+    /// mode, expected, and so not warned about. `None` for a route.
+    pub http_off: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -252,6 +257,7 @@ pub(super) fn resolve(
         cancel_ids,
         delay: None,
         secrets,
+        http_off: None,
     }
 }
 

@@ -168,6 +168,14 @@ impl KafkaConfig {
         self.secrets.redact(text)
     }
 
+    /// Whether the clients speak TLS to the brokers: `security.protocol`
+    /// is `ssl` or `sasl_ssl` (any case).
+    pub fn speaks_tls(&self) -> bool {
+        self.properties
+            .get("security.protocol")
+            .is_some_and(|p| matches!(p.trim().to_ascii_lowercase().as_str(), "ssl" | "sasl_ssl"))
+    }
+
     /// What this table's properties turn off of the connection's security,
     /// one sentence each naming the property: TLS certificates not
     /// verified, or not matched to the broker's name; a PLAIN password sent

@@ -14,7 +14,14 @@ pub struct Limits {
     /// `memory.limit_in_bytes`) where it is lower than the machine's
     /// (`MemTotal` in /proc/meminfo), else 8192.
     pub instance_memory_mib: Option<u64>,
+    /// The most the compiled-handler cache may hold on disk, in MiB: past
+    /// it, the entries used least recently are removed. Default
+    /// [`DEFAULT_CACHE_MAX_MIB`].
+    pub cache_max_mib: Option<u64>,
 }
+
+/// `cache_max_mib`'s default: 1 GiB.
+pub const DEFAULT_CACHE_MAX_MIB: u64 = 1024;
 
 /// The memory this process may use, in MiB: its cgroup's limit under
 /// `cgroup_root` (`/sys/fs/cgroup`), v2 or v1, where it is lower than
@@ -46,6 +53,13 @@ fn machine_memory_mib() -> Option<u64> {
 }
 
 impl Limits {
+    /// `cache_max_mib`, or its default, in bytes.
+    pub fn cache_max_bytes(&self) -> u64 {
+        self.cache_max_mib
+            .unwrap_or(DEFAULT_CACHE_MAX_MIB)
+            .saturating_mul(1 << 20)
+    }
+
     /// `instance_memory_mib`, or its default.
     pub fn instance_memory_mib(&self) -> u64 {
         self.instance_memory_mib
@@ -56,6 +70,11 @@ impl Limits {
     /// Checks that the routes' instances fit: in `instance_memory_mib`, and
     /// in the runtime's instance slots.
     pub(super) fn check(&self, routes: &[Route], problems: &mut Vec<String>) {
+        if self.cache_max_mib == Some(0) {
+            problems.push(
+                "limits.cache_max_mib must be more than 0: a cache that holds nothing is `--no-cache`".into(),
+            );
+        }
         let share = |r: &Route| r.max_instances as u64 * (r.memory_bytes as u64 >> 20);
         let total: u64 = routes.iter().map(share).sum();
         let limit = self.instance_memory_mib();

@@ -28,7 +28,7 @@ pub use breaker::{BreakerConfig, BreakerSettings};
 pub use delay::{DEFAULT_DELAY_TIERS, DelayConfig, DelayRelay, RELAY_ROUTE};
 pub use grants::{CancelIds, DelayGrant, EmitConfig, EmitLimits, Grants, HttpConfig, HttpLimits};
 pub use kafka::{KafkaConfig, PROTECTED_PROPERTIES, is_secret_property};
-pub use limits::Limits;
+pub use limits::{DEFAULT_CACHE_MAX_MIB, Limits};
 pub use owned::{Owned, OwnedKind, OwnedTopics, TopicRole, TopicSpec, owners_text};
 pub use route::{
     Concurrency, DEFAULT_IO_TIMEOUT, DEFAULT_MAX_IN_FLIGHT, DEFAULT_MAX_INSTANCES,

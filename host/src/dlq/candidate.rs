@@ -48,6 +48,10 @@ impl HttpMode {
     }
 }
 
+/// Why a candidate's request is refused when it is tried with HTTP denied:
+/// the try's mode, not the route's grants.
+pub const HTTP_DENIED_BY_THE_TRY: &str = "this try denies every request (HTTP mode `deny`, the default; `live` sends them to the hosts the route grants)";
+
 /// `route` as a candidate runs under it: with no hosts granted unless
 /// `http` is live, and no secrets unless `with_secrets` (a secret asked
 /// for is then "not granted", as for a handler without the grant).
@@ -55,6 +59,7 @@ pub fn candidate_route(route: &Route, http: HttpMode, with_secrets: bool) -> Rou
     let mut route = route.clone();
     if http == HttpMode::Deny {
         route.grants.allowed_hosts = AllowList::default();
+        route.grants.http_off = Some(HTTP_DENIED_BY_THE_TRY.to_string());
     }
     if !with_secrets {
         route.grants.secrets = Secrets::default();

@@ -261,10 +261,26 @@ pub struct HttpDenied {
     pub method: String,
     pub url: String,
     pub reason: String,
+    /// Refused by the mode of a candidate's try, not by the route's
+    /// grants: logged at debug, since the try says so once.
+    pub expected: bool,
 }
 
 impl HttpDenied {
     fn log(&self) {
+        if self.expected {
+            tracing::debug!(
+                route = self.route,
+                handler = self.handler,
+                version = short(&self.version),
+                id = self.id,
+                method = self.method,
+                url = self.url,
+                reason = self.reason,
+                "HTTP request denied."
+            );
+            return;
+        }
         tracing::warn!(
             route = self.route,
             handler = self.handler,
@@ -341,19 +357,26 @@ impl HttpCounters {
         }
     }
 
-    /// A request was refused. Counted at once; logged when warnings are on
+    /// A request was refused. Counted at once; logged when warnings (debug,
+    /// for an `expected` refusal) are on
     /// and `budget` allows one more line (so a guest that loops on a denied
     /// URL cannot flood the log); the event is made only when it is logged
     /// or observed.
     pub fn denied(
         &self,
         telemetry: &Telemetry,
+        expected: bool,
         budget: impl FnOnce() -> bool,
         event: impl FnOnce() -> HttpDenied,
     ) {
         self.denied.inc();
         let observed = telemetry.has_observers();
-        let logged = tracing::enabled!(tracing::Level::WARN) && budget();
+        let enabled = if expected {
+            tracing::enabled!(tracing::Level::DEBUG)
+        } else {
+            tracing::enabled!(tracing::Level::WARN)
+        };
+        let logged = enabled && budget();
         if !(logged || observed) {
             return;
         }

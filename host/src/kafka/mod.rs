@@ -143,6 +143,7 @@ impl Cluster {
     pub fn new(brokers: impl Into<String>, kafka: KafkaConfig) -> Cluster {
         let watch = Arc::new(ConnectionWatch::default());
         watch.set_secrets(kafka.secrets.clone());
+        watch.set_tls(kafka.speaks_tls());
         Cluster {
             brokers: brokers.into(),
             kafka,
@@ -477,7 +478,7 @@ impl rdkafka::ClientContext for Probe {
             rdkafka::types::RDKafkaErrorCode::BrokerTransportFailure,
         );
         // Twice: a broker that is starting may close one connection early.
-        if let Some(failure) = watch::failure_of(&transport, &message)
+        if let Some(failure) = watch::failure_of(&transport, &message, self.watch.tls())
             && self
                 .closed_early
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -491,7 +492,7 @@ impl rdkafka::ClientContext for Probe {
         let reason = self.watch.redact(reason);
         tracing::debug!(error = %error, "{reason}");
         *self.last.lock().unwrap() = Some(reason.to_string());
-        if let Some(failure) = watch::failure_of(&error, &reason) {
+        if let Some(failure) = watch::failure_of(&error, &reason, self.watch.tls()) {
             self.failure.lock().unwrap().get_or_insert(failure);
         }
     }

@@ -39,7 +39,13 @@ pub struct Failure {
 /// Classifies a client error: `Some` for an authentication or TLS failure,
 /// or a plaintext client talking to a TLS listener; `None` for what
 /// librdkafka heals by retrying (a broker restarting, a timeout).
-pub fn failure_of(error: &KafkaError, reason: &str) -> Option<Failure> {
+///
+/// `tls` says whether the client speaks TLS (`security.protocol` `ssl` or
+/// `sasl_ssl`). A connection such a client had set up, closed by the broker
+/// during the first request, is what a broker going away looks like (a
+/// restart, a rolling upgrade): TLS was spoken, so it is no evidence of a
+/// plaintext client, and it is left to librdkafka's retries.
+pub fn failure_of(error: &KafkaError, reason: &str, tls: bool) -> Option<Failure> {
     let verify_failed = |reason: &str| {
         format!(
             "TLS failed: {reason}; check ssl.ca.location (the broker's CA) and, for mutual TLS, ssl.certificate.location, ssl.key.location and the certificate's dates"
@@ -76,8 +82,9 @@ pub fn failure_of(error: &KafkaError, reason: &str) -> Option<Failure> {
             )
         }
         RDKafkaErrorCode::BrokerTransportFailure
-            if lower.contains("security.protocol")
-                || (lower.contains("disconnected") && lower.contains("apiversion_query")) =>
+            if !tls
+                && (lower.contains("security.protocol")
+                    || (lower.contains("disconnected") && lower.contains("apiversion_query"))) =>
         {
             format!(
                 "the broker closed the connection at the first request: {reason}; is this a plaintext client on a TLS listener? check security.protocol"
@@ -93,6 +100,11 @@ pub fn failure_of(error: &KafkaError, reason: &str) -> Option<Failure> {
 #[derive(Default)]
 pub struct ConnectionWatch {
     secrets: OnceLock<Secrets>,
+    /// Whether the clients speak TLS ([`failure_of`]'s `tls`).
+    tls: std::sync::atomic::AtomicBool,
+    /// Set once a short-lived command checked the connection
+    /// ([`ConnectionWatch::checked`]).
+    checked: std::sync::atomic::AtomicBool,
     failures: AtomicU64,
     /// When the current failure began, epoch ms; 0 when none.
     failing_since: AtomicI64,
@@ -104,6 +116,32 @@ impl ConnectionWatch {
     /// The `[kafka]` secrets to keep out of what is logged; set once.
     pub fn set_secrets(&self, secrets: Secrets) {
         let _ = self.secrets.set(secrets);
+    }
+
+    /// Whether the clients speak TLS: set once, from `security.protocol`.
+    pub fn set_tls(&self, tls: bool) {
+        self.tls.store(tls, Relaxed);
+    }
+
+    /// Whether the clients speak TLS.
+    pub fn tls(&self) -> bool {
+        self.tls.load(Relaxed)
+    }
+
+    /// A short-lived command (the CLI's) checked the connection before it
+    /// began: the brokers answered and took the credentials. From then on,
+    /// what its clients report that retrying heals, or that a connection
+    /// lost while authenticating says (a group coordinator's connection cut
+    /// short as a reader closes), is logged at debug: the command's own
+    /// result says whether it worked, and such a line, printed by a command
+    /// that succeeded, would read as its failure. A credential or
+    /// certificate refused is still logged as such.
+    pub fn checked(&self) {
+        self.checked.store(true, Relaxed);
+    }
+
+    fn is_checked(&self) -> bool {
+        self.checked.load(Relaxed)
     }
 
     /// `text` with the `[kafka]` secrets replaced.
@@ -125,8 +163,11 @@ impl ConnectionWatch {
     /// failure is logged at debug: an error the client expects.
     fn report(&self, client: &str, error: &KafkaError, reason: &str, quiet: bool) {
         let reason = self.redact(reason);
-        let Some(failure) = failure_of(error, &reason) else {
-            if quiet {
+        let cut_short =
+            self.is_checked() && reason.to_ascii_lowercase().contains("transport failure");
+        let failure = failure_of(error, &reason, self.tls()).filter(|_| !cut_short);
+        let Some(failure) = failure else {
+            if quiet || self.is_checked() {
                 tracing::debug!(target: "librdkafka", client, error = %error, "{reason}");
             } else {
                 tracing::error!(target: "librdkafka", client, error = %error, "{reason}");
@@ -163,12 +204,16 @@ impl ConnectionWatch {
             // A TLS alert or a connection closed at the first request is
             // only logged by librdkafka, never reported as an error.
             let transport = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
-            if failure_of(&transport, &message).is_some() {
+            if failure_of(&transport, &message, self.tls()).is_some() {
                 return self.report("librdkafka", &transport, &message, false);
             }
             if self.failing().is_some() {
                 return;
             }
+        }
+        if self.is_checked() && (level as i32) <= (RDKafkaLogLevel::Warning as i32) {
+            tracing::debug!(target: "librdkafka", fac, "{message}");
+            return;
         }
         match level {
             RDKafkaLogLevel::Emerg
@@ -247,27 +292,29 @@ mod tests {
     #[test]
     fn failures_that_retrying_cannot_heal_are_named_and_the_rest_are_not() {
         let auth = KafkaError::Global(RDKafkaErrorCode::Authentication);
-        let failure = failure_of(&auth, "SASL authentication error: bad password").unwrap();
+        let failure = failure_of(&auth, "SASL authentication error: bad password", false).unwrap();
         assert!(
             failure.cause.contains("authentication failed"),
             "{failure:?}"
         );
         assert!(failure.cause.contains("sasl.password"), "{failure:?}");
         let tls = KafkaError::Global(RDKafkaErrorCode::SSL);
-        let failure = failure_of(&tls, "SSL handshake failed: certificate verify failed").unwrap();
+        let failure = failure_of(
+            &tls,
+            "SSL handshake failed: certificate verify failed",
+            false,
+        )
+        .unwrap();
         assert!(failure.cause.contains("ssl.ca.location"), "{failure:?}");
         let plain = KafkaError::Global(RDKafkaErrorCode::BrokerTransportFailure);
-        let failure = failure_of(
-            &plain,
-            "Disconnected while requesting ApiVersion: might be caused by incorrect security.protocol configuration",
-        )
+        let failure = failure_of(&plain, "Disconnected while requesting ApiVersion: might be caused by incorrect security.protocol configuration", false)
         .unwrap();
         assert!(failure.cause.contains("plaintext client on a TLS listener"));
         let closed = "Disconnected: connection closed by peer: receive 0 after POLLIN (after 0ms in state APIVERSION_QUERY)";
-        assert!(failure_of(&plain, closed).is_some());
+        assert!(failure_of(&plain, closed, false).is_some());
         let alert = "Receive failed: error:0A00045C:SSL routines::tlsv13 alert certificate required: SSL alert number 116";
         assert!(
-            failure_of(&plain, alert)
+            failure_of(&plain, alert, false)
                 .unwrap()
                 .cause
                 .contains("ssl.certificate.location")
@@ -275,15 +322,15 @@ mod tests {
         // The same verification failure, reported as a transport failure
         // (seen when the broker's CA is not the one configured).
         let unverified = "sasl_ssl://127.0.0.1:1/bootstrap: error:0A000086:SSL routines::certificate verify failed (after 1ms in state SSL_HANDSHAKE)";
-        let cause = failure_of(&plain, unverified).unwrap().cause;
+        let cause = failure_of(&plain, unverified, false).unwrap().cause;
         assert!(cause.contains("ssl.ca.location"), "{cause}");
         assert!(
             !cause.contains("the broker refused the handshake"),
             "{cause}"
         );
-        assert_eq!(failure_of(&plain, "Connection refused"), None);
+        assert_eq!(failure_of(&plain, "Connection refused", false), None);
         let down = KafkaError::Global(RDKafkaErrorCode::AllBrokersDown);
-        assert_eq!(failure_of(&down, "1/1 brokers are down"), None);
+        assert_eq!(failure_of(&down, "1/1 brokers are down", false), None);
     }
 
     #[test]

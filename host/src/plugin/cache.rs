@@ -7,6 +7,12 @@
 //! miss, and the fresh compile overwrites it. A write that fails is logged
 //! and otherwise ignored.
 //!
+//! The cache is bounded (`[limits] cache_max_mib`): after each write, the
+//! entries used least recently (by modification time, which a hit renews)
+//! are removed until the rest fit, the one just written excepted. Entries
+//! of other wasmtime builds in the same directory count too, and, never
+//! read by this one, go first.
+//!
 //! An entry is `MAGIC`, the sha256 of the artifact, then the artifact as
 //! `Component::serialize` wrote it. The digest is checked before wasmtime
 //! sees the bytes, so a truncated or bit-flipped file is never loaded as
@@ -31,6 +37,8 @@ pub struct ArtifactCache {
     /// that changes compiled code), so hopper builds that share a directory
     /// do not keep overwriting each other's entries.
     engine_tag: String,
+    /// The most the directory's entries may take together, in bytes.
+    max_bytes: u64,
 }
 
 /// Why a cache directory cannot be used. Hopper runs the machine code it
@@ -63,7 +71,14 @@ impl ArtifactCache {
         ArtifactCache {
             dir,
             engine_tag: format!("{:016x}", hasher.finish()),
+            max_bytes: crate::config::DEFAULT_CACHE_MAX_MIB << 20,
         }
+    }
+
+    /// The same cache, holding at most `max_bytes` of entries.
+    pub fn with_max_bytes(mut self, max_bytes: u64) -> ArtifactCache {
+        self.max_bytes = max_bytes;
+        self
     }
 
     pub fn dir(&self) -> &Path {
@@ -91,7 +106,17 @@ impl ArtifactCache {
         // writable by nobody else, and wasmtime itself rejects artifacts from
         // an incompatible engine.
         match unsafe { Component::deserialize(engine, artifact) } {
-            Ok(component) => Some(component),
+            Ok(component) => {
+                // Used now: the last to be pruned.
+                let touched = std::fs::File::options()
+                    .append(true)
+                    .open(self.entry_path(version))
+                    .and_then(|f| f.set_modified(std::time::SystemTime::now()));
+                if let Err(e) = touched {
+                    tracing::debug!(entry = %path, error = %e, "Cannot mark the cached artifact as used.");
+                }
+                Some(component)
+            }
             Err(e) => {
                 tracing::info!(entry = %path, error = %e, "Cached artifact does not fit this engine; compiling again.");
                 None
@@ -105,6 +130,59 @@ impl ArtifactCache {
         let path = self.entry_path(version);
         if let Err(e) = self.write(&path, component) {
             tracing::warn!(entry = %path.display(), error = %e, "Cannot write the compiled artifact to the cache.");
+            return;
+        }
+        self.prune(&path);
+    }
+
+    /// Removes the entries used least recently until the rest fit in
+    /// `max_bytes`; never `keep`, the entry just written.
+    fn prune(&self, keep: &Path) {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else {
+            return;
+        };
+        let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = dir
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".cwasm"))
+            .filter_map(|e| {
+                let meta = e.metadata().ok()?;
+                if !meta.is_file() {
+                    return None;
+                }
+                Some((meta.modified().ok()?, meta.len(), e.path()))
+            })
+            .collect();
+        let mut total: u64 = entries.iter().map(|(_, size, _)| size).sum();
+        if total <= self.max_bytes {
+            return;
+        }
+        entries.sort();
+        let (mut removed, mut freed) = (0usize, 0u64);
+        for (_, size, path) in entries {
+            if total <= self.max_bytes {
+                break;
+            }
+            if path == keep {
+                continue;
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => {
+                    total -= size;
+                    removed += 1;
+                    freed += size;
+                }
+                Err(e) => {
+                    tracing::warn!(entry = %path.display(), error = %e, "Cannot remove a compiled artifact from the cache.")
+                }
+            }
+        }
+        if removed > 0 {
+            tracing::info!(
+                removed,
+                freed_mib = freed >> 20,
+                max_mib = self.max_bytes >> 20,
+                "Compiled-handler cache pruned, least recently used first."
+            );
         }
     }
 
@@ -182,6 +260,52 @@ mod tests {
         cache.put("v1", &component);
         assert_eq!(std::fs::read(&path).unwrap(), good);
         assert!(cache.get(&engine, "v1").is_some());
+    }
+
+    /// Past its bound, the cache keeps the entries used last and the one
+    /// just written, and removes the rest, oldest use first.
+    #[test]
+    fn the_cache_is_pruned_least_recently_used_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = engine(true);
+        let component = Component::new(&engine, EMPTY_COMPONENT).unwrap();
+        let unbounded = ArtifactCache::open(dir.path().to_path_buf(), &engine).unwrap();
+        unbounded.put("v0", &component);
+        let size = std::fs::metadata(unbounded.entry_path("v0")).unwrap().len();
+        // Room for three entries.
+        let cache = unbounded.with_max_bytes(size * 3);
+        let at =
+            |secs: u64| std::time::SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+        let age = |version: &str, secs: u64| {
+            std::fs::File::options()
+                .append(true)
+                .open(cache.entry_path(version))
+                .unwrap()
+                .set_modified(at(secs))
+                .unwrap();
+        };
+        for (i, version) in ["v1", "v2"].iter().enumerate() {
+            cache.put(version, &component);
+            age(version, 1_000 + i as u64);
+        }
+        age("v0", 500);
+        // A hit makes v0 the most recently used.
+        assert!(cache.get(&engine, "v0").is_some());
+        cache.put("v3", &component);
+        let left: Vec<bool> = ["v0", "v1", "v2", "v3"]
+            .iter()
+            .map(|v| cache.entry_path(v).exists())
+            .collect();
+        assert_eq!(
+            left,
+            [true, false, true, true],
+            "v1 was used least recently"
+        );
+        // A bound smaller than one entry still keeps the one just written.
+        let tiny = cache.clone().with_max_bytes(1);
+        tiny.put("v4", &component);
+        assert!(tiny.entry_path("v4").exists());
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
     }
 
     #[test]

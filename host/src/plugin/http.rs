@@ -97,6 +97,9 @@ impl HttpHooks {
 
     /// Why the route's grants refuse a request to `target`, if they do.
     fn outside_grants(&self, target: &Target) -> Option<Refusal> {
+        if let Some(why) = &self.guest.grants.config.http_off {
+            return Some(Refusal::Off(why.clone()));
+        }
         let allowed = &self.guest.grants.config.allowed_hosts;
         if allowed.is_empty() {
             return Some(Refusal::NoHosts);
@@ -121,6 +124,9 @@ impl HttpHooks {
 pub(super) enum Refusal {
     /// The call has made `http.max_requests` requests already.
     TooMany(u32),
+    /// Every request, by the mode of a candidate's try
+    /// (`Grants::http_off`), for this reason: expected, so not warned about.
+    Off(String),
     NoHosts,
     NoEndpoint,
     NotAllowed,
@@ -142,6 +148,7 @@ impl Refusal {
             (Refusal::TooMany(limit), _) => format!(
                 "the call has made the {limit} requests a call may make, denied ones included (http.max_requests)"
             ),
+            (Refusal::Off(why), _) => why.clone(),
             (Refusal::NoHosts, _) => "the route grants no hosts (allowed_hosts is empty)".into(),
             (Refusal::NotAllowed, Some((scheme, host, port))) => {
                 format!(
@@ -170,7 +177,8 @@ impl HttpHooks {
         if let Some(canned) = &self.guest.grants.canned {
             canned.denied(&target.method, &target.uri, refusal.text(target));
         }
-        denied(&self.guest, &self.message_id, target, || {
+        let expected = matches!(refusal, Refusal::Off(_));
+        denied(&self.guest, &self.message_id, target, expected, || {
             refusal.text(target)
         });
         Err(refusal)
@@ -680,7 +688,9 @@ fn redacted(guest: &GuestInfo, text: &str) -> String {
 
 impl Report {
     fn denied(&self, reason: String) {
-        denied(&self.guest, &self.message_id, &self.target, || reason);
+        denied(&self.guest, &self.message_id, &self.target, false, || {
+            reason
+        });
     }
 
     /// Reports the request's outcome ([`events::HttpCounters::answered`]).
@@ -706,11 +716,19 @@ impl Report {
 }
 
 /// Reports a refused request ([`events::HttpCounters::denied`]), logged
-/// within the handler's log budget. The reason is made only when it is
-/// logged or observed.
-fn denied(g: &GuestInfo, message_id: &str, t: &Target, reason: impl FnOnce() -> String) {
+/// within the handler's log budget: as a warning, or at debug when the
+/// refusal is `expected` (a try's own mode). The reason is made only when
+/// it is logged or observed.
+fn denied(
+    g: &GuestInfo,
+    message_id: &str,
+    t: &Target,
+    expected: bool,
+    reason: impl FnOnce() -> String,
+) {
     g.grants.http.denied(
         &g.grants.telemetry,
+        expected,
         || g.budget.take(),
         || events::HttpDenied {
             route: g.route.clone(),
@@ -721,6 +739,7 @@ fn denied(g: &GuestInfo, message_id: &str, t: &Target, reason: impl FnOnce() -> 
             url: t.url(g),
             // The reason may carry the host, the guest's own text.
             reason: redacted(g, &reason()),
+            expected,
         },
     );
 }

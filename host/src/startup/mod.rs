@@ -165,7 +165,9 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
         .map_err(HandlerError::Runtime)?
         .with_telemetry(telemetry.clone());
     if let Some(dir) = &options.cache_dir {
-        runtime = runtime.with_cache(dir.clone())?;
+        runtime = runtime
+            .with_cache(dir.clone())?
+            .with_cache_limit(config.limits.cache_max_bytes());
     }
 
     let engine = runtime.watch();

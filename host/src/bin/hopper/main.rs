@@ -9,6 +9,7 @@ use hopper::{Hopper, Options, Stopped};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod config_check;
 mod demo;
 mod dlq_try;
 mod ops;
@@ -76,6 +77,7 @@ enum Command {
     /// Runs the order-timeout demo on the embedded broker: sample orders
     /// that succeed, retry, and land in the dead-letter topic.
     Demo {
+        /// The demo's config file: its routes, handler and order service.
         #[arg(short, long, default_value = "examples/demo.toml")]
         config: PathBuf,
         /// Keep running after the sample orders settle, until Ctrl-C.
@@ -128,6 +130,12 @@ enum Command {
     /// The Kafka ACLs a config needs, for `hopper run` or (`--for cli`) the
     /// CLI, as a `kafka-acls.sh` script or JSON. Needs no broker.
     Acls(topics::AclsArgs),
+    /// Config files: check one as `hopper run` would at start, with no
+    /// broker.
+    Config {
+        #[command(subcommand)]
+        command: config_check::ConfigCommand,
+    },
 }
 
 #[derive(Args)]
@@ -173,7 +181,10 @@ struct SendArgs {
 enum PluginCommand {
     /// Says whether a file is a component that fits the handler world, and
     /// lists what it imports and exports, and what is missing or extra.
-    Check { file: PathBuf },
+    Check {
+        /// The component to check (a `.wasm` file).
+        file: PathBuf,
+    },
     /// Creates a handler project with a copy of the WIT and a one-command
     /// build (`./build.sh`).
     New {
@@ -256,6 +267,7 @@ async fn main() -> ExitCode {
         Command::Skip(args) => ops::skip(args).await,
         Command::Topics(args) => topics::topics(args),
         Command::Acls(args) => topics::acls(args),
+        Command::Config { command } => config_check::run(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -579,4 +591,59 @@ async fn send(args: SendArgs) -> anyhow::Result<()> {
         args.topic
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every argument and subcommand under `command` that has no help
+    /// text, by its path (`hopper plugin check <file>`).
+    fn without_help(command: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in command.get_arguments() {
+            if arg.is_hide_set() || arg.get_help().is_some() || arg.get_long_help().is_some() {
+                continue;
+            }
+            let name = match arg.get_long() {
+                Some(long) => format!("--{long}"),
+                None => format!("<{}>", arg.get_id()),
+            };
+            out.push(format!("{path} {name}"));
+        }
+        for sub in command.get_subcommands() {
+            let path = format!("{path} {}", sub.get_name());
+            if sub.get_about().is_none() && sub.get_long_about().is_none() {
+                out.push(path.clone());
+            }
+            without_help(sub, &path, out);
+        }
+    }
+
+    /// Walks clap's own definitions, so a flag, a positional argument or a
+    /// command added without a doc comment is caught wherever it sits.
+    #[test]
+    fn every_command_flag_and_argument_has_help_text() {
+        let mut bare = Vec::new();
+        without_help(&Cli::command(), "hopper", &mut bare);
+        assert!(
+            bare.is_empty(),
+            "without help text (write a `///` comment):\n{}",
+            bare.join("\n")
+        );
+    }
+
+    #[test]
+    fn an_argument_without_help_text_is_named() {
+        let command = clap::Command::new("hopper").subcommand(
+            clap::Command::new("plugin").about("Handlers.").subcommand(
+                clap::Command::new("check")
+                    .about("Checks.")
+                    .arg(clap::Arg::new("file"))
+                    .arg(clap::Arg::new("quiet").long("quiet").help("Says less.")),
+            ),
+        );
+        let mut bare = Vec::new();
+        without_help(&command, "hopper", &mut bare);
+        assert_eq!(bare, ["hopper plugin check <file>"]);
+    }
 }

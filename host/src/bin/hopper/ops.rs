@@ -44,6 +44,7 @@ impl Target {
 /// against a cluster it cannot reach fails within seconds, naming why.
 pub(crate) fn connected(cluster: Cluster) -> anyhow::Result<Cluster> {
     tokio::task::block_in_place(|| cluster.check_connection())?;
+    cluster.watch().checked();
     Ok(cluster)
 }
 
