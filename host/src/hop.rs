@@ -46,6 +46,13 @@ pub trait Processor: Send + Sync + 'static {
     /// The dead-letter topic a hop that can never be produced goes to.
     fn dlq_topic(&self) -> &str;
 
+    /// The halt its pipeline stops on, when the processor writes records of
+    /// its own that may need to stop it (a route's park store, whose dead
+    /// letters are its own); `None`: the pipeline makes one.
+    fn halt(&self) -> Option<Arc<Halt>> {
+        None
+    }
+
     /// How many messages of one partition may be processed at once, and in
     /// what order.
     fn concurrency(&self) -> Concurrency {
@@ -140,10 +147,24 @@ pub enum Action {
     /// Keep this record in memory and produce it at `at_ms` (epoch ms). Used
     /// only for the last stretch of a delay, shorter than the smallest tier.
     HopAt { at_ms: i64, hop: PlannedHop },
-    /// Done once this future ends: a record written apart from the
-    /// pipeline's producer (a route's parked message) and acknowledged
-    /// there. It is awaited beside the partition's calls, not as one.
-    After(std::pin::Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// Done once this future ends [`Written::Acknowledged`]: a record
+    /// written apart from the pipeline's producer (a route's parked
+    /// message) and acknowledged there. It is awaited beside the
+    /// partition's calls, not as one.
+    After(std::pin::Pin<Box<dyn Future<Output = Written> + Send>>),
+    /// Never done: hopper began to stop before what the message needed was
+    /// acknowledged, and gave it up. Nothing at or past its offset is
+    /// committed, so it is read again after a restart, as after a crash.
+    GiveUp,
+}
+
+/// How the record of an [`Action::After`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// Acknowledged: the message's offset is done.
+    Acknowledged,
+    /// Given up as hopper stops ([`Action::GiveUp`]).
+    GivenUp,
 }
 
 /// A record to produce, and what it is.

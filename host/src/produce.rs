@@ -255,13 +255,8 @@ impl ProducerContext for HopContext {
 
 /// Why the broker refused a hop to `topic` for good, if it did.
 fn refusal(error: &KafkaError, failures: u32, topic: &str) -> Option<(Reason, String)> {
-    let code = error.rdkafka_error_code()?;
-    let text = format!("producing to `{topic}` failed: {error}");
-    match classify(code, failures) {
-        Failure::Transient | Failure::Fatal => None,
-        Failure::TooLarge => Some((Reason::RecordTooLarge, text)),
-        Failure::Refused => Some((Reason::HopFailed, text)),
-    }
+    let reason = refused_for_good(error.rdkafka_error_code(), failures)?;
+    Some((reason, format!("producing to `{topic}` failed: {error}")))
 }
 
 /// Asked just before a hop is produced whether it still should be. The
@@ -453,67 +448,99 @@ impl HopProducer {
     /// record is acknowledged). A dead-letter record refused for good halts
     /// the pipeline, and its source offset is never completed.
     async fn refused(&self, record: OutRecord, hop: Box<Unacked>, reason: Reason, error: String) {
-        // A dead-letter record too large with its payload whole is tried
-        // once more, cut; one refused otherwise has nowhere left to go.
-        let cuttable = reason == Reason::RecordTooLarge
-            && record
-                .payload
-                .as_ref()
-                .is_some_and(|p| p.len() > crate::dlq::CUT_PAYLOAD_BYTES);
-        if record.topic == self.dlq && !cuttable {
-            self.telemetry.emit(events::HopFailed {
-                route: self.pipeline.clone(),
-                topic: record.topic,
-                error: error.clone(),
-                outcome: HopFailure::Halted,
-            });
-            self.halt.fail(format!(
-                "a dead-letter record of `{}` was refused for good: {error}",
-                self.pipeline
-            ));
-            // Dropping the hop releases the drain without completing the
-            // offset: it is read again after a restart.
-            drop(hop);
-            return;
-        }
+        let topic = record.topic.clone();
+        let dead = match instead_of_refused(&self.pipeline, &self.dlq, record, reason, &error) {
+            Ok(dead) => dead,
+            Err(_) => {
+                self.telemetry.emit(events::HopFailed {
+                    route: self.pipeline.clone(),
+                    topic,
+                    error: error.clone(),
+                    outcome: HopFailure::Halted,
+                });
+                self.halt.fail(format!(
+                    "a dead-letter record of `{}` was refused for good: {error}",
+                    self.pipeline
+                ));
+                // Dropping the hop releases the drain without completing the
+                // offset: it is read again after a restart.
+                drop(hop);
+                return;
+            }
+        };
         self.telemetry.emit(events::HopFailed {
             route: self.pipeline.clone(),
-            topic: record.topic.clone(),
-            error: error.clone(),
+            topic,
+            error,
             outcome: HopFailure::DeadLettered,
         });
-        let text = |name| {
-            record
-                .headers
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-        };
-        let id = text(headers::ID).unwrap_or_default();
-        let attempt = text(headers::ATTEMPT)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0);
-        let dead = crate::dlq::of_failed_hop(record, &self.dlq, reason, &error);
         let Unacked {
             done, _pending: p, ..
         } = *hop;
         let hop = Box::new(Unacked {
             done,
-            outcome: Outcome::DeadLetter(DeadLetter {
-                route: self.pipeline.clone(),
-                id,
-                attempt,
-                topic: self.dlq.clone(),
-                reason,
-                error,
-                version: None,
-            }),
+            outcome: dead.outcome,
             failures: 0,
-            timestamp: dead.timestamp,
+            timestamp: dead.record.timestamp,
             _pending: p,
         });
-        self.enqueue(dead, hop).await;
+        self.enqueue(dead.record, hop).await;
+    }
+}
+
+/// The dead letter that takes the place of `record`, a hop of `route` the
+/// broker refused for good (`reason`, `error`). `Err(record)` when it is
+/// itself a dead letter to `dlq` with nowhere left to go: one too large
+/// with its payload whole is tried once more, cut; one refused otherwise
+/// never goes anywhere.
+pub fn instead_of_refused(
+    route: &str,
+    dlq: &str,
+    record: OutRecord,
+    reason: Reason,
+    error: &str,
+) -> Result<PlannedHop, OutRecord> {
+    let cuttable = reason == Reason::RecordTooLarge
+        && record
+            .payload
+            .as_ref()
+            .is_some_and(|p| p.len() > crate::dlq::CUT_PAYLOAD_BYTES);
+    if record.topic == dlq && !cuttable {
+        return Err(record);
+    }
+    let text = |name| {
+        record
+            .headers
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let id = text(headers::ID).unwrap_or_default();
+    let attempt = text(headers::ATTEMPT)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0);
+    Ok(PlannedHop {
+        record: crate::dlq::of_failed_hop(record, dlq, reason, error),
+        outcome: Outcome::DeadLetter(DeadLetter {
+            route: route.to_string(),
+            id,
+            attempt,
+            topic: dlq.to_string(),
+            reason,
+            error: error.to_string(),
+            version: None,
+        }),
+    })
+}
+
+/// Why the broker refused a hop to `topic` for good, if it did, by
+/// librdkafka's error `code` after `failures` in a row.
+pub fn refused_for_good(code: Option<RDKafkaErrorCode>, failures: u32) -> Option<Reason> {
+    match classify(code?, failures) {
+        Failure::Transient | Failure::Fatal => None,
+        Failure::TooLarge => Some(Reason::RecordTooLarge),
+        Failure::Refused => Some(Reason::HopFailed),
     }
 }
 

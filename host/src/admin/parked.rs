@@ -84,6 +84,9 @@ pub(super) async fn release(
             "head": head,
         }))),
         Err(e @ ParkError::NotParked { .. }) => Err(ApiError(StatusCode::NOT_FOUND, e.to_string())),
+        Err(e @ ParkError::Stopping) => {
+            Err(ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))
+        }
         Err(e) => Err(ApiError(StatusCode::BAD_GATEWAY, format!("{e:#}"))),
     }
 }

@@ -1,22 +1,30 @@
 //! The records of a park topic (docs/ordered-retries.md, "The park
 //! topic"). Every record's key names its kind and its lane, the input
-//! partition and Kafka key it belongs to:
+//! partition and Kafka key it belongs to, the Kafka key by its sha256
+//! digest (64 hex digits, whatever the key's size):
 //!
 //! | Key | Value | Means |
 //! |---|---|---|
-//! | `h␀topic␀partition␀hexkey` | `{"head","seq","since"}` | the key is parked behind the message `head` (input offset `seq`) |
-//! | `p␀topic␀partition␀hexkey␀seq` | a marker byte, then the payload | a message of the key waits, with its headers and timestamp |
-//! | `r␀topic␀partition␀hexkey␀head` | `{"cause","at"}` | the head `head` resolved, or an operator released it |
+//! | `h␀topic␀partition␀digest` | `{"head","seq","since"}` | the key is parked behind the message `head` (input offset `seq`) |
+//! | `p␀topic␀partition␀digest␀seq` | a marker byte, then the payload | a message of the key waits, with its headers and timestamp |
+//! | `r␀topic␀partition␀digest␀head` | `{"cause","at"}` | the head `head` resolved, or an operator released it |
 //!
 //! A null value deletes its key's record (compaction keeps only the last
 //! record of each key). A parked message's own null payload is the marker
 //! byte 0 alone, so it is never mistaken for a deletion. The first header of
-//! every record is `hopper-park-by`, the process that wrote it.
+//! every record is `hopper-park-by`, the process that wrote it; the second,
+//! `hopper-park-key`, holds the Kafka key itself, deletions included, and a
+//! record whose key header does not hash to its digest is refused. A
+//! parked message's own headers follow.
 
 use serde::{Deserialize, Serialize};
 
 /// The header naming the process that wrote a park-topic record.
 pub const BY: &str = "hopper-park-by";
+
+/// The header holding the Kafka key a park-topic record belongs to, the
+/// one its record key names by digest.
+pub const KEY: &str = "hopper-park-key";
 
 pub use crate::types::Lane;
 
@@ -106,15 +114,21 @@ fn bad(what: impl Into<String>) -> BadRecord {
     BadRecord { what: what.into() }
 }
 
+/// The digest naming a Kafka key in a record key: sha256, in hex.
+fn digest(key: &[u8]) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(key))
+}
+
 fn lane_key(kind: u8, lane: &Lane) -> Vec<u8> {
-    let mut key = Vec::with_capacity(lane.topic.len() + lane.key.len() * 2 + 16);
+    let mut key = Vec::with_capacity(lane.topic.len() + 64 + 16);
     key.push(kind);
     key.push(0);
     key.extend_from_slice(lane.topic.as_bytes());
     key.push(0);
     key.extend_from_slice(lane.partition.to_string().as_bytes());
     key.push(0);
-    key.extend_from_slice(hex::encode(&lane.key).as_bytes());
+    key.extend_from_slice(digest(&lane.key).as_bytes());
     key
 }
 
@@ -152,8 +166,8 @@ pub fn parked_value(payload: Option<&[u8]>) -> Vec<u8> {
     }
 }
 
-/// A record as written: its key, value (`None` deletes), headers and
-/// timestamp.
+/// A record as written: its key, value (`None` deletes), headers (the
+/// `hopper-park-key` header first) and timestamp.
 pub struct Encoded {
     pub key: Vec<u8>,
     pub value: Option<Vec<u8>>,
@@ -163,6 +177,14 @@ pub struct Encoded {
 
 /// How `record` is written.
 pub fn encode(record: &Record) -> Encoded {
+    let mut encoded = encode_body(record);
+    encoded
+        .headers
+        .insert(0, (KEY.to_string(), Some(record.lane().key.clone())));
+    encoded
+}
+
+fn encode_body(record: &Record) -> Encoded {
     match record {
         Record::Head { lane, head } => Encoded {
             key: head_key(lane),
@@ -197,14 +219,19 @@ fn json<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Reads a park-topic record from its key, value, headers (the `by`
-/// header already taken off) and timestamp.
+/// header already taken off, the `hopper-park-key` header first) and
+/// timestamp.
 pub fn read(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
-    headers: Vec<(String, Option<Vec<u8>>)>,
+    mut headers: Vec<(String, Option<Vec<u8>>)>,
     timestamp: Option<i64>,
 ) -> Result<Record, BadRecord> {
     let key = key.ok_or_else(|| bad("has no key"))?;
+    let kafka_key = match headers.first() {
+        Some((name, _)) if name == KEY => headers.remove(0).1.unwrap_or_default(),
+        _ => return Err(bad(format!("has no `{KEY}` header after `{BY}`"))),
+    };
     let mut parts = key.splitn(5, |b| *b == 0);
     let kind = parts.next().unwrap_or_default();
     let topic = parts.next().ok_or_else(|| bad("key has no topic"))?;
@@ -214,11 +241,16 @@ pub fn read(
         .and_then(|p| std::str::from_utf8(p).ok())
         .and_then(|p| p.parse::<i32>().ok())
         .ok_or_else(|| bad("key's partition is not a number"))?;
-    let hexkey = parts.next().ok_or_else(|| bad("key has no message key"))?;
+    let named = parts.next().ok_or_else(|| bad("key has no message key"))?;
+    if named != digest(&kafka_key).as_bytes() {
+        return Err(bad(format!(
+            "key's digest is not the sha256 of its `{KEY}` header"
+        )));
+    }
     let lane = Lane {
         topic: topic.to_string(),
         partition,
-        key: hex::decode(hexkey).map_err(|_| bad("key's message key is not hex"))?,
+        key: kafka_key,
     };
     let rest = parts.next();
     match (kind, rest) {
@@ -278,94 +310,152 @@ mod tests {
         }
     }
 
+    /// `record` written and read back.
+    fn round_trip(record: &Record) -> Result<Record, BadRecord> {
+        let Encoded {
+            key,
+            value,
+            headers,
+            timestamp,
+        } = encode(record);
+        read(Some(&key), value.as_deref(), headers, timestamp)
+    }
+
     #[test]
     fn every_kind_reads_back_for_any_key() {
         for key in [&b"acct-7"[..], b"", &[0, 0xff, 0, 1]] {
             let lane = lane(key);
-            let head = Head {
-                head: "orders-3-17".into(),
-                seq: 17,
-                since: 1_000,
-            };
-            let value = serde_json::to_vec(&head).unwrap();
-            assert_eq!(
-                read(Some(&head_key(&lane)), Some(&value), vec![], None),
-                Ok(Record::Head {
-                    lane: lane.clone(),
-                    head: Some(head)
-                })
-            );
-            let headers = vec![("h".to_string(), Some(b"v".to_vec()))];
-            for payload in [None, Some(&b""[..]), Some(b"\0\x01")] {
-                let record = read(
-                    Some(&parked_key(&lane, 42)),
-                    Some(&parked_value(payload)),
-                    headers.clone(),
-                    Some(5),
-                );
-                let Ok(Record::Parked {
-                    seq: 42,
-                    message: Some(parked),
-                    ..
-                }) = record
-                else {
-                    panic!("{record:?}");
-                };
-                assert_eq!(parked.payload.as_deref(), payload);
-                assert_eq!(parked.headers, headers);
-            }
-            assert_eq!(
-                read(Some(&parked_key(&lane, 42)), None, vec![], None),
-                Ok(Record::Parked {
-                    lane: lane.clone(),
-                    seq: 42,
-                    message: None
+            let head = Record::Head {
+                lane: lane.clone(),
+                head: Some(Head {
+                    head: "orders-3-17".into(),
+                    seq: 17,
+                    since: 1_000,
                 }),
+            };
+            assert_eq!(round_trip(&head), Ok(head));
+            let headers = vec![
+                ("h".to_string(), Some(b"v".to_vec())),
+                (KEY.to_string(), Some(b"a producer's own".to_vec())),
+            ];
+            for payload in [None, Some(&b""[..]), Some(b"\0\x01")] {
+                let parked = Record::Parked {
+                    lane: lane.clone(),
+                    seq: 42,
+                    message: Some(Parked {
+                        payload: payload.map(<[u8]>::to_vec),
+                        headers: headers.clone(),
+                        timestamp: Some(5),
+                    }),
+                };
+                assert_eq!(round_trip(&parked), Ok(parked));
+            }
+            let deletion = Record::Parked {
+                lane: lane.clone(),
+                seq: 42,
+                message: None,
+            };
+            assert_eq!(
+                round_trip(&deletion),
+                Ok(deletion),
                 "a null value deletes; a null payload does not"
             );
-            let release = Release {
-                cause: Cause::DeadLettered,
-                at: 9,
+            let release = Record::Release {
+                lane,
+                head: "id\0with nul".into(),
+                release: Some(Release {
+                    cause: Cause::DeadLettered,
+                    at: 9,
+                }),
             };
-            let value = serde_json::to_vec(&release).unwrap();
-            assert_eq!(
-                read(
-                    Some(&release_key(&lane, "id\0with nul")),
-                    Some(&value),
-                    vec![],
-                    None
-                ),
-                Ok(Record::Release {
-                    lane,
-                    head: "id\0with nul".into(),
-                    release: Some(release)
-                })
-            );
+            assert_eq!(round_trip(&release), Ok(release));
         }
     }
 
     #[test]
+    fn a_record_key_names_the_kafka_key_by_digest_whatever_its_size() {
+        let big = lane(&vec![7u8; 500 * 1024]);
+        for key in [
+            head_key(&big),
+            parked_key(&big, i64::MAX),
+            release_key(&big, "h"),
+        ] {
+            assert!(key.len() < 128, "{} bytes", key.len());
+        }
+        let Encoded { headers, .. } = encode(&Record::Head {
+            lane: big.clone(),
+            head: None,
+        });
+        assert_eq!(
+            headers,
+            vec![(KEY.to_string(), Some(big.key.clone()))],
+            "a deletion names its key too"
+        );
+    }
+
+    #[test]
+    fn a_key_header_that_is_not_the_digests_key_is_refused() {
+        let record = Record::Head {
+            lane: lane(b"acct-7"),
+            head: None,
+        };
+        let Encoded {
+            key, mut headers, ..
+        } = encode(&record);
+        headers[0].1 = Some(b"acct-8".to_vec());
+        let error = read(Some(&key), None, headers, None).unwrap_err();
+        assert!(error.to_string().contains("digest"), "{error}");
+    }
+
+    #[test]
     fn a_malformed_record_is_named() {
-        type Case<'a> = (Option<&'a [u8]>, Option<&'a [u8]>, &'a str);
-        let cases: [Case<'_>; 8] = [
-            (None, Some(b"x"), "has no key"),
-            (Some(b"h"), None, "key has no topic"),
-            (Some(b"h\0t\0x\0aa"), None, "partition is not a number"),
-            (Some(b"h\0t\x001\0zz"), None, "message key is not hex"),
-            (Some(b"h\0t\x001\0aa"), Some(b"{"), "head value"),
-            (Some(b"p\0t\x001\0aa\0x"), None, "offset is not a number"),
+        let digest = digest(b"k");
+        let key = |rest: &str| rest.replace("D", &digest).into_bytes();
+        // Record key, value, whether it has a `hopper-park-key` header, and
+        // what the error names.
+        type Case<'a> = (Option<Vec<u8>>, Option<&'a [u8]>, bool, &'a str);
+        let cases: [Case<'_>; 10] = [
+            (None, Some(b"x"), true, "has no key"),
             (
-                Some(b"p\0t\x001\0aa\x001"),
+                Some(key("h\0t\x001\0D")),
+                None,
+                false,
+                "has no `hopper-park-key` header",
+            ),
+            (Some(key("h")), None, true, "key has no topic"),
+            (
+                Some(key("h\0t\0x\0D")),
+                None,
+                true,
+                "partition is not a number",
+            ),
+            (Some(key("h\0t\x001")), None, true, "key has no message key"),
+            (Some(key("h\0t\x001\0aa")), None, true, "not the sha256"),
+            (Some(key("h\0t\x001\0D")), Some(b"{"), true, "head value"),
+            (
+                Some(key("p\0t\x001\0D\0x")),
+                None,
+                true,
+                "offset is not a number",
+            ),
+            (
+                Some(key("p\0t\x001\0D\x001")),
                 Some(b"\x07"),
+                true,
                 "no payload marker",
             ),
-            (Some(b"q\0t\x001\0aa"), None, "unknown kind `q`"),
+            (Some(key("q\0t\x001\0D")), None, true, "unknown kind `q`"),
         ];
-        for (key, value, problem) in cases {
-            let error = read(key, value, vec![], None).unwrap_err();
+        for (record_key, value, with_key, problem) in cases {
+            let headers = if with_key {
+                vec![(KEY.to_string(), Some(b"k".to_vec()))]
+            } else {
+                vec![("other".to_string(), Some(b"k".to_vec()))]
+            };
+            let error = read(record_key.as_deref(), value, headers, None).unwrap_err();
             assert!(
                 error.to_string().contains(problem),
-                "{key:?}: `{error}` should name `{problem}`"
+                "{record_key:?}: `{error}` should name `{problem}`"
             );
         }
     }

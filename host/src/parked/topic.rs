@@ -6,7 +6,7 @@ use super::table::{Inputs, KeyState, KeyView, ParkTable, Refusal};
 use crate::clock::now_ms;
 use crate::config::{Parking, Route};
 use crate::events::{self, Event, Telemetry};
-use crate::hop::PlannedHop;
+use crate::hop::{Halt, PlannedHop};
 use crate::kafka::compacted::{self, TableReader};
 use crate::kafka::{Cluster, Doing as _, KafkaError};
 use crate::renewable::AwaitedProducer;
@@ -48,6 +48,8 @@ pub enum ParkError {
     NotOrdered { route: String },
     #[error("{lane} is not parked or blocked")]
     NotParked { lane: String },
+    #[error("hopper is stopping: the release was not written; try again once it runs")]
+    Stopping,
 }
 
 /// The broker refused a park-topic record for good (too large, not
@@ -58,11 +60,34 @@ pub struct Refused {
     pub error: String,
 }
 
-/// A parked message's acknowledgement: refused for good, the message back,
-/// with why.
-pub type ParkAck = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<(), (records::Parked, Refused)>> + Send>,
->;
+/// hopper began to stop while a record was not yet acknowledged, and gave
+/// it up: what needed it is left undone, as after a crash, and done again
+/// after a restart.
+#[derive(Debug, Clone, Copy, thiserror::Error)]
+#[error("hopper is stopping: a record not yet acknowledged was given up")]
+pub struct Stopping;
+
+/// Why a park-topic record was not written.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum Unwritten {
+    #[error(transparent)]
+    Refused(#[from] Refused),
+    #[error(transparent)]
+    Stopping(#[from] Stopping),
+}
+
+/// A parked message's record, not acknowledged.
+#[derive(Debug)]
+pub enum NotParked {
+    /// Refused for good: the message, taken back out of the table, to be
+    /// dead-lettered.
+    Refused(records::Parked, Refused),
+    Stopping(Stopping),
+}
+
+/// A parked message's acknowledgement.
+pub type ParkAck =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), NotParked>> + Send>>;
 
 /// A park-topic record as it is produced.
 struct Out {
@@ -109,6 +134,15 @@ pub struct Store {
     progressed: Notify,
     refusals: Mutex<Refusals>,
     telemetry: Telemetry,
+    /// The route's dead-letter topic: where a parked message's hop the
+    /// broker refuses for good goes instead ([`Store::send`]).
+    dlq: String,
+    /// Cancelled when hopper begins to stop: a record not acknowledged by
+    /// then is given up ([`Stopping`]).
+    stopping: CancellationToken,
+    /// The route's pipeline's halt: a dead letter the broker refuses for
+    /// good stops it, as one from the pipeline's own producer does.
+    pub halt: Arc<Halt>,
 }
 
 /// The refusals logged, for [`Store::refused`]: at most one line a second.
@@ -204,6 +238,9 @@ pub async fn load(
         progressed: Notify::new(),
         refusals: Mutex::default(),
         telemetry,
+        dlq: route.dlq.clone(),
+        stopping: CancellationToken::new(),
+        halt: Arc::default(),
     });
     // The first record written waits for the topic's metadata otherwise,
     // with a partition's calls behind it.
@@ -252,7 +289,10 @@ impl LoadedTable {
             let mut sweep = tokio::time::interval(Duration::from_secs(1));
             loop {
                 tokio::select! {
-                    _ = shutdown.cancelled() => return,
+                    _ = shutdown.cancelled() => {
+                        following.stopping.cancel();
+                        return;
+                    }
                     _ = sweep.tick() => following.table.sweep(),
                     record = following.reader.recv() => match record {
                         Ok(record) => following.read(&record),
@@ -309,7 +349,8 @@ pub async fn purge(cluster: &Cluster, route: &Route, lane: &Lane) -> Result<Purg
     let mut live: HashMap<(i32, Vec<u8>), u8> = HashMap::new();
     compacted::read_to_end(&reader, WHAT, &parking.topic, |record| {
         let Some(key) = record.key() else { return };
-        let Ok(read) = records::read(Some(key), None, Vec::new(), None) else {
+        let (_, headers) = written_by(record);
+        let Ok(read) = records::read(Some(key), None, headers, None) else {
             return;
         };
         if read.lane() != lane {
@@ -336,10 +377,17 @@ pub async fn purge(cluster: &Cluster, route: &Route, lane: &Lane) -> Result<Purg
         let record = FutureRecord::<[u8], [u8]>::to(&parking.topic)
             .partition(partition)
             .key(&key)
-            .headers(OwnedHeaders::new().insert(Header {
-                key: records::BY,
-                value: Some("purge"),
-            }));
+            .headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: records::BY,
+                        value: Some("purge"),
+                    })
+                    .insert(Header {
+                        key: records::KEY,
+                        value: Some(&lane.key),
+                    }),
+            );
         producer
             .send(record, SEND_TIMEOUT)
             .await
@@ -354,6 +402,27 @@ pub async fn purge(cluster: &Cluster, route: &Route, lane: &Lane) -> Result<Purg
     Ok(purged)
 }
 
+/// A record's headers, as read.
+type ReadHeaders = Vec<(String, Option<Vec<u8>>)>;
+
+/// Who wrote a park-topic record (its first header, `hopper-park-by`;
+/// empty if it has none), and the rest of its headers.
+fn written_by(record: &BorrowedMessage<'_>) -> (Vec<u8>, ReadHeaders) {
+    let mut headers: ReadHeaders = record
+        .headers()
+        .map(|h| {
+            h.iter()
+                .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let by = match headers.first() {
+        Some((name, _)) if name == records::BY => headers.remove(0).1.unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    (by, headers)
+}
+
 impl Store {
     /// Applies a record read from the topic, unless this process wrote it.
     fn read(&self, record: &BorrowedMessage<'_>) {
@@ -364,22 +433,7 @@ impl Store {
                 .insert(record.partition(), record.offset() + 1);
         }
         self.progressed.notify_waiters();
-        let mut headers: Vec<(String, Option<Vec<u8>>)> = record
-            .headers()
-            .map(|h| {
-                h.iter()
-                    .map(|h| (h.key.to_string(), h.value.map(<[u8]>::to_vec)))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let by = match headers.first() {
-            Some((name, by)) if name == records::BY => {
-                let by = by.clone().unwrap_or_default();
-                headers.remove(0);
-                by
-            }
-            _ => Vec::new(),
-        };
+        let (by, headers) = written_by(record);
         if by == self.me.as_bytes() {
             return;
         }
@@ -535,11 +589,16 @@ impl Store {
     /// Produces `out` and waits for its acknowledgement, trying again,
     /// with a backoff, while the broker's refusal may pass; a refusal for
     /// good (classified as a hop's is, [`crate::produce::classify`]: a
-    /// record too large, a topic not allowed) ends it.
-    async fn deliver(&self, out: &Out) -> Result<(), Refused> {
+    /// record too large, a topic not allowed) ends it, and so does hopper's
+    /// stop.
+    async fn deliver(&self, out: &Out) -> Result<(), Unwritten> {
         let mut failures = 0u32;
         loop {
-            let Err(e) = self.producer.send(self.record(out), SEND_TIMEOUT).await else {
+            let sent = tokio::select! {
+                sent = self.producer.send(self.record(out), SEND_TIMEOUT) => sent,
+                () = self.stopping.cancelled() => return Err(Stopping.into()),
+            };
+            let Err(e) = sent else {
                 return Ok(());
             };
             failures += 1;
@@ -558,7 +617,8 @@ impl Store {
                 );
                 return Err(Refused {
                     error: e.to_string(),
-                });
+                }
+                .into());
             }
             tracing::warn!(
                 route = self.table.route,
@@ -567,14 +627,23 @@ impl Store {
                 failures,
                 "Writing to the park topic failed; trying again."
             );
-            let wait = Duration::from_millis(50u64 << failures.min(7));
-            tokio::time::sleep(wait.min(MAX_BACKOFF)).await;
+            self.back_off(failures).await?;
+        }
+    }
+
+    /// Waits before the next try after `failures` in a row, unless hopper
+    /// begins to stop meanwhile.
+    async fn back_off(&self, failures: u32) -> Result<(), Stopping> {
+        let wait = Duration::from_millis(50u64 << failures.min(7)).min(MAX_BACKOFF);
+        tokio::select! {
+            () = tokio::time::sleep(wait) => Ok(()),
+            () = self.stopping.cancelled() => Err(Stopping),
         }
     }
 
     /// Writes `record`, waits for its acknowledgement (trying again as
     /// [`Store::deliver`] does), and applies it.
-    async fn write(&self, record: Record) -> Result<(), Refused> {
+    async fn write(&self, record: Record) -> Result<(), Unwritten> {
         let out = self.out(&record);
         self.deliver(&out).await?;
         self.table.apply(record);
@@ -584,8 +653,8 @@ impl Store {
     /// Parks `lane` behind the message `id` (input offset `seq`), unless
     /// it is parked behind it already. Refused for good (a key too large
     /// for a record), the key is not parked: the message may not go to a
-    /// retry tier.
-    pub async fn hold(&self, lane: &Lane, id: &str, seq: i64) -> Result<(), Refused> {
+    /// retry tier. Given up at the stop, the message is left undone.
+    pub async fn hold(&self, lane: &Lane, id: &str, seq: i64) -> Result<(), Unwritten> {
         if self
             .table
             .head_of(lane)
@@ -619,7 +688,8 @@ impl Store {
     /// ([`ParkTable::full`]), never here: a key's own job, which frees
     /// room, may be waiting for this message's turn to end. Refused for
     /// good, the message is taken back out of the table and returned, to be
-    /// dead-lettered.
+    /// dead-lettered. Given up at the stop, it stays in the table: a job
+    /// waiting for it ([`Store::written`]) gives up too.
     pub fn park(self: &Arc<Self>, lane: &Lane, seq: i64, message: records::Parked) -> ParkAck {
         let record = Record::Parked {
             lane: lane.clone(),
@@ -640,17 +710,31 @@ impl Store {
         let lane = lane.clone();
         Box::pin(async move {
             let acknowledged = match enqueued {
-                Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
+                Some(delivery) => tokio::select! {
+                    delivered = delivery => matches!(delivered, Ok(Ok(_))),
+                    () = store.stopping.cancelled() => {
+                        return Err(NotParked::Stopping(Stopping));
+                    }
+                },
                 None => false,
             };
-            if !acknowledged && let Err(refused) = store.deliver(&out).await {
-                // Out of the table before a job waiting on this
-                // acknowledgement looks: it must not hand on a message that
-                // is dead-lettered instead.
-                let message = store.table.take(&lane, seq);
-                store.unacked.lock().unwrap().remove(&tag);
-                store.acked.notify_waiters();
-                return message.map_or(Ok(()), |message| Err((message, refused)));
+            if !acknowledged {
+                match store.deliver(&out).await {
+                    Ok(()) => {}
+                    Err(Unwritten::Refused(refused)) => {
+                        // Out of the table before a job waiting on this
+                        // acknowledgement looks: it must not hand on a
+                        // message that is dead-lettered instead.
+                        let message = store.table.take(&lane, seq);
+                        store.unacked.lock().unwrap().remove(&tag);
+                        store.acked.notify_waiters();
+                        return message
+                            .map_or(Ok(()), |message| Err(NotParked::Refused(message, refused)));
+                    }
+                    Err(Unwritten::Stopping(stopping)) => {
+                        return Err(NotParked::Stopping(stopping));
+                    }
+                }
             }
             store.unacked.lock().unwrap().remove(&tag);
             store.acked.notify_waiters();
@@ -664,15 +748,23 @@ impl Store {
 
     /// Waits until the record of the parked message `seq` of `lane` is
     /// acknowledged: what is done with the message (its hops, its
-    /// record's deletion) then comes after it.
-    pub async fn written(&self, lane: &Lane, seq: i64) {
+    /// record's deletion) then comes after it. Not acknowledged when hopper
+    /// begins to stop, the message is left as it is.
+    pub async fn written(&self, lane: &Lane, seq: i64) -> Result<(), Stopping> {
         let tag = self.tag(lane, seq);
         loop {
             let acked = self.acked.notified();
             if !self.unacked.lock().unwrap().contains(&tag) {
-                return;
+                return Ok(());
             }
-            acked.await;
+            tokio::select! {
+                () = acked => {}
+                () = self.stopping.cancelled() => {
+                    if self.unacked.lock().unwrap().contains(&tag) {
+                        return Err(Stopping);
+                    }
+                }
+            }
         }
     }
 
@@ -714,20 +806,24 @@ impl Store {
         }
     }
 
-    /// Records that the head `head` of `lane` no longer holds it.
-    pub async fn resolved(&self, lane: &Lane, head: &str, cause: Cause) {
+    /// Records that the head `head` of `lane` no longer holds it. Given up
+    /// at the stop, the head is left holding the key: it is read again from
+    /// its tier after a restart, and resolves again.
+    pub async fn resolved(&self, lane: &Lane, head: &str, cause: Cause) -> Result<(), Stopping> {
         if !self.table.releases(lane, head, cause) {
-            return;
+            return Ok(());
         }
         let release = Record::Release {
             lane: lane.clone(),
             head: head.to_string(),
             release: Some(ParkTable::release_now(cause)),
         };
-        if self.write(release.clone()).await.is_err() {
+        match self.write(release.clone()).await {
+            Ok(()) => {}
+            Err(Unwritten::Stopping(stopping)) => return Err(stopping),
             // Logged: released here; at a restart its head is read again
             // from its tier, or released by an operator.
-            self.table.apply(release);
+            Err(Unwritten::Refused(_)) => self.table.apply(release),
         }
         self.telemetry.emit(events::KeyReleased {
             route: self.table.route.clone(),
@@ -737,6 +833,7 @@ impl Store {
             blocks: cause == Cause::DeadLettered
                 && self.table.policy() == crate::config::KeyDeadLetter::DeadLetterKey,
         });
+        Ok(())
     }
 
     /// An operator's release of `lane`: returns the head it was parked or
@@ -748,15 +845,24 @@ impl Store {
             .ok_or_else(|| ParkError::NotParked {
                 lane: lane.to_string(),
             })?;
-        self.resolved(lane, &head, Cause::Operator).await;
+        self.resolved(lane, &head, Cause::Operator)
+            .await
+            .map_err(|_| ParkError::Stopping)?;
         Ok(head)
     }
 
     /// Produces `hop` and waits for its acknowledgement, trying again as
     /// [`Store::write`] does; then reports it, as a pipeline's producer
-    /// does on an acknowledgement.
-    pub async fn send(&self, hop: PlannedHop) {
-        let PlannedHop { record, outcome } = hop;
+    /// does on an acknowledgement. A hop the broker refuses for good is
+    /// dead-lettered in its place, as the pipeline's producer does
+    /// ([`crate::produce::instead_of_refused`]); a dead letter refused for
+    /// good halts the route's pipeline. Either, and hopper's stop, give the
+    /// hop up: what needed it is left undone.
+    pub async fn send(&self, hop: PlannedHop) -> Result<(), Stopping> {
+        let PlannedHop {
+            mut record,
+            mut outcome,
+        } = hop;
         let mut failures = 0u32;
         loop {
             let mut out = FutureRecord::<[u8], [u8]>::to(&record.topic)
@@ -768,22 +874,58 @@ impl Store {
             if let Some(payload) = &record.payload {
                 out = out.payload(payload);
             }
-            match self.producer.send(out, SEND_TIMEOUT).await {
-                Ok(_) => break,
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(
-                        route = self.table.route,
-                        topic = record.topic,
-                        error = %e,
-                        failures,
-                        "A parked message's hop failed; trying again."
-                    );
-                    let wait = Duration::from_millis(50u64 << failures.min(7));
-                    tokio::time::sleep(wait.min(MAX_BACKOFF)).await;
+            let sent = tokio::select! {
+                sent = self.producer.send(out, SEND_TIMEOUT) => sent,
+                () = self.stopping.cancelled() => return Err(Stopping),
+            };
+            let Err(e) = sent else { break };
+            failures += 1;
+            let Some(reason) = crate::produce::refused_for_good(e.rdkafka_error_code(), failures)
+            else {
+                tracing::warn!(
+                    route = self.table.route,
+                    topic = record.topic,
+                    error = %e,
+                    failures,
+                    "A parked message's hop failed; trying again."
+                );
+                self.back_off(failures).await?;
+                continue;
+            };
+            let error = format!("producing to `{}` failed: {e}", record.topic);
+            let topic = record.topic.clone();
+            match crate::produce::instead_of_refused(
+                &self.table.route,
+                &self.dlq,
+                record,
+                reason,
+                &error,
+            ) {
+                Ok(dead) => {
+                    self.telemetry.emit(events::HopFailed {
+                        route: self.table.route.clone(),
+                        topic,
+                        error,
+                        outcome: crate::types::HopFailure::DeadLettered,
+                    });
+                    (record, outcome, failures) = (dead.record, dead.outcome, 0);
+                }
+                Err(_) => {
+                    self.telemetry.emit(events::HopFailed {
+                        route: self.table.route.clone(),
+                        topic,
+                        error: error.clone(),
+                        outcome: crate::types::HopFailure::Halted,
+                    });
+                    self.halt.fail(format!(
+                        "a dead-letter record of `{}` was refused for good: {error}",
+                        self.table.route
+                    ));
+                    return Err(Stopping);
                 }
             }
         }
         self.telemetry.emit(Event::from(outcome));
+        Ok(())
     }
 }

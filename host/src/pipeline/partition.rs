@@ -34,7 +34,7 @@ use super::key_queue::{KeyHasher, KeyQueue, key_of};
 use super::slice::Slice;
 use crate::clock::now_ms;
 use crate::config::MessageOrder;
-use crate::hop::{Action, Completion, Concurrency, Processor};
+use crate::hop::{Action, Completion, Concurrency, Processor, Written};
 use crate::offsets::OffsetTracker;
 use crate::scheduler::Scheduled;
 use crate::types::TopicPartition;
@@ -127,7 +127,7 @@ struct Called {
 /// for each, and the acknowledgements of a produce request wake the task
 /// once, not once each.
 struct After {
-    written: Pin<Box<dyn Future<Output = ()> + Send>>,
+    written: Pin<Box<dyn Future<Output = Written> + Send>>,
     done: Option<Completion>,
 }
 
@@ -135,8 +135,9 @@ impl Future for After {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
-        futures::ready!(self.written.as_mut().poll(cx));
-        if let Some(done) = self.done.take() {
+        let written = futures::ready!(self.written.as_mut().poll(cx));
+        // Given up, the offset is never completed ([`Action::GiveUp`]).
+        if let (Some(done), Written::Acknowledged) = (self.done.take(), written) {
             done.complete();
         }
         Poll::Ready(())
@@ -477,6 +478,8 @@ async fn call<P: Processor>(
                 done.complete();
                 return (false, None);
             }
+            // Dropped uncompleted: nothing at or past it is committed.
+            Action::GiveUp => return (false, None),
             Action::Hops(hops) if hops.is_empty() => {
                 done.complete();
                 return (false, None);

@@ -244,6 +244,10 @@ impl Processor for RouteProcessor {
         &self.route.dlq
     }
 
+    fn halt(&self) -> Option<Arc<crate::hop::Halt>> {
+        self.parked.as_ref().map(|store| store.halt.clone())
+    }
+
     fn concurrency(&self) -> Concurrency {
         self.route.concurrency
     }

@@ -4,8 +4,8 @@
 
 use super::{self as route, RouteProcessor};
 use crate::headers;
-use crate::hop::{Action, Outcome, PlannedHop};
-use crate::parked::{Admission, Cause, Lane, Parked, Step, Store};
+use crate::hop::{Action, Outcome, PlannedHop, Written};
+use crate::parked::{Admission, Cause, Lane, NotParked, Parked, Step, Stopping, Store, Unwritten};
 use crate::spans::RouteSpans;
 use rdkafka::Timestamp;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
@@ -34,49 +34,31 @@ pub(crate) async fn process(
     match store.table.admit(&lane, seq, &message_id(message)) {
         Admission::Call => {
             let action = route::handle(shared, message, spans).await;
-            if let Some(id) = retried(&action)
-                && let Err(refused) = store.hold(&lane, id, seq).await
-            {
-                return Action::Hop(route::dead_letter_unparkable(
-                    &shared.route,
-                    message,
-                    &refused,
-                    true,
-                ));
+            match retried(&action) {
+                Some(id) => held(shared, store.hold(&lane, id, seq).await, message, action),
+                None => action,
             }
-            action
         }
         Admission::CallAsHead => {
             let action = route::handle(shared, message, spans).await;
             match (retried(&action), resolution(&action)) {
-                (Some(id), _) => {
-                    if let Err(refused) = store.hold(&lane, id, seq).await {
-                        // Not parked: dead-lettered, and so its key released.
-                        store
-                            .send(route::dead_letter_unparkable(
-                                &shared.route,
-                                message,
-                                &refused,
-                                true,
-                            ))
-                            .await;
-                        store
-                            .resolved(&lane, &message_id(message), Cause::DeadLettered)
-                            .await;
-                        return Action::Done;
+                (Some(id), _) => match store.hold(&lane, id, seq).await {
+                    Ok(()) => action,
+                    Err(Unwritten::Stopping(_)) => Action::GiveUp,
+                    // Not parked: dead-lettered, and so its key released.
+                    Err(Unwritten::Refused(refused)) => {
+                        let dead =
+                            route::dead_letter_unparkable(&shared.route, message, &refused, true);
+                        let id = message_id(message);
+                        settle(store, &lane, &id, vec![dead], Cause::DeadLettered).await
                     }
-                }
+                },
                 // As from its tier: its hops acknowledged, then its release.
                 (None, Some(cause)) => {
-                    for hop in hops(action) {
-                        store.send(hop).await;
-                    }
-                    store.resolved(&lane, &message_id(message), cause).await;
-                    return Action::Done;
+                    settle(store, &lane, &message_id(message), hops(action), cause).await
                 }
-                (None, None) => {}
+                (None, None) => action,
             }
-            action
         }
         // Read again after a restart: it was handled before its key
         // parked, so it is not parked behind a later message; nor does its
@@ -99,13 +81,18 @@ pub(crate) async fn process(
             let parking = store.park(&lane, seq, waiting);
             let (store, config) = (store.clone(), shared.route.clone());
             Action::After(Box::pin(async move {
-                if let Err((message, refused)) = parking.await {
-                    let message = owned(&lane, seq, message);
-                    store
-                        .send(route::dead_letter_unparkable(
-                            &config, &message, &refused, false,
-                        ))
-                        .await;
+                match parking.await {
+                    Ok(()) => Written::Acknowledged,
+                    Err(NotParked::Stopping(_)) => Written::GivenUp,
+                    Err(NotParked::Refused(message, refused)) => {
+                        let message = owned(&lane, seq, message);
+                        let dead =
+                            route::dead_letter_unparkable(&config, &message, &refused, false);
+                        match store.send(dead).await {
+                            Ok(()) => Written::Acknowledged,
+                            Err(Stopping) => Written::GivenUp,
+                        }
+                    }
                 }
             }))
         }
@@ -141,14 +128,49 @@ pub(crate) async fn hold(
         partition: message.partition(),
         key: message.key().unwrap_or_default().to_vec(),
     };
-    match store.hold(&lane, id, message.offset()).await {
+    let held_now = store.hold(&lane, id, message.offset()).await;
+    held(shared, held_now, message, action)
+}
+
+/// What becomes of `message`, which went to a retry tier (`action`), once
+/// its key's head record was written (`held`), refused for good (the key is
+/// not parked: the message is dead-lettered instead), or given up.
+fn held(
+    shared: &RouteProcessor,
+    held: Result<(), Unwritten>,
+    message: &OwnedMessage,
+    action: Action,
+) -> Action {
+    match held {
         Ok(()) => action,
-        Err(refused) => Action::Hop(route::dead_letter_unparkable(
+        Err(Unwritten::Stopping(_)) => Action::GiveUp,
+        Err(Unwritten::Refused(refused)) => Action::Hop(route::dead_letter_unparkable(
             &shared.route,
             message,
             &refused,
             true,
         )),
+    }
+}
+
+/// The head `id` of `lane` resolved (`cause`): its hops are produced and
+/// acknowledged, then its release is written. Given up at the stop, the
+/// message is left undone.
+async fn settle(
+    store: &Store,
+    lane: &Lane,
+    id: &str,
+    hops: Vec<PlannedHop>,
+    cause: Cause,
+) -> Action {
+    for hop in hops {
+        if store.send(hop).await.is_err() {
+            return Action::GiveUp;
+        }
+    }
+    match store.resolved(lane, id, cause).await {
+        Ok(()) => Action::Done,
+        Err(Stopping) => Action::GiveUp,
     }
 }
 
@@ -159,43 +181,50 @@ pub(crate) async fn hold(
 pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) {
     match store.table.step(&lane) {
         Step::Nothing => {}
+        // Given up at the stop, a waiting message is left in the park
+        // topic, and handled again after a restart.
         Step::Handle { seq, message } => {
-            store.written(&lane, seq).await;
+            if store.written(&lane, seq).await.is_err() {
+                return;
+            }
             let message = owned(&lane, seq, message);
             let mut spans = RouteSpans::default();
             let mut action = route::handle(shared, &message, &mut spans).await;
             spans.finish(shared.telemetry.tracer(), &action);
-            if let Some(id) = retried(&action)
-                && let Err(refused) = store.hold(&lane, id, seq).await
-            {
-                action = Action::Hop(route::dead_letter_unparkable(
-                    &shared.route,
-                    &message,
-                    &refused,
-                    true,
-                ));
+            if let Some(id) = retried(&action) {
+                let held_now = store.hold(&lane, id, seq).await;
+                action = held(shared, held_now, &message, action);
+            }
+            if let Action::GiveUp = action {
+                return;
             }
             let resolved = resolution(&action);
             for hop in hops(action) {
-                store.send(hop).await;
+                if store.send(hop).await.is_err() {
+                    return;
+                }
             }
             // The key's head itself, handed on again after a crash
             // (`KeyState::Releasing`), that resolved this time.
             if let Some(cause) = resolved {
                 let id = message_id(&message);
-                if store.table.is_head(&lane, &id, seq) {
-                    store.resolved(&lane, &id, cause).await;
+                if store.table.is_head(&lane, &id, seq)
+                    && store.resolved(&lane, &id, cause).await.is_err()
+                {
+                    return;
                 }
             }
             store.forget(&lane, seq).await;
         }
         Step::DeadLetter { seq, message, head } => {
-            store.written(&lane, seq).await;
+            if store.written(&lane, seq).await.is_err() {
+                return;
+            }
             let message = owned(&lane, seq, message);
-            store
-                .send(route::dead_letter_blocked(shared, &message, &head))
-                .await;
-            store.forget(&lane, seq).await;
+            let dead = route::dead_letter_blocked(shared, &message, &head);
+            if store.send(dead).await.is_ok() {
+                store.forget(&lane, seq).await;
+            }
         }
         Step::Close { head, releases } => store.close(&lane, head, releases).await,
     }
@@ -297,16 +326,12 @@ async fn from_tier(
     if !store.table.holds(&lane, &id, origin).unwrap_or(true) {
         return action;
     }
-    for hop in hops(action) {
-        store.send(hop).await;
-    }
-    store.resolved(&lane, &id, cause).await;
-    Action::Done
+    settle(store, &lane, &id, hops(action), cause).await
 }
 
 fn hops(action: Action) -> Vec<PlannedHop> {
     match action {
-        Action::Done | Action::After(_) => Vec::new(),
+        Action::Done | Action::After(_) | Action::GiveUp => Vec::new(),
         Action::Hop(hop) | Action::HopAt { hop, .. } => vec![hop],
         Action::Hops(hops) => hops,
     }

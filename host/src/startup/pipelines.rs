@@ -3,7 +3,7 @@
 //! its loop spawned under a supervisor.
 
 use crate::events::Telemetry;
-use crate::hop::{self, Processor};
+use crate::hop::Processor;
 use crate::kafka::{self, Cluster, Doing as _, KafkaError};
 use crate::{pipeline, produce};
 use rdkafka::consumer::Consumer;
@@ -63,7 +63,7 @@ pub(crate) fn build<P: Processor>(
     )
     .doing(|| "creating the consumer".into())?;
     let acks = TaskTracker::new();
-    let halt = Arc::new(hop::Halt::default());
+    let halt = processor.halt().unwrap_or_default();
     let producer = produce::HopProducer::new(
         &cluster.producer_config(),
         cluster.hops_held().unwrap_or(kafka::HOPS_HELD),

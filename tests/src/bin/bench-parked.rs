@@ -811,18 +811,23 @@ async fn write_park_topic(route: &OrderedRoute, keys: u64, messages: u64) {
         .unwrap();
     let lane_key = |kind: &str, key: u64| -> (i32, String) {
         let partition = (key % PARTITIONS as u64) as i32;
-        let hexkey = hex::encode(format!("key-{key}"));
+        let digest = sha256_hex(format!("key-{key}").as_bytes());
         (
             partition,
-            format!("{kind}\0{}\0{partition}\0{hexkey}", route.input),
+            format!("{kind}\0{}\0{partition}\0{digest}", route.input),
         )
     };
     let since = now_ms();
-    let by = || {
-        OwnedHeaders::new().insert(Header {
-            key: "hopper-park-by",
-            value: Some("bench-parked"),
-        })
+    let by = |key: u64| {
+        OwnedHeaders::new()
+            .insert(Header {
+                key: "hopper-park-by",
+                value: Some("bench-parked"),
+            })
+            .insert(Header {
+                key: "hopper-park-key",
+                value: Some(format!("key-{key}").as_bytes()),
+            })
     };
     let payload = {
         let mut value = vec![1u8];
@@ -856,14 +861,14 @@ async fn write_park_topic(route: &OrderedRoute, keys: u64, messages: u64) {
                 .partition(partition % partitions)
                 .key(record_key.as_bytes())
                 .payload(value.as_bytes())
-                .headers(by()),
+                .headers(by(key)),
         );
     }
     for m in 0..messages {
         let key = m % keys;
         let (partition, record_key) = lane_key("p", key);
         let record_key = format!("{record_key}\0{}", keys + m);
-        let headers = by()
+        let headers = by(key)
             .insert(Header {
                 key: "content-type",
                 value: Some("application/json"),
