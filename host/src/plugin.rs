@@ -11,6 +11,7 @@ pub mod canned;
 mod emit;
 mod fetch;
 mod fit;
+mod functions;
 mod grants;
 mod handler;
 mod http;
@@ -21,6 +22,7 @@ mod state;
 pub use cache::{ArtifactCache, CacheError};
 pub use emit::Emitted;
 pub use fit::{Fit, Grant};
+pub use functions::{FunctionCache, FunctionStats};
 pub use handler::{Answer, Handler, HandlerSlot};
 
 use crate::config::DEFAULT_MAX_INSTANCES;
@@ -196,6 +198,9 @@ pub struct Runtime {
     ticker: Arc<EpochTicker>,
     linker: Arc<Linker<GuestState>>,
     cache: Option<Arc<ArtifactCache>>,
+    /// Cranelift's compiled functions, kept beside `cache` once it is set:
+    /// a new version of a handler compiles only what changed.
+    functions: Arc<FunctionCache>,
     grants: Arc<grants::Registry>,
     /// Where handlers' HTTP requests and refused emits are reported.
     telemetry: Telemetry,
@@ -258,12 +263,15 @@ impl Runtime {
             // PAGEMAP_SCAN, was slower for a small guest (BENCHMARKS.md).
             .decommit_batch_size(DECOMMIT_BATCH)
             .table_keep_resident(16 << 10);
+        let functions = Arc::new(FunctionCache::default());
         let mut config = Config::new();
         config
             .allocation_strategy(pool)
             .epoch_interruption(true)
             .memory_init_cow(true)
-            .max_wasm_stack(1 << 20);
+            .max_wasm_stack(1 << 20)
+            .enable_incremental_compilation(functions.clone())
+            .map_err(wasm_error)?;
         let engine = Engine::new(&config).map_err(wasm_error)?;
 
         let mut linker: Linker<GuestState> = Linker::new(&engine);
@@ -321,6 +329,7 @@ impl Runtime {
             ticker,
             linker: Arc::new(linker),
             cache: None,
+            functions,
             grants: Arc::default(),
             telemetry: Telemetry::new(),
         })
@@ -365,22 +374,36 @@ impl Runtime {
     /// Keeps compiled artifacts in `dir`, and looks there before compiling.
     /// Fails when the directory cannot be created, or is not safe to run
     /// code from ([`CacheError`]).
+    /// Cranelift's compiled functions go beside them
+    /// ([`FunctionCache`]).
     pub fn with_cache(mut self, dir: PathBuf) -> Result<Runtime, CacheError> {
-        self.cache = Some(Arc::new(ArtifactCache::open(dir, &self.engine)?));
+        let cache = ArtifactCache::open(dir, &self.engine)?;
+        self.functions.open(cache.dir(), cache.engine_tag());
+        self.cache = Some(Arc::new(cache));
         Ok(self)
     }
 
-    /// Bounds the cache, if there is one, to `max_bytes` of entries
-    /// (`[limits] cache_max_mib`).
+    /// Bounds the cache, if there is one, to `max_bytes` (`[limits]
+    /// cache_max_mib`): a quarter for the compiled functions' pack, the
+    /// rest for the compiled handlers.
     pub fn with_cache_limit(mut self, max_bytes: u64) -> Runtime {
         if let Some(cache) = self.cache.take() {
-            self.cache = Some(Arc::new((*cache).clone().with_max_bytes(max_bytes)));
+            let functions = max_bytes / 4;
+            self.functions.set_max_bytes(functions);
+            self.cache = Some(Arc::new(
+                (*cache).clone().with_max_bytes(max_bytes - functions),
+            ));
         }
         self
     }
 
     pub fn cache(&self) -> Option<&ArtifactCache> {
         self.cache.as_deref()
+    }
+
+    /// What the compiled-function cache did since the runtime was made.
+    pub fn function_stats(&self) -> FunctionStats {
+        self.functions.stats()
     }
 
     /// Reads, compiles and validates a handler for `route`.
@@ -474,11 +497,21 @@ impl Runtime {
         {
             return Ok((component, true));
         }
-        let component = Component::new(&self.engine, bytes).map_err(|e| LoadError::Compile {
-            path,
+        let before = self.functions.stats();
+        let compiled = Component::new(&self.engine, bytes);
+        self.functions.flush();
+        let component = compiled.map_err(|e| LoadError::Compile {
+            path: path.clone(),
             detail: root_cause(&e),
         })?;
         if let Some(cache) = &self.cache {
+            let after = self.functions.stats();
+            tracing::debug!(
+                handler = %path.display(),
+                functions_reused = after.hits - before.hits,
+                functions_compiled = after.misses - before.misses,
+                "Compiled."
+            );
             cache.put(version, &component);
         }
         Ok((component, false))

@@ -426,3 +426,68 @@ fn sound_entry(path: &Path) -> bool {
     let bytes = std::fs::read(path).unwrap();
     bytes.starts_with(b"hopperc1") && bytes.len() > 1024
 }
+
+/// A new version of a handler compiles only the functions that changed:
+/// the rest comes from the compiled-function cache the version before
+/// filled, which outlives the runtime that filled it. The order-timeout
+/// handler's v2 is v1 with one more branch (the demo's hot reload).
+#[tokio::test]
+async fn an_edited_handler_reuses_the_compiled_functions_of_the_version_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = (plugin("order_timeout"), plugin("order_timeout_v2"));
+    let route = resolve_route(RouteTable::new(&v1));
+    let runtime = |dir: &Path| {
+        hopper::plugin::Runtime::new(64 << 20)
+            .unwrap()
+            .with_cache(dir.to_path_buf())
+            .unwrap()
+    };
+    let first = runtime(dir.path());
+    first.load(&v1, &route).unwrap();
+    // Functions that compile to the same code (the component's many alike
+    // trampolines) are compiled once even within one version.
+    let filled = first.function_stats();
+    assert!(filled.misses > 100, "{filled:?}");
+    first.load(&v2, &route).unwrap();
+    let edited = first.function_stats();
+    let (reused, compiled) = (edited.hits - filled.hits, edited.misses - filled.misses);
+    assert!(
+        reused > 10 * compiled && compiled > 0,
+        "v2 reused {reused} functions and compiled {compiled}"
+    );
+
+    // Another process, its compiled handlers gone: v2 compiles again, its
+    // functions from the pack on disk, and runs.
+    for entry in std::fs::read_dir(dir.path()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "cwasm") {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+    let second = runtime(dir.path());
+    let handler = second.load(&v2, &route).unwrap();
+    assert!(!handler.load_stats().0, "compiled, not a cached handler");
+    // A few functions' keys differ from one engine to the next (the
+    // component's trampolines); the code of the handler does not.
+    let stats = second.function_stats();
+    assert!(stats.hits >= reused, "{stats:?}");
+    assert!(stats.misses * 10 < stats.hits, "{stats:?}");
+    let verdict = handler
+        .call(hopper::plugin::Delivery {
+            id: "edit-1".into(),
+            topic: "direct.in".into(),
+            partition: 0,
+            offset: 0,
+            key: None,
+            payload: Some(b"not json".to_vec()),
+            headers: Vec::new(),
+            timestamp: None,
+            attempt: 1,
+            route: "direct".into(),
+        })
+        .await;
+    assert!(
+        matches!(verdict, hopper::plugin::Verdict::Fatal { .. }),
+        "{verdict:?}"
+    );
+}

@@ -374,6 +374,12 @@ fn bench(rest: &[String]) -> Result<()> {
     if let Some(nisshi) = &nisshi {
         bench.env("HOPPER_NISSHI", nisshi);
     }
+    // The one-line edits whose compile `handlers` times beside the first.
+    if name == "handlers" {
+        let edits = target_dir().join("bench-edits");
+        polyglot::build_edits(&edits)?;
+        bench.env("HOPPER_BENCH_EDITS", &edits);
+    }
     bench.args(args);
     let result = run(bench, "the benchmark");
     drop(broker);

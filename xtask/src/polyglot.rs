@@ -113,6 +113,59 @@ pub fn build(dist: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The line each order-timeout handler's edit changes, and what it becomes:
+/// the one-line change `cargo xtask bench handlers` times from file to
+/// serving.
+pub const EDIT: (&str, &str) = ("Closed unpaid order", "Closed an unpaid order");
+
+/// Builds each Python, JavaScript and C order-timeout handler with the
+/// one-line change [`EDIT`] into `out` as `<stem>_edited.wasm`, skipping
+/// those whose inputs did not change. Returns `(stem, edited file)`.
+pub fn build_edits(out: &Path) -> Result<Vec<(&'static str, PathBuf)>> {
+    std::fs::create_dir_all(out)?;
+    let mut built = Vec::new();
+    for guest in &GUESTS {
+        let src = root().join("plugins").join(guest.dir);
+        let edited = tempdir(&format!("edit-{}", guest.out))?;
+        let mut changed = 0;
+        for entry in std::fs::read_dir(&src)? {
+            let path = entry?.path();
+            if !path.is_file() {
+                continue;
+            }
+            let mut bytes = std::fs::read(&path)?;
+            if let Ok(text) = std::str::from_utf8(&bytes)
+                && text.contains(EDIT.0)
+            {
+                changed += text.matches(EDIT.0).count();
+                bytes = text.replacen(EDIT.0, EDIT.1, 1).into_bytes();
+            }
+            std::fs::write(edited.join(path.file_name().unwrap()), bytes)?;
+        }
+        anyhow::ensure!(
+            changed >= 1,
+            "{} has no line with `{}` to edit",
+            src.display(),
+            EDIT.0
+        );
+        let dest = out.join(format!("{}_edited.wasm", guest.out));
+        let stamp = out.join(format!(".{}_edited.inputs", guest.out));
+        let inputs = inputs_hash(&edited, guest.lang)?;
+        if !(dest.is_file() && std::fs::read_to_string(&stamp).ok().as_deref() == Some(&inputs)) {
+            step(&format!("building {} with its one-line edit", guest.dir));
+            match guest.lang {
+                Lang::Python => build_python(&componentize_py()?, &edited, &dest)?,
+                Lang::Js => build_js(&componentize_js()?, &edited, &dest)?,
+                Lang::C => build_c(&c_tools()?, &edited, &dest)?,
+            }
+            std::fs::write(&stamp, &inputs)?;
+        }
+        let _ = std::fs::remove_dir_all(&edited);
+        built.push((guest.out, dest));
+    }
+    Ok(built)
+}
+
 /// componentize-py: `app.py` in `src` is the module that defines `WitWorld`,
 /// for world `handler` (HTTP through its `fetch`).
 pub fn build_python(tool: &Path, src: &Path, out: &Path) -> Result<()> {

@@ -85,6 +85,11 @@ impl ArtifactCache {
         &self.dir
     }
 
+    /// Names the engine's compatibility, in every entry's file name.
+    pub fn engine_tag(&self) -> &str {
+        &self.engine_tag
+    }
+
     /// Where the artifact of the `.wasm` whose sha256 is `version` lives.
     pub fn entry_path(&self, version: &str) -> PathBuf {
         self.dir

@@ -106,6 +106,67 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     println!("({calls} calls per handler, fresh instance per call)");
+
+    if let Some(edits) = std::env::var_os("HOPPER_BENCH_EDITS") {
+        edit_to_serving(std::path::Path::new(&edits), &route_for)?;
+    }
+    Ok(())
+}
+
+/// Each handler, then its one-line edit (`xtask::polyglot::EDIT`; for
+/// Rust, its v2), loaded by a runtime with the compiled-handler cache in a
+/// fresh directory: the first load fills the compiled-function cache, and
+/// the edit's compile reuses it. Beside it, the edit compiled as before,
+/// whole, by a runtime without the cache.
+fn edit_to_serving(
+    edits: &std::path::Path,
+    route_for: &dyn Fn(&std::path::Path) -> hopper::config::Route,
+) -> anyhow::Result<()> {
+    println!();
+    println!(
+        "| handler | first load, cold cache | edit, compiled whole (before) | edit, with the function cache | functions reused / compiled | cache on disk |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (lang, stem) in HANDLERS {
+        let first = plugin(stem);
+        let edited = if lang == "Rust" {
+            plugin("order_timeout_v2")
+        } else {
+            edits.join(format!("{stem}_edited.wasm"))
+        };
+        anyhow::ensure!(edited.is_file(), "{} is missing", edited.display());
+        let whole = Runtime::new(256 << 20)?;
+        let started = Instant::now();
+        whole.load(&edited, &route_for(&edited))?;
+        let before = started.elapsed();
+
+        let dir = tempfile::tempdir()?;
+        let cached = Runtime::new(256 << 20)?.with_cache(dir.path().join("cache"))?;
+        let started = Instant::now();
+        cached.load(&first, &route_for(&first))?;
+        let cold = started.elapsed();
+        let filled = cached.function_stats();
+        let started = Instant::now();
+        cached.load(&edited, &route_for(&edited))?;
+        let edit = started.elapsed();
+        let after = cached.function_stats();
+        let on_disk: u64 = std::fs::read_dir(dir.path().join("cache"))?
+            .filter_map(|e| e.ok()?.metadata().ok())
+            .map(|m| m.len())
+            .sum();
+        println!(
+            "| {lang} | {:.2} s | {:.2} s | {:.3} s | {} / {} | {} |",
+            cold.as_secs_f64(),
+            before.as_secs_f64(),
+            edit.as_secs_f64(),
+            after.hits - filled.hits,
+            after.misses - filled.misses,
+            bytes(on_disk),
+        );
+    }
+    println!(
+        "(one runtime each; \"edit\" is `Runtime::load` of the edited file: a hot reload adds its 50 ms quiet period)"
+    );
     Ok(())
 }
 
