@@ -393,7 +393,7 @@ fn config_check_passes_a_config_that_would_start_and_checks_its_handlers() {
     assert!(
         stdout.starts_with("ok: ")
             && stdout.contains("1 route(s) (orders), the delay relay")
-            && stdout.contains("every handler fits hopper:handler/handler@0.1.2"),
+            && stdout.contains(&format!("every handler fits {}", hopper::plugin::WORLD)),
         "{stdout}"
     );
 
