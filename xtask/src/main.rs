@@ -1,8 +1,9 @@
 //! Project tooling: `cargo xtask <command>`.
 //!
-//! - `demo`: builds the Rust order-timeout and order-events handlers (no
-//!   other handler) and hopper (as `test` builds it, so the two share one
-//!   build), and runs the demo on the embedded broker.
+//! - `demo`: builds hopper (as `test` builds it, so the two share one
+//!   build), and runs the demo, with the handlers inside the binary, on the
+//!   embedded broker.
+//! - `demo-components`: rebuilds those handlers (host/demo/) from plugins/.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
 //! - `build-plugins`: builds every handler component into `plugins/dist/`:
@@ -51,6 +52,7 @@ fn main() -> Result<()> {
     match command {
         "build-plugins" => build_plugins(),
         "demo" => demo(rest),
+        "demo-components" => demo_components(),
         "test" => test(rest),
         "broker" => broker(),
         "promtool" => ensure_promtool().map(|p| println!("{}", p.display())),
@@ -60,7 +62,7 @@ fn main() -> Result<()> {
         "check-deploy" => deploy::check(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)\n  check-deploy   lint the Dockerfile, validate the Kubernetes manifests and the systemd unit, check the README's handler"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  demo-components  rebuild the demo's handlers inside the hopper binary (host/demo/) from plugins/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)\n  check-deploy   lint the Dockerfile, validate the Kubernetes manifests and the systemd unit, check the README's handler"
             );
             if command == "help" {
                 Ok(())
@@ -165,6 +167,7 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
     step("building handler components (wasm32-wasip2, release)");
     let plugin_target = target_dir().join("plugins");
     let mut build = cargo();
+    reproducible(&mut build);
     build
         .current_dir(root().join("plugins"))
         .args([
@@ -192,6 +195,7 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
         // Its own target dir, so the two builds do not invalidate each other.
         let v2_target = target_dir().join("plugins-v2");
         let mut v2 = cargo();
+        reproducible(&mut v2);
         v2.current_dir(root().join("plugins"))
             .args([
                 "build",
@@ -226,10 +230,50 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// The demo needs only the Rust order-timeout handler (v1 and v2) and the
-/// order-events handler that schedules and cancels timeouts: on a
-/// fresh machine it must not wait for the Python, JavaScript and C
-/// toolchains, which `build-plugins` installs.
+/// Has `command` (a cargo build of handler components) build the same bytes
+/// from the same source on any machine and in any checkout: the paths of
+/// dependencies' sources, which panic messages carry, are written relative
+/// to `$CARGO_HOME` (the workspace's own are relative already, and the
+/// standard library's are remapped by its build). So the demo components
+/// committed in host/demo/ can be checked against a fresh build.
+fn reproducible(command: &mut Command) {
+    let home = std::env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
+    if let Some(home) = home {
+        command.env(
+            "CARGO_ENCODED_RUSTFLAGS",
+            format!("--remap-path-prefix={}=/cargo", home.display()),
+        );
+    }
+}
+
+/// The handler components the demo carries inside the hopper binary
+/// (host/demo/, beside its config), by file name in plugins/dist.
+const DEMO_COMPONENTS: [&str; 3] = [
+    "order_timeout.wasm",
+    "order_timeout_v2.wasm",
+    "order_events.wasm",
+];
+
+/// Rebuilds the demo's components and copies them into host/demo/, where
+/// the hopper binary's build picks them up. The test suite fails while
+/// they differ from a build of their source (tests/tests/demo.rs).
+fn demo_components() -> Result<()> {
+    build_rust_plugins(&["order-timeout", "order-events"])?;
+    let demo = root().join("host/demo");
+    for file in DEMO_COMPONENTS {
+        let dest = demo.join(file);
+        std::fs::copy(dist().join(file), &dest)
+            .with_context(|| format!("copying {file} to {}", dest.display()))?;
+        eprintln!("    {}", dest.display());
+    }
+    Ok(())
+}
+
+/// The demo carries its handlers inside the hopper binary (host/demo/), so
+/// on a fresh machine it builds no handler and waits for no Python,
+/// JavaScript or C toolchain.
 ///
 /// hopper is built as the test command builds it, `cargo test --workspace`
 /// (here only the `cli` test, whose build includes the `hopper` binary),
@@ -239,7 +283,6 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
 /// them without the dev-dependencies and rebuild hopper and much of what
 /// it depends on.
 fn demo(rest: &[String]) -> Result<()> {
-    build_rust_plugins(&["order-timeout", "order-events"])?;
     step("building hopper: cargo test --workspace --no-run --test cli");
     let mut build = cargo();
     build
@@ -252,9 +295,7 @@ fn demo(rest: &[String]) -> Result<()> {
         .join("debug")
         .join(format!("hopper{}", std::env::consts::EXE_SUFFIX));
     let mut demo = Command::new(&binary);
-    demo.current_dir(root())
-        .args(["demo", "--config", "examples/demo.toml"])
-        .args(rest);
+    demo.current_dir(root()).arg("demo").args(rest);
     run(demo, &format!("the demo ({})", binary.display()))
 }
 

@@ -1,7 +1,7 @@
 //! `hopper demo`: the order-timeout route on the embedded broker, with sample
 //! orders that take every path, printed as they happen.
 
-use crate::{ctrl_c, prepare};
+use crate::{ctrl_c, open_console, prepare};
 use anyhow::Context as _;
 use hopper::events::{self, Event};
 use hopper::headers;
@@ -15,8 +15,50 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Headers;
 use rdkafka::producer::FutureRecord;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
+
+/// The demo as it travels inside the binary: its config and the handler
+/// components the config names, side by side (host/demo/ in the source,
+/// built from plugins/order-timeout and plugins/order-events by `cargo
+/// xtask demo-components`; the test suite checks they match their source).
+/// `hopper demo` unpacks them into a private temporary directory, so it
+/// runs the same in any directory, with nothing but the binary.
+const BUNDLE: [(&str, &[u8]); 4] = [
+    ("demo.toml", include_bytes!("../../../demo/demo.toml")),
+    (
+        "order_timeout.wasm",
+        include_bytes!("../../../demo/order_timeout.wasm"),
+    ),
+    (
+        "order_timeout_v2.wasm",
+        include_bytes!("../../../demo/order_timeout_v2.wasm"),
+    ),
+    (
+        "order_events.wasm",
+        include_bytes!("../../../demo/order_events.wasm"),
+    ),
+];
+
+/// Writes [`BUNDLE`] into `dir` and returns the path of its config.
+fn unpack(dir: &Path) -> anyhow::Result<PathBuf> {
+    for (name, bytes) in BUNDLE {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(dir.join(BUNDLE[0].0))
+}
+
+/// How far from its deliver-at a record was released or dropped: relay
+/// lines read "4 ms after", or "12 ms before" when the relay acted first.
+fn from_deliver_at(deliver_at: i64) -> String {
+    let late = hopper::clock::now_ms() - deliver_at;
+    if late < 0 {
+        format!("{} ms before", -late)
+    } else {
+        format!("{late} ms after")
+    }
+}
 
 /// Sample orders: (order id, payload, what should happen). The payload is
 /// an order's timeout; what happens depends on what the order service says.
@@ -119,11 +161,17 @@ enum Reload {
 const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 pub async fn run(
-    config: PathBuf,
+    config: Option<PathBuf>,
     linger: bool,
     handler: Option<PathBuf>,
     cache_dir: Option<PathBuf>,
 ) -> anyhow::Result<()> {
+    // The demo's own config and handlers, unless a config file is given.
+    let bundle = tempfile::tempdir().context("making a temporary directory for the demo")?;
+    let config = match config {
+        Some(config) => config,
+        None => unpack(bundle.path())?,
+    };
     let (mut settings, _broker) =
         prepare(&config, None, true).with_context(|| format!("loading {}", config.display()))?;
     // The hot reload step swaps in order-timeout v2, so it only runs with
@@ -148,14 +196,14 @@ pub async fn run(
         .with_context(|| format!("copying {}", built.display()))?;
     // The order service the handler calls. It listens on a free loopback
     // port, which the route's config value points the handler at; the
-    // route grants `http://127.0.0.1:*` (examples/demo.toml).
+    // route grants `http://127.0.0.1:*` (host/demo/demo.toml).
     let service = OrderService::start(service_orders())
         .await
         .context("starting the order service")?;
     first.config.insert("order-service".into(), service.url());
     let route = first.clone();
     // The order-events route, when the config has one and a delay relay to
-    // schedule through (examples/demo.toml).
+    // schedule through (host/demo/demo.toml).
     let order_events = settings
         .routes
         .iter()
@@ -164,6 +212,7 @@ pub async fn run(
         .map(|r| r.topics[0].clone());
     let cluster = Cluster::of(&settings.kafka)?;
     let delay = settings.delay.clone();
+    let configured = settings.admin.as_ref().is_some_and(|a| a.token.is_some());
     let hopper = Hopper::start(
         settings,
         Options {
@@ -173,6 +222,10 @@ pub async fn run(
     )
     .await?;
     let mut events = hopper.events();
+    // The console, when the config runs an admin server (the demo's own
+    // does, on a loopback port): its address with this session's read
+    // token, and the token written for `hopper status` until the demo ends.
+    let console = open_console(&hopper, configured);
     let started = Instant::now();
     let stamp = move || format!("[{:>6.2}s]", started.elapsed().as_secs_f64());
 
@@ -199,6 +252,21 @@ pub async fn run(
             .get("closed-topic")
             .map_or("orders.closed", String::as_str)
     );
+
+    if let Some(console) = &console {
+        let until = if linger {
+            "until Ctrl-C"
+        } else {
+            "while the demo runs; --linger keeps it open after"
+        };
+        println!(
+            "Console: {} (routes, handlers, dead letters; {until}).",
+            console.url
+        );
+        if let Err(e) = &console.token_file {
+            println!("  The session token could not be written for `hopper status`: {e:#}");
+        }
+    }
 
     let producer = cluster.producer()?;
     let input = route.topics[0].clone();
@@ -317,12 +385,10 @@ pub async fn run(
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
                 }
                 Ok(Event::Delivered(hop::Forward { id, target, deliver_at, .. })) => {
-                    let late = hopper::clock::now_ms() - deliver_at;
-                    println!("{} {id} released by the delay relay to {target}, {late} ms after its deliver-at", stamp());
+                    println!("{} {id} released by the delay relay to {target}, {} its deliver-at", stamp(), from_deliver_at(deliver_at));
                 }
                 Ok(Event::ScheduleCancelled(events::ScheduleCancelled { id, target, deliver_at, kind, .. })) => {
-                    let late = hopper::clock::now_ms() - deliver_at;
-                    println!("{} {id} dropped by the delay relay {late} ms after its deliver-at: a {kind} covers it, so it never reaches {target}", stamp());
+                    println!("{} {id} dropped by the delay relay {} its deliver-at: a {kind} covers it, so it never reaches {target}", stamp(), from_deliver_at(deliver_at));
                     if id == paid_timeout {
                         settled.insert(PAID.0.into(), NEVER_FIRED.into());
                     }

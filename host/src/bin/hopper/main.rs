@@ -77,15 +77,21 @@ enum Command {
     /// Runs the order-timeout demo on the embedded broker: sample orders
     /// that succeed, retry, and land in the dead-letter topic.
     Demo {
-        /// The demo's config file: its routes, handler and order service.
-        #[arg(short, long, default_value = "examples/demo.toml")]
-        config: PathBuf,
+        /// A config file to run instead of the demo's own, which travels
+        /// inside the binary with its handlers (host/demo/ in the source):
+        /// its routes, handlers and order service.
+        #[arg(short, long)]
+        config: Option<PathBuf>,
         /// Keep running after the sample orders settle, until Ctrl-C.
         #[arg(long)]
         linger: bool,
         /// Use this handler component instead of the config's `handler`.
         #[arg(long)]
         handler: Option<PathBuf>,
+        /// Print hopper's log lines (the handlers' own logs, warnings) among
+        /// the live view. Without it only hopper's errors are logged.
+        #[arg(long)]
+        logs: bool,
     },
     /// Sends a message to be delivered to a topic later, through the delay
     /// relay's inbox. The payload is read from stdin unless --payload is given.
@@ -210,10 +216,12 @@ async fn main() -> ExitCode {
     let long_version: &'static str = Box::leak(long_version().into_boxed_str());
     let cli = Cli::command().long_version(long_version).get_matches();
     let cli = Cli::from_arg_matches(&cli).unwrap_or_else(|e| e.exit());
-    // The demo prints its own live view; by default it shows only what the
-    // handler logs, and problems.
+    // The demo prints its own live view; log lines, the handlers' included,
+    // only when asked for, and errors.
     let default_filter = match cli.command {
-        Command::Demo { .. } => "warn,hopper::plugin=info",
+        Command::Demo { logs: true, .. } => "warn,hopper::plugin=info",
+        // The handlers' own lines go through hopper::plugin::state.
+        Command::Demo { logs: false, .. } => "error,hopper::plugin::state=off",
         // One line per case: the handler's own logs only when asked for.
         Command::Plugin {
             command: PluginCommand::Test(_),
@@ -246,6 +254,7 @@ async fn main() -> ExitCode {
             config,
             linger,
             handler,
+            logs: _,
         } => demo::run(config, linger, handler, cache_dir).await,
         Command::Plugin {
             command: PluginCommand::Check { file },
@@ -422,37 +431,56 @@ async fn run(
 /// session token in its fragment (which a browser never sends); with one,
 /// the console asks for that token, and the log holds no token at all.
 fn announce_console(hopper: &Hopper, configured: bool) -> Option<session::Written> {
-    let addr = hopper.admin_addr()?;
-    let token = hopper.admin_session_token()?;
-    let console = if configured {
-        format!("http://{addr}/")
-    } else {
-        format!("http://{addr}/#token={token}")
-    };
+    let console = open_console(hopper, configured)?;
+    let url = &console.url;
     let reads = if configured {
         "API reads need admin.token, or this session's read token in the file."
     } else {
         "No admin.token is configured: API reads need this session's token, in the URL and the file."
     };
-    match session::write(addr, token) {
+    match console.token_file {
         Ok(file) => {
             tracing::info!(
-                %console,
-                token_file = %file.display(),
+                console = %url,
+                token_file = %file.0.display(),
                 "Admin console ready. {reads}"
             );
-            Some(session::Written(file))
+            Some(file)
         }
         Err(e) => {
             let error = format!("{e:#}");
             tracing::warn!(
-                %console,
+                console = %url,
                 %error,
                 "Admin console ready. The session's read token could not be written for `hopper status`."
             );
             None
         }
     }
+}
+
+/// The admin console of a started hopper, when it runs one.
+pub(crate) struct Console {
+    /// Where a browser opens it: with this session's read token in the
+    /// fragment when no `admin.token` is configured.
+    pub(crate) url: String,
+    /// The session's read token, written for `hopper status`; removed when
+    /// dropped.
+    pub(crate) token_file: anyhow::Result<session::Written>,
+}
+
+/// The console's address, with the session token written for `hopper
+/// status`; `None` when hopper runs no admin server.
+pub(crate) fn open_console(hopper: &Hopper, configured: bool) -> Option<Console> {
+    let addr = hopper.admin_addr()?;
+    let token = hopper.admin_session_token()?;
+    let url = if configured {
+        format!("http://{addr}/")
+    } else {
+        format!("http://{addr}/#token={token}")
+    };
+    let token_file = session::write(addr, token).map(session::Written);
+    Some(Console { url, token_file })
 }
 
 /// A signal that stops hopper.
