@@ -416,3 +416,44 @@ fn config_check_passes_a_config_that_would_start_and_checks_its_handlers() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("has 1 problem(s)"), "{stderr}");
 }
+
+#[test]
+fn completions_and_man_pages_cover_every_command() {
+    let top = subcommands(&help(&[]));
+    assert!(top.contains(&"dlq".to_string()), "{top:?}");
+    for shell in ["bash", "zsh", "fish"] {
+        let out = hopper().args(["completions", shell]).output().unwrap();
+        assert!(out.status.success(), "{shell}: {out:?}");
+        let script = String::from_utf8(out.stdout).unwrap();
+        for command in &top {
+            assert!(script.contains(command.as_str()), "{shell} lacks `{command}`");
+        }
+    }
+    // A shell it does not know is named with the ones it does.
+    let out = hopper().args(["completions", "tcsh"]).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr.contains("invalid value 'tcsh'") && stderr.contains("bash"),
+        "{stderr}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let man = dir.path().join("man1");
+    let out = hopper().arg("manpages").arg(&man).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let page = |name: &str| {
+        std::fs::read_to_string(man.join(format!("{name}.1")))
+            .unwrap_or_else(|e| panic!("{name}.1: {e}"))
+    };
+    assert!(page("hopper").contains(".TH hopper 1"));
+    for command in &top {
+        assert!(
+            page(&format!("hopper-{command}")).contains(".SH SYNOPSIS"),
+            "{command}"
+        );
+    }
+    assert!(page("hopper-dlq-replay").contains("dry"));
+    // `manpages` is for packaging: not in the help a user reads.
+    assert!(!top.contains(&"manpages".to_string()), "{top:?}");
+}

@@ -4,6 +4,8 @@
 //!   build), and runs the demo, with the handlers inside the binary, on the
 //!   embedded broker.
 //! - `demo-components`: rebuilds those handlers (host/demo/) from plugins/.
+//! - `dist`: the release tarball (`dist.rs`); `test` packs and checks one
+//!   from its own build.
 //! - `test`: installs the test broker if missing, builds the handlers, starts
 //!   the broker on 127.0.0.1, runs every test, and stops the broker.
 //! - `build-plugins`: builds every handler component into `plugins/dist/`:
@@ -24,6 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 mod deploy;
+mod dist;
 mod polyglot;
 
 /// Components built from `plugins/`, by crate name.
@@ -53,6 +56,7 @@ fn main() -> Result<()> {
         "build-plugins" => build_plugins(),
         "demo" => demo(rest),
         "demo-components" => demo_components(),
+        "dist" => dist::dist(rest),
         "test" => test(rest),
         "broker" => broker(),
         "promtool" => ensure_promtool().map(|p| println!("{}", p.display())),
@@ -62,7 +66,7 @@ fn main() -> Result<()> {
         "check-deploy" => deploy::check(),
         _ => {
             eprintln!(
-                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  demo-components  rebuild the demo's handlers inside the hopper binary (host/demo/) from plugins/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)\n  check-deploy   lint the Dockerfile, validate the Kubernetes manifests and the systemd unit, check the README's handler"
+                "usage: cargo xtask <command>\n\n  demo           run the demo on the embedded broker\n  test [ARGS]    run the whole test suite against a real broker (ARGS go to cargo test)\n  build-plugins  build every handler component into plugins/dist/\n  dist [--binary PATH] [--out DIR] [--check]  the release tarball: stripped binary, completions, man pages (target/dist/)\n  demo-components  rebuild the demo's handlers inside the hopper binary (host/demo/) from plugins/\n  broker         start the test broker on 127.0.0.1 and wait\n  promtool       unpack promtool (alert-rules test) and print its path\n  bench NAME     run a benchmark: throughput, delay, handler, handlers, http, concurrency (BENCHMARKS.md)\n  fuzz [CASES]   run every header-value fuzz target with CASES cases each (default 1,000,000)\n  crash-loop     kill -9 hopper during a run and count every message (--messages N --kills K)\n  check-deploy   lint the Dockerfile, validate the Kubernetes manifests and the systemd unit, check the README's handler"
             );
             if command == "help" {
                 Ok(())
@@ -341,6 +345,13 @@ fn test(rest: &[String]) -> Result<()> {
     linted(&mut build);
     run(build, "building the tests (a lint fails it too)")?;
     deploy::check()?;
+    // The tarball, packed from this build's binary, unpacked where no
+    // checkout is and run.
+    let packed = dist::pack(
+        &target_dir().join("debug/hopper"),
+        &target_dir().join("dist-check"),
+    )?;
+    dist::check(&packed, &dist().join("order_timeout.wasm"))?;
     let promtool = ensure_promtool()?;
     let broker = Broker::start(&nisshi)?;
     step(&format!(

@@ -142,6 +142,23 @@ enum Command {
         #[command(subcommand)]
         command: config_check::ConfigCommand,
     },
+    /// Prints the completion script for SHELL to stdout; for instance
+    /// `hopper completions bash > ~/.local/share/bash-completion/completions/hopper`,
+    /// `hopper completions zsh > ~/.zfunc/_hopper`, or `hopper completions
+    /// fish > ~/.config/fish/completions/hopper.fish`.
+    Completions {
+        /// The shell to complete in.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Writes a man page for hopper and one for each of its subcommands
+    /// (hopper.1, hopper-run.1, hopper-dlq-ls.1, ...) into DIR: what `cargo
+    /// xtask dist` ships.
+    #[command(hide = true)]
+    Manpages {
+        /// The directory to write them into; created if missing.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args)]
@@ -256,6 +273,12 @@ async fn main() -> ExitCode {
             handler,
             logs: _,
         } => demo::run(config, linger, handler, cache_dir).await,
+        Command::Completions { shell } => {
+            let mut cli = Cli::command().long_version(long_version);
+            clap_complete::generate(shell, &mut cli, "hopper", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Manpages { dir } => manpages(&dir, long_version),
         Command::Plugin {
             command: PluginCommand::Check { file },
         } => plugin_check(file),
@@ -289,6 +312,14 @@ async fn main() -> ExitCode {
 
 /// What `hopper --version` prints: the version and commit, the handler
 /// WIT it accepts, and the wasmtime and librdkafka it was built with.
+/// Writes the man pages of every command that `--help` lists into `dir`.
+fn manpages(dir: &Path, long_version: &'static str) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let cli = Cli::command().long_version(long_version);
+    clap_mangen::generate_to(cli, dir)
+        .with_context(|| format!("writing man pages into {}", dir.display()))
+}
+
 fn long_version() -> String {
     let (_, librdkafka) = rdkafka::util::get_rdkafka_version();
     let world = hopper::plugin::WORLD;
