@@ -426,7 +426,10 @@ fn completions_and_man_pages_cover_every_command() {
         assert!(out.status.success(), "{shell}: {out:?}");
         let script = String::from_utf8(out.stdout).unwrap();
         for command in &top {
-            assert!(script.contains(command.as_str()), "{shell} lacks `{command}`");
+            assert!(
+                script.contains(command.as_str()),
+                "{shell} lacks `{command}`"
+            );
         }
     }
     // A shell it does not know is named with the ones it does.

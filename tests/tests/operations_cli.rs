@@ -643,3 +643,162 @@ async fn hopper_status_never_sends_the_configured_token() {
     );
     assert_eq!(authorization(&requests[1]), None, "{}", requests[1]);
 }
+
+/// Three causes among 90 dead letters, each worded with a different id or
+/// number per record: `dlq groups` shows three groups, `--group` selects
+/// one exactly in `ls` and `replay`, and `--not-replayed` leaves out what a
+/// replay took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_groups_gather_dead_letters_by_cause_and_select_one_group() {
+    init_tracing();
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const EACH: usize = 30;
+    for i in 0..EACH {
+        for (n, payload) in [
+            "fatal".to_string(),
+            format!("config:o-{i}=x"),
+            "count".to_string(),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let id = format!("g-{n}-{i}");
+            let key = format!("k-{i}");
+            produce(
+                &producer,
+                &route.input,
+                Some(&key),
+                &payload,
+                &[("hopper-id", &id)],
+            )
+            .await;
+        }
+    }
+    consume(&route.dlq, 3 * EACH, PATIENCE).await;
+    hopper_run.stop().await;
+    let config = route.config_path.to_str().unwrap();
+
+    let json = |args: &[&str]| -> serde_json::Value {
+        let out = hopper(args);
+        assert!(out.status.success(), "{args:?}: {}", stderr(&out));
+        serde_json::from_str(&stdout(&out)).unwrap()
+    };
+    let page = json(&["dlq", "groups", "--config", config, "--json"]);
+    assert_eq!(page["total"], 3 * EACH, "{page:#}");
+    let groups = page["groups"].as_array().unwrap();
+    let mut causes: Vec<&str> = groups
+        .iter()
+        .map(|g| g["cause"].as_str().unwrap())
+        .collect();
+    causes.sort();
+    assert_eq!(
+        causes,
+        ["call <n>", "config o-<n> is None", "told to fail"],
+        "{page:#}"
+    );
+    for g in groups {
+        assert_eq!(g["count"], EACH, "{g:#}");
+        assert_eq!(g["not_replayed"], EACH, "{g:#}");
+        assert_eq!(g["reason"], "FATAL", "{g:#}");
+        assert_eq!(g["versions"].as_array().unwrap().len(), 1, "{g:#}");
+    }
+    let config_group = groups
+        .iter()
+        .find(|g| g["cause"] == "config o-<n> is None")
+        .unwrap()["group"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // The table names each group with its newest error.
+    let out = hopper(&["dlq", "groups", "--config", config]);
+    let table = stdout(&out);
+    assert!(table.starts_with("GROUP"), "{table}");
+    assert!(table.contains(&config_group), "{table}");
+    assert!(table.contains("3 group(s) of 90 matching"), "{table}");
+
+    // One group, exactly.
+    let page = json(&[
+        "dlq",
+        "ls",
+        "--config",
+        config,
+        "--group",
+        &config_group,
+        "--limit",
+        "100",
+        "--json",
+    ]);
+    assert_eq!(page["total"], EACH, "{page:#}");
+    for r in page["records"].as_array().unwrap() {
+        assert_eq!(r["group"], config_group.as_str());
+        assert!(
+            r["error"].as_str().unwrap().starts_with("config o-"),
+            "{r:#}"
+        );
+    }
+
+    // Replay the group; it is then replayed, the others not.
+    let out = hopper(&[
+        "dlq",
+        "replay",
+        "--config",
+        config,
+        "--group",
+        &config_group,
+        "--rate",
+        "1000",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page = json(&[
+        "dlq",
+        "groups",
+        "--config",
+        config,
+        "--not-replayed",
+        "--json",
+    ]);
+    assert_eq!(page["total"], 2 * EACH, "{page:#}");
+    assert!(
+        page["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|g| g["group"] != config_group.as_str()),
+        "{page:#}"
+    );
+    let page = json(&[
+        "dlq",
+        "ls",
+        "--config",
+        config,
+        "--group",
+        &config_group,
+        "--not-replayed",
+        "--json",
+    ]);
+    assert_eq!(page["total"], 0, "{page:#}");
+    // ... and it reached the route's input again, once each.
+    let replayed = consume(&route.input, 4 * EACH, PATIENCE).await;
+    assert_eq!(
+        replayed
+            .iter()
+            .filter(|m| m.payload().is_some_and(|p| p.starts_with(b"config:")))
+            .count(),
+        2 * EACH
+    );
+
+    // A group id that names no group selects nothing, and says so.
+    let page = json(&[
+        "dlq",
+        "ls",
+        "--config",
+        config,
+        "--group",
+        "0000000000000000",
+        "--json",
+    ]);
+    assert_eq!(page["total"], 0);
+}

@@ -296,6 +296,10 @@ pub(super) struct ListQuery {
     until: Option<String>,
     key: Option<String>,
     text: Option<String>,
+    /// A group of one cause, as `hopper dlq groups` lists it.
+    group: Option<String>,
+    /// Only records never replayed.
+    not_replayed: Option<bool>,
     skip: Option<usize>,
     limit: Option<usize>,
 }
@@ -322,6 +326,8 @@ pub(super) async fn dlq_list(
         reason: empty(q.reason),
         key: empty(q.key),
         text: empty(q.text),
+        group: empty(q.group),
+        not_replayed: q.not_replayed.unwrap_or(false),
     };
     filter.check().map_err(bad_request)?;
     let (skip, limit) = (q.skip.unwrap_or(0), q.limit.unwrap_or(50).min(MAX_PAGE));

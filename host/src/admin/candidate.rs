@@ -42,6 +42,10 @@ pub(super) struct TryQuery {
     until: Option<String>,
     key: Option<String>,
     text: Option<String>,
+    /// A group of one cause, as `hopper dlq groups` lists it.
+    group: Option<String>,
+    /// Only records never replayed.
+    not_replayed: Option<bool>,
     max: Option<usize>,
 }
 
@@ -78,6 +82,8 @@ pub(super) async fn dlq_try(
         until: instant("until", q.until)?,
         key: empty(q.key),
         text: empty(q.text),
+        group: empty(q.group),
+        not_replayed: q.not_replayed.unwrap_or(false),
     };
     filter.check().map_err(bad_request)?;
     let _running = TRIES.try_acquire().map_err(|_| {

@@ -16,7 +16,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 /// Records one list reads at most, over all its topics.
@@ -75,6 +75,13 @@ pub struct DlqFilter {
     pub key: Option<String>,
     /// Text in the last error, case-insensitive.
     pub text: Option<String>,
+    /// The group of one cause ([`DlqSummary::group`]), as `dlq groups`
+    /// lists it.
+    #[serde(default)]
+    pub group: Option<String>,
+    /// Only records never replayed (by the replay journal).
+    #[serde(default)]
+    pub not_replayed: bool,
 }
 
 impl DlqFilter {
@@ -111,7 +118,56 @@ impl DlqFilter {
                 let error = s.error.as_deref().unwrap_or_default().to_lowercase();
                 error.contains(&t.to_lowercase())
             })
+            && self
+                .group
+                .as_deref()
+                .is_none_or(|g| g.is_empty() || g == s.group)
+            && (!self.not_replayed || s.replayed == 0)
     }
+}
+
+/// The dead letters of one cause ([`DlqSummary::group`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Group {
+    pub group: String,
+    pub route: Option<String>,
+    pub reason: Option<Reason>,
+    /// The last error with its variable parts taken out.
+    pub cause: String,
+    pub count: usize,
+    /// Of them, never replayed (by the replay journal).
+    pub not_replayed: usize,
+    /// When the first and the last of them failed, epoch ms.
+    pub first_failed_at: Option<i64>,
+    pub last_failed_at: Option<i64>,
+    /// The handler versions that dead-lettered them, at most
+    /// [`MAX_GROUP_VERSIONS`] (12 hex digits each).
+    pub versions: BTreeSet<String>,
+    /// One of their errors as written: the newest.
+    pub sample: Option<String>,
+    /// Where that one is.
+    pub sample_record: RecordRef,
+}
+
+/// Versions a group lists; past them, the rest are not named.
+pub const MAX_GROUP_VERSIONS: usize = 8;
+
+/// Groups a scan keeps apart; past them, records are counted as `other`.
+pub const MAX_GROUPS: usize = 10_000;
+
+/// The groups of the records a filter matches, most recent first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GroupsPage {
+    pub topics: Vec<String>,
+    /// Records read.
+    pub scanned: usize,
+    /// Whether the scan stopped at its bound before the end of a topic.
+    pub truncated: bool,
+    /// Records that matched the filter.
+    pub total: usize,
+    pub groups: Vec<Group>,
+    /// Matches past [`MAX_GROUPS`] groups, in no group.
+    pub other: usize,
 }
 
 /// Dead letters of one reason class in one stretch of time.
@@ -204,6 +260,74 @@ impl Dlq<'_> {
             records: matches.into_iter().skip(skip).take(limit).collect(),
             bucket_ms,
             histogram,
+        })
+    }
+
+    /// The matches of `filter` grouped by cause, the most recently failed
+    /// group first.
+    pub fn groups(&self, filter: &DlqFilter) -> Result<GroupsPage, DlqError> {
+        let topics = self.topics(filter.route.as_deref())?;
+        let mut groups: HashMap<String, Group> = HashMap::new();
+        let (mut scanned, mut truncated, mut total, mut other) = (0, false, 0, 0);
+        for topic in &topics {
+            let replayed = replay_counts(self.cluster, topic)?;
+            let read = read_all(self.cluster, topic, MAX_SCAN - scanned, |m| {
+                let at = RecordRef {
+                    topic: m.topic().to_string(),
+                    partition: m.partition(),
+                    offset: m.offset(),
+                };
+                let s = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
+                if !filter.matches(&s) {
+                    return;
+                }
+                total += 1;
+                if !groups.contains_key(&s.group) && groups.len() >= MAX_GROUPS {
+                    other += 1;
+                    return;
+                }
+                let g = groups.entry(s.group.clone()).or_insert_with(|| Group {
+                    group: s.group.clone(),
+                    route: s.route.clone(),
+                    reason: s.reason,
+                    cause: s.cause.clone(),
+                    count: 0,
+                    not_replayed: 0,
+                    first_failed_at: s.failed_at,
+                    last_failed_at: s.failed_at,
+                    versions: BTreeSet::new(),
+                    sample: s.error.clone(),
+                    sample_record: s.at.clone(),
+                });
+                g.count += 1;
+                g.not_replayed += usize::from(s.replayed == 0);
+                g.first_failed_at = match (g.first_failed_at, s.failed_at) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+                if s.failed_at >= g.last_failed_at {
+                    g.last_failed_at = s.failed_at;
+                    g.sample = s.error.clone();
+                    g.sample_record = s.at.clone();
+                }
+                if let Some(v) = &s.handler_version
+                    && g.versions.len() < MAX_GROUP_VERSIONS
+                {
+                    g.versions.insert(v.chars().take(12).collect());
+                }
+            })?;
+            scanned += read.0;
+            truncated |= read.1;
+        }
+        let mut groups: Vec<Group> = groups.into_values().collect();
+        groups.sort_by(|a, b| (b.last_failed_at, &b.group).cmp(&(a.last_failed_at, &a.group)));
+        Ok(GroupsPage {
+            topics,
+            scanned,
+            truncated,
+            total,
+            groups,
+            other,
         })
     }
 

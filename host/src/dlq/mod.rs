@@ -6,6 +6,7 @@
 
 pub mod browse;
 pub mod candidate;
+pub mod fingerprint;
 pub mod record;
 pub mod replay;
 pub mod skip;

@@ -1,6 +1,7 @@
 //! A dead-letter record as an operator sees it: where it is, what hopper's
 //! headers say about it, and its key, headers and payload as they are.
 
+use super::fingerprint;
 use crate::headers::{self, Envelope, Incoming, Reason};
 use rdkafka::message::{Headers, Message, OwnedMessage};
 use serde::Serialize;
@@ -89,6 +90,12 @@ pub struct DlqSummary {
     /// (a record hopper did not write: its headers still show in full).
     pub reason: Option<Reason>,
     pub error: Option<String>,
+    /// The last error with its variable parts taken out
+    /// (dlq/fingerprint.rs), computed here, never read from a header.
+    pub cause: String,
+    /// The group of dead letters of one cause: route, reason and cause,
+    /// hashed ([`fingerprint::group`]).
+    pub group: String,
     pub attempt: Option<u32>,
     pub handler_version: Option<String>,
     /// The key as text (invalid UTF-8 replaced).
@@ -124,6 +131,17 @@ impl DlqSummary {
         let text = |name| headers::text(h, name).ok().flatten().map(str::to_string);
         let number = |name| text(name).and_then(|t| t.parse::<i64>().ok());
         let timestamp = message.timestamp().to_millis();
+        let (route, reason, error) = (
+            text(headers::ROUTE),
+            text(headers::REASON).as_deref().and_then(Reason::parse),
+            text(headers::LAST_ERROR),
+        );
+        let cause = fingerprint::cause(error.as_deref().unwrap_or_default());
+        let group = fingerprint::group(
+            route.as_deref().unwrap_or_default(),
+            reason.map_or("", Reason::as_str),
+            &cause,
+        );
         DlqSummary {
             at: RecordRef {
                 topic: message.topic().to_string(),
@@ -133,9 +151,11 @@ impl DlqSummary {
             timestamp,
             failed_at: number(headers::LAST_FAILURE_AT).or(timestamp),
             id: text(headers::ID),
-            route: text(headers::ROUTE),
-            reason: text(headers::REASON).as_deref().and_then(Reason::parse),
-            error: text(headers::LAST_ERROR),
+            route,
+            reason,
+            error,
+            cause,
+            group,
             attempt: text(headers::ATTEMPT).and_then(|a| a.parse().ok()),
             handler_version: text(headers::HANDLER_VERSION),
             key: message.key().map(Bytes::lossy),

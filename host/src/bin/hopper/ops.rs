@@ -69,6 +69,13 @@ pub struct Filter {
     /// Text in the last error (case-insensitive).
     #[arg(long)]
     text: Option<String>,
+    /// The dead letters of one cause: a group id as `hopper dlq groups`
+    /// lists it.
+    #[arg(long)]
+    group: Option<String>,
+    /// Only records never replayed (by the replay journal).
+    #[arg(long)]
+    not_replayed: bool,
 }
 
 impl Filter {
@@ -88,6 +95,8 @@ impl Filter {
             until: instant("until", &self.until)?,
             key: self.key.clone(),
             text: self.text.clone(),
+            group: self.group.clone(),
+            not_replayed: self.not_replayed,
         })
     }
 
@@ -111,6 +120,17 @@ pub enum DlqCommand {
         #[arg(long, default_value_t = 0)]
         skip: usize,
     },
+    /// The dead letters grouped by cause (route, reason class and last
+    /// error with its numbers, ids and quoted values taken out), the most
+    /// recently failed group first: count, first and last failure, the
+    /// handler versions, how many were never replayed, and the newest error.
+    /// `--group ID` selects one group in `ls`, `replay` and `try`.
+    Groups {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        filter: Filter,
+    },
     /// Shows one record: every header, and the payload.
     Show {
         /// The record, as topic:partition:offset (as `ls` prints it).
@@ -124,7 +144,7 @@ pub enum DlqCommand {
         #[command(flatten)]
         target: Target,
         /// A record to replay, topic:partition:offset; repeatable.
-        #[arg(long = "record", conflicts_with_all = ["route", "reason", "since", "until", "key", "text", "all"])]
+        #[arg(long = "record", conflicts_with_all = ["route", "reason", "since", "until", "key", "text", "group", "not_replayed", "all"])]
         records: Vec<RecordRef>,
         #[command(flatten)]
         filter: Filter,
@@ -208,6 +228,69 @@ pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Res
             );
             Ok(())
         }
+        DlqCommand::Groups { target, filter } => {
+            let (config, cluster) = target.load()?;
+            let filter = filter.resolve()?;
+            let page = blocking(move || {
+                Dlq {
+                    cluster: &cluster,
+                    config: &config,
+                }
+                .groups(&filter)
+            })
+            .await?;
+            if target.json {
+                println!("{}", serde_json::to_string_pretty(&page)?);
+                return Ok(());
+            }
+            let rows = page
+                .groups
+                .iter()
+                .map(|g| {
+                    vec![
+                        g.group.clone(),
+                        g.count.to_string(),
+                        g.not_replayed.to_string(),
+                        g.first_failed_at.map(iso).unwrap_or_default(),
+                        g.last_failed_at.map(iso).unwrap_or_default(),
+                        g.route.clone().unwrap_or_default(),
+                        g.reason.map(|r| r.to_string()).unwrap_or_default(),
+                        g.versions.iter().cloned().collect::<Vec<_>>().join(","),
+                        g.sample.clone().unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            let headers = [
+                "GROUP",
+                "COUNT",
+                "NOT REPLAYED",
+                "FIRST FAILED",
+                "LAST FAILED",
+                "ROUTE",
+                "REASON",
+                "VERSIONS",
+                "NEWEST ERROR",
+            ];
+            print!("{}", table(&headers, rows));
+            println!(
+                "{} group(s) of {} matching of {} read from {}{}{}.",
+                page.groups.len(),
+                page.total,
+                page.scanned,
+                page.topics.join(", "),
+                if page.truncated {
+                    " (stopped at the scan limit)"
+                } else {
+                    ""
+                },
+                if page.other > 0 {
+                    format!("; {} more in no group past the cap", page.other)
+                } else {
+                    String::new()
+                }
+            );
+            Ok(())
+        }
         DlqCommand::Show { record, target } => {
             let (config, cluster) = target.load()?;
             let shown = blocking(move || {
@@ -283,7 +366,7 @@ async fn replay(
 ) -> anyhow::Result<()> {
     if records.is_empty() && filter.is_empty() && !all {
         anyhow::bail!(
-            "nothing selected: give --record TOPIC:PARTITION:OFFSET, a filter (--route, --reason, --since, --until, --key, --text), or --all"
+            "nothing selected: give --record TOPIC:PARTITION:OFFSET, a filter (--route, --reason, --since, --until, --key, --text, --group, --not-replayed), or --all"
         );
     }
     let (config, cluster) = target.load()?;
