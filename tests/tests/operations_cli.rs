@@ -740,6 +740,29 @@ async fn dlq_groups_gather_dead_letters_by_cause_and_select_one_group() {
         );
     }
 
+    // `show --group` shows its newest record; a group of none says so.
+    let out = hopper(&["dlq", "show", "--config", config, "--group", &config_group]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("payload (12 bytes):\nconfig:o-"),
+        "{}",
+        stdout(&out)
+    );
+    let out = hopper(&[
+        "dlq",
+        "show",
+        "--config",
+        config,
+        "--group",
+        "0000000000000000",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("no dead letter of group `0000000000000000`"),
+        "{}",
+        stderr(&out)
+    );
+
     // Replay the group; it is then replayed, the others not.
     let out = hopper(&[
         "dlq",

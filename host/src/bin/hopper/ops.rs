@@ -134,7 +134,12 @@ pub enum DlqCommand {
     /// Shows one record: every header, and the payload.
     Show {
         /// The record, as topic:partition:offset (as `ls` prints it).
-        record: RecordRef,
+        #[arg(required_unless_present = "group")]
+        record: Option<RecordRef>,
+        /// Show the newest record of this group (`hopper dlq groups`)
+        /// instead.
+        #[arg(long, conflicts_with = "record")]
+        group: Option<String>,
         #[command(flatten)]
         target: Target,
     },
@@ -291,14 +296,38 @@ pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Res
             );
             Ok(())
         }
-        DlqCommand::Show { record, target } => {
+        DlqCommand::Show {
+            record,
+            group,
+            target,
+        } => {
             let (config, cluster) = target.load()?;
             let shown = blocking(move || {
-                Dlq {
+                let dlq = Dlq {
                     cluster: &cluster,
                     config: &config,
-                }
-                .show(&record)
+                };
+                let record = match (record, group) {
+                    (Some(record), _) => record,
+                    (None, group) => {
+                        let filter = DlqFilter {
+                            group: group.clone(),
+                            ..DlqFilter::default()
+                        };
+                        let page = dlq.groups(&filter)?;
+                        match page.groups.into_iter().next() {
+                            Some(g) => g.sample_record,
+                            None => {
+                                return Err(anyhow::anyhow!(
+                                    "no dead letter of group `{}` in {}",
+                                    group.unwrap_or_default(),
+                                    page.topics.join(", ")
+                                ));
+                            }
+                        }
+                    }
+                };
+                Ok(dlq.show(&record)?)
             })
             .await?;
             if target.json {
