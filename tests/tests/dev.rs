@@ -194,6 +194,13 @@ fn dev_loop(lang: &'static str, root: PathBuf) -> Result<(), String> {
         return Err(format!("{lang}: exited {status}:\n{}", lines.all()));
     }
     lines.wait(at, &["stopped"], lang)?;
+    // The times of each change, for `--nocapture`.
+    let all = lines.all();
+    for line in all.lines().filter(|l| {
+        l.contains("serving: build") || l.contains("build.sh failed") || l.contains(" failed: v")
+    }) {
+        println!("{lang}: {line}");
+    }
     Ok(())
 }
 

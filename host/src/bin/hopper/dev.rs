@@ -784,6 +784,51 @@ mod tests {
     }
 
     #[test]
+    fn the_served_config_is_the_cases_files_route_on_the_embedded_broker() {
+        let dir = tempfile::tempdir().unwrap();
+        let cases = dir.path().join("cases.toml");
+        std::fs::write(
+            &cases,
+            include_str!("../../../templates/cases.toml").replace("{{name}}", "h"),
+        )
+        .unwrap();
+        let live = dir.path().join("live/h.wasm");
+        let config = dir.path().join("hopper.toml");
+        std::fs::write(&config, config_text(&cases, &live).unwrap()).unwrap();
+        let config = hopper::config::Config::load(&config).unwrap();
+        assert!(config.kafka.embedded);
+        assert!(config.delay.is_some());
+        let [route] = config.routes.as_slice() else {
+            panic!("{:?}", config.routes)
+        };
+        assert_eq!(route.name, "dev");
+        assert_eq!(route.topics, ["dev.in"]);
+        assert_eq!(route.handler, live);
+        assert_eq!(route.timeout, Duration::from_secs(5));
+
+        std::fs::write(dir.path().join("bad.toml"), "route = 1\n").unwrap();
+        let error = config_text(&dir.path().join("bad.toml"), &live)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("[route] is not a table"), "{error}");
+    }
+
+    #[test]
+    fn a_messages_file_without_a_message_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("messages.txt");
+        std::fs::write(&file, "# only a comment\n\n").unwrap();
+        let error = read_messages(&file).unwrap_err().to_string();
+        assert!(error.contains("has no message"), "{error}");
+        std::fs::write(&file, "# two\nk: a\nb\n").unwrap();
+        assert_eq!(read_messages(&file).unwrap(), ["k: a", "b"]);
+        let error = read_messages(&dir.path().join("none.txt"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("cannot read messages file"), "{error}");
+    }
+
+    #[test]
     fn a_directory_without_a_project_names_what_is_missing() {
         let dir = tempfile::tempdir().unwrap();
         let error = Project::find(dir.path()).err().unwrap().to_string();
