@@ -793,6 +793,8 @@ mod tests {
         )
         .unwrap();
         let live = dir.path().join("live/h.wasm");
+        std::fs::create_dir(dir.path().join("live")).unwrap();
+        std::fs::write(&live, b"").unwrap();
         let config = dir.path().join("hopper.toml");
         std::fs::write(&config, config_text(&cases, &live).unwrap()).unwrap();
         let config = hopper::config::Config::load(&config).unwrap();
