@@ -9,7 +9,7 @@
 //! build-plugins` installed (`HOPPER_TOOLS`), and the Rust project builds
 //! in a target dir of its own that is kept between runs.
 
-use hopper_tests::hopper_bin;
+use hopper_tests::{hopper_bin, per_template, target_dir};
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -19,15 +19,6 @@ use std::time::{Duration, Instant};
 /// Longest one step may take: a build (componentizing JavaScript takes up
 /// to ~90 s on 2 busy cores), its cases, and the swap.
 const LIMIT: Duration = Duration::from_secs(600);
-
-/// The cargo target dir this test binary was built in.
-fn target_dir() -> PathBuf {
-    hopper_bin()
-        .parent()
-        .and_then(Path::parent)
-        .expect("hopper lives in <target>/<profile>/")
-        .to_path_buf()
-}
 
 /// A template's source file, and a line that does not compile in it.
 fn source(lang: &str) -> (&'static str, &'static str) {
@@ -207,17 +198,9 @@ fn dev_loop(lang: &'static str, root: PathBuf) -> Result<(), String> {
 #[test]
 fn hopper_dev_swaps_in_what_builds_and_passes_and_keeps_serving_otherwise() {
     let root = tempfile::tempdir().unwrap();
-    // Side by side: each spends most of its time in one single-threaded tool.
-    let runs: Vec<_> = ["rust", "python", "js", "c"]
+    let failures: Vec<String> = per_template(root.path(), dev_loop)
         .into_iter()
-        .map(|lang| {
-            let root = root.path().to_path_buf();
-            std::thread::spawn(move || dev_loop(lang, root))
-        })
-        .collect();
-    let failures: Vec<String> = runs
-        .into_iter()
-        .filter_map(|r| r.join().unwrap().err())
+        .filter_map(Result::err)
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -9,6 +9,7 @@
 //! Messages come from stdin, one a line, or from a file replayed a bounded
 //! number of times (`--messages`).
 
+use crate::demo::describe;
 use crate::test_cases::{Piece, Ran, Suite, millis};
 use crate::{Signals, prepare};
 use anyhow::{Context as _, bail};
@@ -403,19 +404,7 @@ impl Serving {
             .first()
             .context("the dev config has no route")?;
         let input = route.topics[0].clone();
-        println!(
-            "Route `{}`: {input} → handler {} → retry tiers {} → DLQ {} (config {}).",
-            route.name,
-            route.handler.display(),
-            route
-                .tiers()
-                .iter()
-                .map(|(_, t)| t.as_str())
-                .collect::<Vec<_>>()
-                .join(", "),
-            route.dlq,
-            config.display(),
-        );
+        println!("{} Config: {}.", describe(route), config.display());
         let producer = Cluster::of(&settings.kafka)?.producer()?;
         let hopper = Hopper::start(
             settings,
