@@ -52,6 +52,10 @@ const DEBOUNCE: Duration = Duration::from_millis(200);
 /// Longest a build may take before it is stopped and counted as failed.
 const BUILD_LIMIT: Duration = Duration::from_secs(900);
 
+/// Longest the route's hot reload may take to swap a passed version in
+/// before `hopper dev` asks the route what it serves.
+const SWAP_LIMIT: Duration = Duration::from_secs(60);
+
 /// At most this many lines of a failed build's output are shown (its end).
 const BUILD_LINES: usize = 200;
 
@@ -539,6 +543,7 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
     let mut dirty = false;
     // A swap written, waiting for the route to reload: when, and what.
     let mut swapping: Option<(Instant, Passed)> = None;
+    let mut swap_deadline: Option<Pin<Box<Sleep>>> = None;
     let mut sent = 0usize;
     let mut fed = 0usize;
     let mut feed_timer: Option<Pin<Box<Sleep>>> = None;
@@ -639,6 +644,7 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                     }
                 } else {
                     swapping = Some((swap_started, passed));
+                    swap_deadline = Some(Box::pin(tokio::time::sleep(SWAP_LIMIT)));
                 }
             }
             line = stdin.recv(), if stdin_open => match line {
@@ -656,6 +662,25 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                     }
                 },
             },
+            // A reload that did not report in time (its event lost to a
+            // slow reader): the route says what it serves.
+            () = maybe(swap_deadline.as_mut()) => {
+                swap_deadline = None;
+                if let (Some((_, passed)), Some(serving)) = (swapping.take(), &serving) {
+                    let now = serving.hopper.status().first().map(|s| s.version.clone());
+                    if now.as_deref() == Some(passed.version.as_str()) {
+                        let number = versions.len() + 1;
+                        versions.entry(passed.version.clone()).or_insert(number);
+                        current = Some(passed.version.clone());
+                        println!("{} {} serving (swapped in unreported)", stamp(), version_of(&versions, &passed.version));
+                    } else {
+                        println!(
+                            "{} the route did not swap in {} within {}; {}",
+                            stamp(), version_of(&versions, &passed.version), humantime::format_duration(SWAP_LIMIT), keeps(&current, &versions)
+                        );
+                    }
+                }
+            }
             () = maybe(feed_timer.as_mut()) => {
                 feed_timer = None;
                 if let (Some(lines), Some(serving)) = (&feed, &serving) {
@@ -686,6 +711,7 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                 }
                 Ok(Event::HandlerReloaded(events::HandlerReloaded { new_version, .. })) => {
                     if let Some((swap_started, passed)) = swapping.take() {
+                        swap_deadline = None;
                         let number = versions.len() + 1;
                         versions.entry(new_version.clone()).or_insert(number);
                         current = Some(new_version.clone());
@@ -698,7 +724,12 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                 }
                 Ok(Event::HandlerReloadFailed(events::HandlerReloadFailed { error, .. })) => {
                     swapping = None;
+                    swap_deadline = None;
                     println!("{} the new version did not load: {error}; {}", stamp(), keeps(&current, &versions));
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    println!("{} the route stopped: stopping", stamp());
+                    break;
                 }
                 _ => {}
             },
