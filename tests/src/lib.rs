@@ -771,3 +771,31 @@ pub async fn get_json_as(addr: SocketAddr, path: &str, token: Option<&str>) -> s
     assert_eq!(status, 200, "GET {path}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }
+
+/// The languages `hopper plugin new` has templates for.
+pub const TEMPLATES: [&str; 4] = ["rust", "python", "js", "c"];
+
+/// The cargo target dir the test binaries were built in: its `tools`
+/// holds the toolchains `cargo xtask build-plugins` installed.
+pub fn target_dir() -> PathBuf {
+    hopper_bin()
+        .parent()
+        .and_then(Path::parent)
+        .expect("hopper lives in <target>/<profile>/")
+        .to_path_buf()
+}
+
+/// Runs `run` for every template language side by side, each on a thread
+/// of its own (each spends most of its time in one single-threaded tool),
+/// in a directory of its own under `root`; the results in the order of
+/// [`TEMPLATES`].
+pub fn per_template<T: Send + 'static>(root: &Path, run: fn(&'static str, PathBuf) -> T) -> Vec<T> {
+    let runs: Vec<_> = TEMPLATES
+        .into_iter()
+        .map(|lang| {
+            let root = root.to_path_buf();
+            std::thread::spawn(move || run(lang, root))
+        })
+        .collect();
+    runs.into_iter().map(|r| r.join().unwrap()).collect()
+}

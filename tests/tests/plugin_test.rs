@@ -272,3 +272,59 @@ fn hostile_cases_files_get_an_error_that_names_the_problem() {
         "{stderr}"
     );
 }
+
+#[test]
+fn log_lines_sit_under_the_case_that_logged_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = dir.path().join("logs.toml");
+    std::fs::write(
+        &cases,
+        r#"
+[[case]]
+name = "first"
+payload = "ok"
+[case.expect]
+verdict = "ok"
+
+[[case]]
+name = "second"
+payload = "fatal"
+[case.expect]
+verdict = "fatal"
+"#,
+    )
+    .unwrap();
+    // The fixture logs each command at debug level.
+    let out = Command::new(hopper_bin())
+        .args(["plugin", "test"])
+        .arg(plugin("scripted"))
+        .arg(&cases)
+        .env("HOPPER_CACHE_DIR", hopper_tests::cache_dir())
+        .env("HOPPER_LOG", "warn,hopper::plugin=debug")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = |text: &str| {
+        lines
+            .iter()
+            .position(|l| l.contains(text))
+            .unwrap_or_else(|| panic!("no `{text}` in:\n{stdout}"))
+    };
+    let (first, second, summary) = (at("ok   first  (ok,"), at("ok   second  ("), at("2 cases:"));
+    let (first_log, second_log) = (
+        at("Command ok on attempt 1."),
+        at("Command fatal on attempt 1."),
+    );
+    assert!(first < first_log && first_log < second, "{stdout}");
+    assert!(second < second_log && second_log < summary, "{stdout}");
+    for log in [first_log, second_log] {
+        assert!(lines[log].starts_with("       log: "), "{stdout}");
+    }
+    assert!(
+        !stderr.contains("Command "),
+        "logged on stderr too:\n{stderr}"
+    );
+}

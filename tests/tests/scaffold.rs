@@ -9,7 +9,7 @@
 //! a target dir of its own that is kept between runs.
 
 use hopper::plugin::{Delivery, Runtime, Verdict};
-use hopper_tests::{RouteTable, hopper_bin, resolve_route};
+use hopper_tests::{RouteTable, TEMPLATES, hopper_bin, per_template, resolve_route, target_dir};
 use order_service::{Order, OrderService, Status};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -18,15 +18,6 @@ use std::time::{Duration, Instant};
 /// Longest any one build or check may take. Componentizing JavaScript takes
 /// up to ~90 s on 2 busy cores; checking compiles 12-18 MB of Wasm.
 const LIMIT: Duration = Duration::from_secs(600);
-
-/// The cargo target dir this test binary was built in.
-fn target_dir() -> PathBuf {
-    hopper_bin()
-        .parent()
-        .and_then(Path::parent)
-        .expect("hopper lives in <target>/<profile>/")
-        .to_path_buf()
-}
 
 /// Runs `command` to the end, killing it after `LIMIT`.
 fn run_bounded(mut command: Command, what: &str) -> Output {
@@ -191,15 +182,7 @@ async fn call_template(lang: &str, wasm: &Path, service: &OrderService) -> Resul
 #[test]
 fn plugin_new_builds_and_checks_in_rust_python_javascript_and_c() {
     let root = tempfile::tempdir().unwrap();
-    // Side by side: each spends most of its time in one single-threaded tool.
-    let builds: Vec<_> = ["rust", "python", "js", "c"]
-        .into_iter()
-        .map(|lang| {
-            let root = root.path().to_path_buf();
-            std::thread::spawn(move || scaffold_build_check(lang, root))
-        })
-        .collect();
-    let results: Vec<_> = builds.into_iter().map(|b| b.join().unwrap()).collect();
+    let results = per_template(root.path(), scaffold_build_check);
     let failures: Vec<&String> = results.iter().filter_map(|r| r.as_ref().err()).collect();
     assert!(failures.is_empty(), "{failures:#?}");
 
@@ -210,7 +193,7 @@ fn plugin_new_builds_and_checks_in_rust_python_javascript_and_c() {
             .await
             .unwrap();
         let mut failures = Vec::new();
-        for (lang, wasm) in ["rust", "python", "js", "c"].iter().zip(&results) {
+        for (lang, wasm) in TEMPLATES.iter().zip(&results) {
             if let Err(e) = call_template(lang, wasm.as_ref().unwrap(), &service).await {
                 failures.push(e);
             }

@@ -229,20 +229,7 @@ pub async fn run(
     let started = Instant::now();
     let stamp = move || format!("[{:>6.2}s]", started.elapsed().as_secs_f64());
 
-    println!(
-        "Route `{}`: {} → handler {} → retry tiers {} → DLQ {} (max {} attempts).",
-        route.name,
-        route.topics.join(","),
-        route.handler.display(),
-        route
-            .tiers()
-            .iter()
-            .map(|(_, t)| t.as_str())
-            .collect::<Vec<_>>()
-            .join(", "),
-        route.dlq,
-        route.max_attempts
-    );
+    println!("{}", describe(&route));
     println!(
         "Order service listening on {} (try `curl {}/orders`); closed orders are announced on {}.",
         service.url(),
@@ -490,6 +477,24 @@ pub async fn run(
     }
     hopper.stop().await;
     Ok(())
+}
+
+/// A route in one line: where its messages come from and go.
+pub(crate) fn describe(route: &hopper::config::Route) -> String {
+    format!(
+        "Route `{}`: {} → handler {} → retry tiers {} → DLQ {} (max {} attempts).",
+        route.name,
+        route.topics.join(","),
+        route.handler.display(),
+        route
+            .tiers()
+            .iter()
+            .map(|(_, t)| t.as_str())
+            .collect::<Vec<_>>()
+            .join(", "),
+        route.dlq,
+        route.max_attempts
+    )
 }
 
 /// Sends one order event, keyed by the order so its events keep their

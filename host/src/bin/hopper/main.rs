@@ -9,8 +9,10 @@ use hopper::{Hopper, Options, Stopped};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
+mod capture;
 mod config_check;
 mod demo;
+mod dev;
 mod dlq_try;
 mod ops;
 mod parked;
@@ -93,6 +95,13 @@ enum Command {
         #[arg(long)]
         logs: bool,
     },
+    /// The handler development loop, in a project made by `hopper plugin
+    /// new`: serves the handler on the embedded broker, and on each change
+    /// to its sources runs build.sh, then the cases of cases.toml, and
+    /// swaps the new version in only when both pass. Messages typed on
+    /// stdin (one a line, `KEY: PAYLOAD` or a payload) are sent to the
+    /// route.
+    Dev(dev::DevArgs),
     /// Sends a message to be delivered to a topic later, through the delay
     /// relay's inbox. The payload is read from stdin unless --payload is given.
     Send(SendArgs),
@@ -236,10 +245,14 @@ async fn main() -> ExitCode {
     // The demo prints its own live view; log lines, the handlers' included,
     // only when asked for, and errors.
     let default_filter = match cli.command {
-        Command::Demo { logs: true, .. } => "warn,hopper::plugin=info",
+        Command::Demo { logs: true, .. } | Command::Dev(_) => "warn,hopper::plugin=info",
         // The handlers' own lines go through hopper::plugin::state.
         Command::Demo { logs: false, .. } => "error,hopper::plugin::state=off",
-        // One line per case: the handler's own logs only when asked for.
+        // One line per case, with the handler's warnings and errors under
+        // it; its info lines only when asked for.
+        Command::Plugin {
+            command: PluginCommand::Test(ref args),
+        } if args.logs => "warn,hopper::plugin=info",
         Command::Plugin {
             command: PluginCommand::Test(_),
         } => "warn",
@@ -273,6 +286,7 @@ async fn main() -> ExitCode {
             handler,
             logs: _,
         } => demo::run(config, linger, handler, cache_dir).await,
+        Command::Dev(args) => dev::run(args, cache_dir).await,
         Command::Completions { shell } => {
             let mut cli = Cli::command().long_version(long_version);
             clap_complete::generate(shell, &mut cli, "hopper", &mut std::io::stdout());
@@ -342,7 +356,7 @@ fn init_logs(format: LogFormat, default_filter: &str) {
         .unwrap_or_else(|_| default_filter.into());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(capture::Stderr);
     match format {
         LogFormat::Text => logs
             .fmt_fields(hopper::trace::logs::EscapedFields)
@@ -515,19 +529,19 @@ pub(crate) fn open_console(hopper: &Hopper, configured: bool) -> Option<Console>
 }
 
 /// A signal that stops hopper.
-struct Signal {
-    name: &'static str,
+pub(crate) struct Signal {
+    pub(crate) name: &'static str,
     number: u8,
 }
 
 /// SIGTERM (systemd, Kubernetes, docker) and SIGINT (Ctrl-C).
-struct Signals {
+pub(crate) struct Signals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
 }
 
 impl Signals {
-    fn new() -> anyhow::Result<Signals> {
+    pub(crate) fn new() -> anyhow::Result<Signals> {
         use tokio::signal::unix::{SignalKind, signal};
         Ok(Signals {
             term: signal(SignalKind::terminate()).context("listening for SIGTERM")?,
@@ -535,7 +549,7 @@ impl Signals {
         })
     }
 
-    async fn next(&mut self) -> Signal {
+    pub(crate) async fn next(&mut self) -> Signal {
         tokio::select! {
             _ = self.term.recv() => Signal { name: "SIGTERM", number: 15 },
             _ = self.int.recv() => Signal { name: "SIGINT", number: 2 },
