@@ -42,6 +42,11 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 /// send a URL of 64 KiB.
 pub(super) const MAX_LOGGED: usize = 256;
 
+/// How long before its call's deadline a request stops waiting for its
+/// host's limits (`http.hosts`): the guest's time to act on the refusal,
+/// say by returning `retryable`, before the call is cut.
+const LIMIT_RESERVE: Duration = Duration::from_millis(200);
+
 /// The per-store side of a guest's HTTP: its route's grants (through the
 /// guest info) and the current call's deadline and request count.
 pub(super) struct HttpHooks {
@@ -237,6 +242,9 @@ impl HttpHooks {
         let between_bytes = options.and_then(|o| o.between_bytes_timeout);
         let max_body = limits.max_response_bytes;
         let deadline = tokio::time::Instant::from_std(self.deadline);
+        // A request waits for its host's limits until shortly before the
+        // call's deadline, so the guest has time to act on the refusal.
+        let wait_until = deadline.checked_sub(LIMIT_RESERVE).unwrap_or(deadline);
         async move {
             if let Some(reason) = refused {
                 report.denied(reason.clone());
@@ -252,7 +260,7 @@ impl HttpHooks {
             // here, within the call's deadline, holding no thread.
             let (permit, waited, head_timeout) = match report.limiter() {
                 None => (None, None, head_timeout),
-                Some(limiter) => match limiter.turn(deadline).await {
+                Some(limiter) => match limiter.turn(wait_until).await {
                     Ok(turn) => {
                         report.waited(turn.waited);
                         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
