@@ -82,7 +82,7 @@ async fn a_deadline_that_comes_while_waiting_gives_the_documented_error() {
             "send",
             "error ErrorCode::ConnectionLimitReached".to_string(),
         ),
-        ("fetch", "error Timeout(\"waited ".to_string()),
+        ("fetch", "error FetchError::Timeout(\"waited ".to_string()),
     ] {
         let server = TestServer::start();
         let route = limited(&server, "{ max_concurrent = 1 }", "2s");
