@@ -16,7 +16,9 @@
 //! | `/echo`             | 200 with the request's body, and `x-echo: yes`; the request is kept ([`TestServer::echoed`]) |
 //! | anything else       | 404                                                      |
 //!
-//! Every `traceparent` header it receives is kept ([`TestServer::traceparents`]).
+//! Every `traceparent` header it receives is kept ([`TestServer::traceparents`]),
+//! and so are when each request arrived ([`TestServer::arrivals`]) and the
+//! most it answered at once ([`TestServer::max_in_flight`]).
 //!
 //! It runs on a thread and runtime of its own, so a busy test runtime never
 //! slows it, and stops when dropped.
@@ -35,7 +37,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// What the server has seen.
 #[derive(Default)]
@@ -49,6 +51,28 @@ pub struct Seen {
     down: AtomicBool,
     /// Every request to `/echo`, in order.
     echoed: Mutex<Vec<Echoed>>,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: AtomicU64,
+    max_in_flight: AtomicU64,
+    /// When each request arrived, in order.
+    arrivals: Mutex<Vec<Instant>>,
+}
+
+/// Counts a request in flight until it is dropped, when its answer is made.
+struct InFlight(Arc<Seen>);
+
+impl InFlight {
+    fn start(seen: &Arc<Seen>) -> InFlight {
+        let now = seen.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        seen.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(seen.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// A request as `/echo` received it.
@@ -198,6 +222,16 @@ impl TestServer {
         self.seen.echoed.lock().unwrap().clone()
     }
 
+    /// The most requests the server was answering at once.
+    pub fn max_in_flight(&self) -> u64 {
+        self.seen.max_in_flight.load(Ordering::SeqCst)
+    }
+
+    /// When each request arrived, in order of arrival.
+    pub fn arrivals(&self) -> Vec<Instant> {
+        self.seen.arrivals.lock().unwrap().clone()
+    }
+
     /// Every `authorization` header `/auth` received, in order.
     pub fn authorizations(&self) -> Vec<String> {
         self.seen.authorizations.lock().unwrap().clone()
@@ -211,6 +245,8 @@ async fn answer(
     seen: Arc<Seen>,
 ) -> Result<Response<AnyBody>, Infallible> {
     seen.requests.fetch_add(1, Ordering::SeqCst);
+    seen.arrivals.lock().unwrap().push(Instant::now());
+    let _in_flight = InFlight::start(&seen);
     for value in request.headers().get_all("traceparent") {
         let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
         seen.traceparents.lock().unwrap().push(value);

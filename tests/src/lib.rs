@@ -492,6 +492,8 @@ pub struct InProcess {
     pub handler: hopper::plugin::Handler,
     /// Where the handler's HTTP requests and refused emits are reported.
     pub telemetry: hopper::events::Telemetry,
+    /// What loaded the handler, for [`InProcess::reload`].
+    runtime: hopper::plugin::Runtime,
     _file: TestConfig,
 }
 
@@ -536,8 +538,15 @@ impl InProcess {
             route,
             handler,
             telemetry,
+            runtime,
             _file: file,
         }
+    }
+
+    /// The handler loaded again through the same runtime, as a hot reload
+    /// loads a new version: it shares the route's grants with the first.
+    pub fn reload(&self) -> hopper::plugin::Handler {
+        self.runtime.load(&self.route.handler, &self.route).unwrap()
     }
 
     /// A delivery of `payload` to this route, with message id `id`.

@@ -5,7 +5,7 @@
 
 use super::check_name;
 use super::secrets::{Secrets, read_secret};
-use crate::egress::AllowList;
+use crate::egress::{AllowList, HostLimit, Rate};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -35,6 +35,42 @@ pub struct HttpConfig {
     /// PEM file of extra CA certificates to trust besides the system's
     /// roots, relative to the config file.
     pub ca_file: Option<PathBuf>,
+    /// `[route.http.hosts."ENTRY"]`: limits of the requests to one
+    /// `allowed_hosts` entry, keyed by the entry as written there.
+    #[serde(default)]
+    pub hosts: BTreeMap<String, HostLimitConfig>,
+}
+
+/// `[route.http.hosts."ENTRY"]` as written. Numbers are read signed and
+/// wide so that a negative or absurd one gets a message naming the route
+/// and the entry, not serde's.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostLimitConfig {
+    /// Requests to the entry's hosts in flight at once from this process,
+    /// response bodies included.
+    pub max_concurrent: Option<i64>,
+    /// Requests per second to the entry's hosts from this process.
+    pub rate: Option<Number>,
+    /// Requests that may go at once after a quiet spell. Default 1.
+    pub burst: Option<i64>,
+}
+
+/// A TOML number, integer or float.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum Number {
+    Integer(i64),
+    Float(f64),
+}
+
+impl Number {
+    fn value(self) -> f64 {
+        match self {
+            Number::Integer(n) => n as f64,
+            Number::Float(x) => x,
+        }
+    }
 }
 
 /// `[route.emit]` as written: limits of the records one call may emit.
@@ -59,6 +95,11 @@ pub const DEFAULT_MAX_EMIT_BYTES: u64 = 1 << 20;
 const MAX_RESPONSE_BYTES: u64 = 1 << 30;
 const MAX_EMIT_RECORDS: u32 = 10_000;
 const MAX_EMIT_BYTES: u64 = 64 << 20;
+/// Bounds of `http.hosts` limits: past them a value is a typo, not a limit.
+const MAX_CONCURRENT: i64 = 100_000;
+const MAX_RATE: f64 = 1_000_000.0;
+const MIN_RATE: f64 = 0.001;
+const MAX_BURST: i64 = 100_000;
 
 /// A route's grants, resolved: what its handler may do besides computing.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -91,6 +132,9 @@ pub struct HttpLimits {
     pub max_idle_per_host: usize,
     pub idle_timeout: Duration,
     pub ca_file: Option<PathBuf>,
+    /// `http.hosts`: the limits of the `allowed_hosts` entries that have
+    /// any, in the order of the entries.
+    pub hosts: Vec<HostLimit>,
 }
 
 impl Default for HttpLimits {
@@ -103,6 +147,7 @@ impl Default for HttpLimits {
             max_idle_per_host: super::DEFAULT_MAX_INSTANCES,
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             ca_file: None,
+            hosts: Vec::new(),
         }
     }
 }
@@ -214,7 +259,8 @@ pub(super) fn resolve(
         problems.extend(found.into_iter().map(|p| format!("{label}: {p}")));
         AllowList::default()
     });
-    let http = resolve_http(raw.http, raw.max_instances, label, base, problems);
+    let mut http = resolve_http(raw.http, raw.max_instances, label, base, problems);
+    http.hosts = host_limits(&raw.http.hosts, &allowed_hosts, label, problems);
     let mut emit_topics: Vec<String> = Vec::new();
     for topic in raw.emit_topics {
         if let Err(e) = check_name(topic) {
@@ -311,7 +357,96 @@ fn resolve_http(
         max_idle_per_host: raw.max_idle_per_host.unwrap_or(max_instances),
         idle_timeout: raw.idle_timeout.unwrap_or(DEFAULT_IDLE_TIMEOUT),
         ca_file,
+        hosts: Vec::new(),
     }
+}
+
+/// Resolves `http.hosts`: each key an entry of `allowed_hosts` (however
+/// spelled there, but only once), each limit within its bounds.
+fn host_limits(
+    raw: &BTreeMap<String, HostLimitConfig>,
+    allowed: &AllowList,
+    label: &str,
+    problems: &mut Vec<String>,
+) -> Vec<HostLimit> {
+    let mut limits: Vec<HostLimit> = Vec::new();
+    let mut seen: Vec<(usize, &str)> = Vec::new();
+    for (name, limit) in raw {
+        let what = format!("{label}: http.hosts.\"{name}\"");
+        let entry = match allowed.index_of(name) {
+            Ok(Some(entry)) => entry,
+            Ok(None) => {
+                problems.push(format!(
+                    "{what} is not an allowed_hosts entry; limits are set per entry, written as in allowed_hosts"
+                ));
+                continue;
+            }
+            Err(e) => {
+                problems.push(format!("{what}: {e}"));
+                continue;
+            }
+        };
+        if let Some((_, other)) = seen.iter().find(|(e, _)| *e == entry) {
+            problems.push(format!(
+                "{what} is the same allowed_hosts entry as http.hosts.\"{other}\""
+            ));
+            continue;
+        }
+        seen.push((entry, name));
+        let before = problems.len();
+        let max_concurrent = limit.max_concurrent.and_then(|n| {
+            if (1..=MAX_CONCURRENT).contains(&n) {
+                Some(n as u32)
+            } else {
+                problems.push(format!(
+                    "{what}.max_concurrent must be between 1 and {MAX_CONCURRENT}, not {n}"
+                ));
+                None
+            }
+        });
+        let burst = match limit.burst {
+            None => 1,
+            Some(n) if (1..=MAX_BURST).contains(&n) => n as u32,
+            Some(n) => {
+                problems.push(format!(
+                    "{what}.burst must be between 1 and {MAX_BURST}, not {n}"
+                ));
+                1
+            }
+        };
+        if limit.burst.is_some() && limit.rate.is_none() {
+            problems.push(format!("{what}.burst is set without a rate"));
+        }
+        let rate = limit.rate.and_then(|rate| {
+            let per_second = rate.value();
+            if (MIN_RATE..=MAX_RATE).contains(&per_second) {
+                Some(Rate {
+                    interval: Duration::from_secs_f64(1.0 / per_second),
+                    burst,
+                })
+            } else {
+                problems.push(format!(
+                    "{what}.rate must be between {MIN_RATE} and {MAX_RATE} requests a second, not {per_second}"
+                ));
+                None
+            }
+        });
+        if limit.max_concurrent.is_none() && limit.rate.is_none() {
+            problems.push(format!(
+                "{what} sets no limit: give max_concurrent, rate, or both"
+            ));
+        }
+        if problems.len() == before {
+            limits.push(HostLimit {
+                entry,
+                name: name.clone(),
+                max_concurrent,
+                rate,
+            });
+        }
+    }
+    limits.sort_by_key(|l| l.entry);
+    limits
 }
 
 /// `value`, or `default` when unset; a problem when it is 0 or above `max`.
@@ -524,6 +659,116 @@ mod tests {
             assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
         }
         assert_eq!(problems.len(), 4, "{text}");
+    }
+
+    #[test]
+    fn host_limits_resolve_per_allowed_hosts_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let routes = resolve(
+            dir.path(),
+            r#"
+            [[route]]
+            name = "calls"
+            topics = ["a"]
+            handler = "h.wasm"
+            allowed_hosts = ["https://api.example.com", "http://127.0.0.1:8080", "https://*.pay.example"]
+
+            [route.http.hosts."https://api.example.com:443"]
+            max_concurrent = 4
+
+            [route.http.hosts."https://*.pay.example"]
+            rate = 2.5
+            burst = 5
+
+            [route.http.hosts."http://127.0.0.1:8080"]
+            max_concurrent = 1
+            rate = 100
+            "#,
+        )
+        .unwrap();
+        let hosts = &routes[0].grants.http.hosts;
+        let shown: Vec<String> = hosts
+            .iter()
+            .map(|h| {
+                format!(
+                    "{} {} {:?} {}",
+                    h.entry,
+                    h.name,
+                    h.max_concurrent,
+                    h.rate.map(|r| r.to_string()).unwrap_or_default()
+                )
+            })
+            .collect();
+        assert_eq!(
+            shown,
+            [
+                "0 https://api.example.com:443 Some(4) ",
+                "1 http://127.0.0.1:8080 Some(1) rate = 100/s, burst 1",
+                "2 https://*.pay.example None rate = 2.5/s, burst 5",
+            ],
+            "in the order of allowed_hosts, an entry however spelled"
+        );
+        assert_eq!(hosts[2].rate.unwrap().interval, Duration::from_millis(400));
+    }
+
+    #[test]
+    fn hostile_host_limits_are_named_with_their_route_and_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let problems = resolve(
+            dir.path(),
+            r#"
+            [[route]]
+            name = "calls"
+            topics = ["a"]
+            handler = "h.wasm"
+            allowed_hosts = ["https://a.example", "https://b.example", "https://c.example", "https://d.example"]
+
+            [route.http.hosts."https://a.example"]
+            max_concurrent = 0
+            rate = -1
+
+            [route.http.hosts."https://b.example"]
+            max_concurrent = -5
+            rate = 1e12
+            burst = 0
+
+            [route.http.hosts."https://c.example"]
+            burst = 3
+
+            [route.http.hosts."https://d.example"]
+
+            [route.http.hosts."https://d.example:443"]
+            max_concurrent = 2
+
+            [route.http.hosts."https://e.example"]
+            max_concurrent = 2
+
+            [route.http.hosts."e.example"]
+            rate = 1
+
+            [route.http.hosts."https://a.example:8443"]
+            rate = nan
+            "#,
+        )
+        .unwrap_err();
+        let text = problems.join("\n");
+        for expected in [
+            r#"route `calls`: http.hosts."https://a.example".max_concurrent must be between 1 and 100000, not 0"#,
+            r#"route `calls`: http.hosts."https://a.example".rate must be between 0.001 and 1000000 requests a second, not -1"#,
+            r#"route `calls`: http.hosts."https://b.example".max_concurrent must be between 1 and 100000, not -5"#,
+            r#"route `calls`: http.hosts."https://b.example".rate must be between 0.001 and 1000000 requests a second, not 1000000000000"#,
+            r#"route `calls`: http.hosts."https://b.example".burst must be between 1 and 100000, not 0"#,
+            r#"route `calls`: http.hosts."https://c.example".burst is set without a rate"#,
+            r#"route `calls`: http.hosts."https://c.example" sets no limit"#,
+            r#"route `calls`: http.hosts."https://d.example" sets no limit"#,
+            r#"route `calls`: http.hosts."https://d.example:443" is the same allowed_hosts entry as http.hosts."https://d.example""#,
+            r#"route `calls`: http.hosts."https://e.example" is not an allowed_hosts entry"#,
+            r#"route `calls`: http.hosts."e.example": no scheme"#,
+            r#"route `calls`: http.hosts."https://a.example:8443" is not an allowed_hosts entry"#,
+        ] {
+            assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+        }
+        assert_eq!(problems.len(), 12, "{text}");
     }
 
     #[test]

@@ -170,8 +170,15 @@ impl AllowList {
     /// Whether a request to `scheme://host:port` is allowed. `host` is a
     /// name or an IP literal without brackets.
     pub fn allows(&self, scheme: Scheme, host: &str, port: u16) -> bool {
+        self.entry_for(scheme, host, port).is_some()
+    }
+
+    /// The place of the first entry that allows a request to
+    /// `scheme://host:port`, if one does: the entry whose
+    /// `http.hosts` limits the request is held to.
+    pub fn entry_for(&self, scheme: Scheme, host: &str, port: u16) -> Option<usize> {
         let ip: Option<IpAddr> = host.parse().ok();
-        self.entries.iter().any(|p| {
+        self.entries.iter().position(|p| {
             p.scheme.is_none_or(|s| s == scheme)
                 && p.ports.contains(port)
                 && match &p.host {
@@ -186,6 +193,14 @@ impl AllowList {
                     }
                 }
         })
+    }
+
+    /// The place of the entry written as `entry` (the same scheme, host and
+    /// ports, however spelled), if there is one; an error naming what is
+    /// wrong when `entry` is not an entry at all.
+    pub fn index_of(&self, entry: &str) -> Result<Option<usize>, String> {
+        let pattern = HostPattern::parse(entry)?;
+        Ok(self.entries.iter().position(|p| *p == pattern))
     }
 
     /// Guards the admin server at `own` (see [`OwnEndpoint`]).

@@ -222,6 +222,9 @@ pub struct HttpRequest {
     pub error: Option<String>,
     /// From sending the request to its response head.
     pub took: Duration,
+    /// How long it waited for its turn under its host's limits
+    /// (`http.hosts`) before it was sent; `None` for a host without limits.
+    pub waited: Option<Duration>,
 }
 
 impl HttpRequest {
@@ -236,6 +239,7 @@ impl HttpRequest {
             status = self.status,
             error = self.error,
             took_ms = self.took.as_secs_f64() * 1000.0,
+            waited_ms = self.waited.map(|w| w.as_secs_f64() * 1000.0),
             "HTTP request sent."
         );
     }
@@ -305,6 +309,49 @@ impl InternalEvent for HttpDenied {
     }
 }
 
+/// A handler's HTTP request waited for its turn under its host's limits
+/// (`http.hosts`) until its call's deadline came, or its turn under `rate`
+/// would have come after it, and was not sent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimited {
+    pub route: String,
+    pub handler: String,
+    pub id: String,
+    pub version: String,
+    pub method: String,
+    pub url: String,
+    /// The entry and the limit it waited for, and how long.
+    pub reason: String,
+    pub waited: Duration,
+}
+
+impl HttpLimited {
+    fn log(&self) {
+        tracing::warn!(
+            route = self.route,
+            handler = self.handler,
+            version = short(&self.version),
+            id = self.id,
+            method = self.method,
+            url = self.url,
+            reason = self.reason,
+            waited_ms = self.waited.as_secs_f64() * 1000.0,
+            "HTTP request not sent: its host's limit held it past the call's deadline."
+        );
+    }
+}
+
+impl InternalEvent for HttpLimited {
+    fn record(&self, metrics: &Metrics) {
+        self.log();
+        let route = &self.route;
+        metrics.inc(&HttpRequests {
+            route,
+            result: "limited",
+        });
+    }
+}
+
 /// Result labels of `hopper_http_requests_total` for requests that were
 /// sent: a status class, then `error` for no response.
 pub const STATUS_CLASSES: [&str; 6] = ["1xx", "2xx", "3xx", "4xx", "5xx", "error"];
@@ -322,6 +369,8 @@ pub struct HttpCounters {
     /// By [`STATUS_CLASSES`].
     answered: [Counter; 6],
     denied: Counter,
+    /// Not sent: held by a host's limits past the call's deadline.
+    limited: Counter,
 }
 
 impl HttpCounters {
@@ -332,6 +381,10 @@ impl HttpCounters {
             denied: metrics.handle(&HttpRequests {
                 route,
                 result: "denied",
+            }),
+            limited: metrics.handle(&HttpRequests {
+                route,
+                result: "limited",
             }),
         }
     }
@@ -377,6 +430,30 @@ impl HttpCounters {
             tracing::enabled!(tracing::Level::WARN)
         };
         let logged = enabled && budget();
+        if !(logged || observed) {
+            return;
+        }
+        let event = event();
+        if logged {
+            event.log();
+        }
+        if observed {
+            telemetry.publish(event);
+        }
+    }
+
+    /// A request was held by its host's limits past its call's deadline.
+    /// Counted at once; logged as a warning within `budget`, like a
+    /// refusal.
+    pub fn limited(
+        &self,
+        telemetry: &Telemetry,
+        budget: impl FnOnce() -> bool,
+        event: impl FnOnce() -> HttpLimited,
+    ) {
+        self.limited.inc();
+        let observed = telemetry.has_observers();
+        let logged = tracing::enabled!(tracing::Level::WARN) && budget();
         if !(logged || observed) {
             return;
         }

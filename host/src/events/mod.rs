@@ -36,7 +36,7 @@ pub use delay::{
 };
 pub use handler::{
     Call, Calls, EmitsDiscarded, Handled, HandlerReloadFailed, HandlerReloaded, HttpCounters,
-    HttpDenied, HttpRequest, STATUS_CLASSES,
+    HttpDenied, HttpLimited, HttpRequest, STATUS_CLASSES,
 };
 pub use hops::HopFailed;
 pub use parked::{KeyParked, KeyReleased, MessageParked, ParkRecordsRefused};
@@ -130,6 +130,7 @@ events! {
     HandlerReloadFailed,
     HttpRequest,
     HttpDenied,
+    HttpLimited,
     Emitted(hop::Emit),
     HopFailed,
     EmitsDiscarded,

@@ -27,6 +27,12 @@ pub const LATENESS_BUCKETS: [f64; 14] = [
     0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0, 30.0, 60.0,
 ];
 
+/// Waits for a host's limits, in seconds: none to speak of (100 µs) to 10 s
+/// (past any sensible call timeout).
+pub const WAIT_BUCKETS: [f64; 12] = [
+    0.0001, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0,
+];
+
 /// A histogram of durations, cheap to clone (clones share the buckets).
 #[derive(Clone, Debug)]
 pub struct Histogram {

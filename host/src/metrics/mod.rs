@@ -17,7 +17,7 @@ mod histogram;
 mod live;
 pub mod series;
 
-pub use histogram::{CALL_BUCKETS, Histogram, LATENESS_BUCKETS};
+pub use histogram::{CALL_BUCKETS, Histogram, LATENESS_BUCKETS, WAIT_BUCKETS};
 
 use crate::config::{Config, RELAY_ROUTE};
 use crate::headers::Reason;
@@ -67,6 +67,9 @@ pub struct Metrics {
     /// Held while a series is registered.
     registering: Mutex<()>,
     call_duration: Histograms,
+    /// `hopper_http_wait_seconds`, by route: the series of a route with
+    /// `http.hosts` limits, made when its grants are.
+    http_wait: Histograms,
     /// `hopper_delay_lateness_seconds`, when a relay runs.
     lateness: Option<Histogram>,
     /// `hopper_delay_cancellations`: entries in this process's table, when
@@ -103,6 +106,12 @@ impl Metrics {
             "Wall-clock time of handler calls.",
             call_duration.clone(),
         );
+        let http_wait: Histograms = Family::new_with_constructor(|| Histogram::new(&WAIT_BUCKETS));
+        registry.register(
+            "hopper_http_wait_seconds",
+            "Time handlers' outbound HTTP requests waited for their host's limits (http.hosts).",
+            http_wait.clone(),
+        );
         let lateness = Histogram::new(&LATENESS_BUCKETS);
         registry.register(
             "hopper_delay_lateness_seconds",
@@ -120,6 +129,7 @@ impl Metrics {
             index: ArcSwap::default(),
             registering: Mutex::default(),
             call_duration,
+            http_wait,
             lateness,
             cancellations,
         };
@@ -261,6 +271,14 @@ impl Metrics {
             self.call_duration
                 .get_or_create_owned(&vec![("route", route.to_string())])
         })
+    }
+
+    /// The histogram of the waits of `route`'s HTTP requests for their
+    /// host's limits. Made whether or not calls are timed: only a route
+    /// with limits asks, and a wait is timed anyway.
+    pub fn http_wait(&self, route: &str) -> Histogram {
+        self.http_wait
+            .get_or_create_owned(&vec![("route", route.to_string())])
     }
 
     /// Sets the gauge of the cancellation table's size.

@@ -7,9 +7,9 @@
 
 use super::canned::CannedHttp;
 use crate::config::{Grants, Route};
-use crate::egress::{Resolve, Transport, TransportError, TransportSettings};
+use crate::egress::{HostLimiter, Resolve, Scheme, Transport, TransportError, TransportSettings};
 use crate::events::{HttpCounters, Telemetry};
-use crate::metrics::{Counter, series};
+use crate::metrics::{Counter, Histogram, series};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use wasmtime_wasi_http::WasiBody;
@@ -28,6 +28,26 @@ pub(super) struct RouteGrants {
     pub(super) http: HttpCounters,
     /// `hopper_emitted_records_total{route,result=refused}`.
     pub(super) emits_refused: Counter,
+    /// One per `http.hosts` entry, in the order of `config.http.hosts`.
+    /// Held here, so every version of the route's handler and every
+    /// partition's calls wait in the same line.
+    pub(super) limiters: Vec<HostLimiter>,
+    /// `hopper_http_wait_seconds{route}`: each limited request's wait for
+    /// its turn; made only for a route with limits.
+    pub(super) http_wait: Option<Histogram>,
+}
+
+impl RouteGrants {
+    /// The limiter of the `allowed_hosts` entry that lets a request to
+    /// `scheme://host:port` through, if that entry has limits. A route
+    /// without limits looks nothing up.
+    pub(super) fn limiter(&self, scheme: Scheme, host: &str, port: u16) -> Option<&HostLimiter> {
+        if self.limiters.is_empty() {
+            return None;
+        }
+        let entry = self.config.allowed_hosts.entry_for(scheme, host, port)?;
+        self.limiters.iter().find(|l| l.limit().entry == entry)
+    }
 }
 
 impl RouteGrants {
@@ -54,7 +74,27 @@ impl RouteGrants {
             )?)
         };
         let (route, metrics) = (route.name.as_str(), telemetry.metrics());
+        let limiters: Vec<HostLimiter> = config
+            .http
+            .hosts
+            .iter()
+            .cloned()
+            .map(HostLimiter::new)
+            .collect();
+        let http_wait = (!limiters.is_empty()).then(|| metrics.http_wait(route));
+        if !limiters.is_empty() {
+            let limits: Vec<String> = limiters.iter().map(|l| l.limit().to_string()).collect();
+            // hopper reads its config once: the limits hold until a restart
+            // with a new config, across every reload of the handler.
+            tracing::info!(
+                route,
+                limits = limits.join("; "),
+                "Outbound HTTP limits set; they change when hopper restarts with a new config, not on a handler reload."
+            );
+        }
         Ok(RouteGrants {
+            limiters,
+            http_wait,
             config,
             transport,
             canned,

@@ -26,7 +26,7 @@
 
 use super::GuestInfo;
 use super::bindings::hopper::handler::http::FetchError;
-use crate::egress::{BodyError, LimitedBody, Scheme, SendError};
+use crate::egress::{BodyError, Holding, LimitedBody, Refused, Scheme, SendError};
 use crate::events;
 use http_body_util::BodyExt;
 use std::future::Future;
@@ -41,6 +41,11 @@ use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpHooks};
 /// Bytes of a URL or a reason kept in a log line or an event; a guest may
 /// send a URL of 64 KiB.
 pub(super) const MAX_LOGGED: usize = 256;
+
+/// How long before its call's deadline a request stops waiting for its
+/// host's limits (`http.hosts`): the guest's time to act on the refusal,
+/// say by returning `retryable`, before the call is cut.
+const LIMIT_RESERVE: Duration = Duration::from_millis(200);
 
 /// The per-store side of a guest's HTTP: its route's grants (through the
 /// guest info) and the current call's deadline and request count.
@@ -236,6 +241,10 @@ impl HttpHooks {
         .unwrap_or(remaining);
         let between_bytes = options.and_then(|o| o.between_bytes_timeout);
         let max_body = limits.max_response_bytes;
+        let deadline = tokio::time::Instant::from_std(self.deadline);
+        // A request waits for its host's limits until shortly before the
+        // call's deadline, so the guest has time to act on the refusal.
+        let wait_until = deadline.checked_sub(LIMIT_RESERVE).unwrap_or(deadline);
         async move {
             if let Some(reason) = refused {
                 report.denied(reason.clone());
@@ -247,6 +256,23 @@ impl HttpHooks {
                     .await
                     .map_err(Failure::Canned);
             }
+            // The host's limits (`http.hosts`): the request waits its turn
+            // here, within the call's deadline, holding no thread.
+            let (permit, waited, head_timeout) = match report.limiter() {
+                None => (None, None, head_timeout),
+                Some(limiter) => match limiter.turn(wait_until).await {
+                    Ok(turn) => {
+                        report.waited(turn.waited);
+                        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                        (turn.permit, Some(turn.waited), head_timeout.min(left))
+                    }
+                    Err(refused) => {
+                        report.waited(refused.waited);
+                        report.limited(&refused);
+                        return Err(Failure::Limited(refused));
+                    }
+                },
+            };
             let started = Instant::now();
             let transport = report
                 .guest
@@ -256,7 +282,7 @@ impl HttpHooks {
                 .expect("a route with allowed hosts has a transport");
             match transport.send(request, head_timeout).await {
                 Ok(response) => {
-                    report.answered(Ok(response.status().as_u16()), started.elapsed());
+                    report.answered(Ok(response.status().as_u16()), started.elapsed(), waited);
                     let length = response
                         .headers()
                         .get(http::header::CONTENT_LENGTH)
@@ -267,9 +293,14 @@ impl HttpHooks {
                         return Err(Failure::TooLarge(max_body));
                     }
                     Ok(response.map(|body| {
-                        LimitedBody::new(body, max_body, between_bytes)
+                        let body = LimitedBody::new(body, max_body, between_bytes)
                             .map_err(body_error)
-                            .boxed_unsync()
+                            .boxed_unsync();
+                        match permit {
+                            // In flight until its body is read or dropped.
+                            Some(permit) => Holding::new(body, Some(permit)).boxed_unsync(),
+                            None => body,
+                        }
                     }))
                 }
                 Err(e @ SendError::Guarded { .. }) => {
@@ -278,11 +309,11 @@ impl HttpHooks {
                     Err(Failure::Denied(reason))
                 }
                 Err(SendError::Timeout) => {
-                    report.answered(Err(&SendError::Timeout), started.elapsed());
+                    report.answered(Err(&SendError::Timeout), started.elapsed(), waited);
                     Err(Failure::Timeout(head_timeout))
                 }
                 Err(e) => {
-                    report.answered(Err(&e), started.elapsed());
+                    report.answered(Err(&e), started.elapsed(), waited);
                     Err(Failure::Send(e))
                 }
             }
@@ -329,6 +360,9 @@ pub(super) enum Failure {
     Send(SendError),
     /// A canned answer's error (`hopper plugin test`).
     Canned(Error),
+    /// Held by the host's limits (`http.hosts`) until the call's deadline
+    /// came, or its turn under `rate` would have come after it; not sent.
+    Limited(Refused),
 }
 
 impl Failure {
@@ -341,6 +375,9 @@ impl Failure {
             Failure::TooLarge(max_body) => Error::HttpResponseBodySize(Some(max_body)),
             Failure::Send(e) => send_error(e),
             Failure::Canned(e) => e,
+            // Given by `future-incoming-response.get`, where `handle`'s
+            // `connection-limit-reached` is `http.max_requests`'s.
+            Failure::Limited(_) => Error::ConnectionLimitReached,
         }
     }
 
@@ -368,6 +405,9 @@ impl Failure {
                 }
             }
             Failure::Canned(e) => fetch_error_of(e),
+            // `timeout`, its text starting `waited`: fetch-error has no case
+            // of its own for it (docs/wit.md).
+            Failure::Limited(refused) => FetchError::Timeout(refused.to_string()),
         }
     }
 }
@@ -480,6 +520,7 @@ fn error_code(e: Error) -> ErrorCode {
         Error::TlsProtocolError => ErrorCode::TlsProtocolError,
         Error::HttpResponseTimeout => ErrorCode::HttpResponseTimeout,
         Error::HttpProtocolError => ErrorCode::HttpProtocolError,
+        Error::ConnectionLimitReached => ErrorCode::ConnectionLimitReached,
         other => ErrorCode::InternalError(Some(other.to_string())),
     }
 }
@@ -693,8 +734,41 @@ impl Report {
         });
     }
 
+    /// The limits of the request's host, if it has any.
+    fn limiter(&self) -> Option<&crate::egress::HostLimiter> {
+        let (scheme, host, port) = self.target.endpoint()?;
+        self.guest.grants.limiter(scheme, host, port)
+    }
+
+    /// Times a limited request's wait (`hopper_http_wait_seconds`).
+    fn waited(&self, waited: Duration) {
+        if let Some(histogram) = &self.guest.grants.http_wait {
+            histogram.observe(waited);
+        }
+    }
+
+    /// Reports a request its host's limits held past the call's deadline
+    /// ([`events::HttpCounters::limited`]).
+    fn limited(&self, refused: &Refused) {
+        let g = &*self.guest;
+        g.grants.http.limited(
+            &g.grants.telemetry,
+            || g.budget.take(),
+            || events::HttpLimited {
+                route: g.route.clone(),
+                handler: g.handler.clone(),
+                id: self.message_id.to_string(),
+                version: g.version.clone(),
+                method: self.target.method.to_string(),
+                url: self.target.url(g),
+                reason: refused.to_string(),
+                waited: refused.waited,
+            },
+        );
+    }
+
     /// Reports the request's outcome ([`events::HttpCounters::answered`]).
-    fn answered(&self, result: Result<u16, &SendError>, took: Duration) {
+    fn answered(&self, result: Result<u16, &SendError>, took: Duration, waited: Option<Duration>) {
         let g = &*self.guest;
         let status = result.ok();
         g.grants.http.answered(&g.grants.telemetry, status, || {
@@ -710,6 +784,7 @@ impl Report {
                 // A DNS error names the host, which the guest chose.
                 error: result.err().map(|e| redacted(g, &e.to_string())),
                 took,
+                waited,
             }
         });
     }

@@ -3,7 +3,7 @@
 //! the same concurrency, side by side in one run.
 //!
 //! ```text
-//! bench-http [--partitions P] [--service-ms MS] [--rounds ROUNDS] [MESSAGES]
+//! bench-http [--partitions P] [--service-ms MS] [--rounds ROUNDS] [--limits] [MESSAGES]
 //! ```
 //!
 //! The loopback HTTP server (`hopper_tests::http_server`, keep-alive, one
@@ -35,6 +35,15 @@
 //!   and the host without any network I/O.
 //! - **noop**: the same route with the no-op handler, for what Kafka and
 //!   the handler call cost without the request.
+//!
+//! - with `--limits`, **hopper, limits that never bind**: the `fetch` route
+//!   with `[route.http.hosts."ORIGIN"]` at `max_concurrent = 100000`,
+//!   `rate = 1000000`, `burst = 100000`, run right after the `fetch` row
+//!   without limits in each round: what holding requests to a host's
+//!   limits costs when they never make one wait. After the rounds, the
+//!   same route at a `rate` of a quarter of the median `fetch` row's
+//!   msg/s, offered four times that load by its partition(s): the rate
+//!   the service saw, against the rate configured.
 //!
 //! With `--service-ms`, the server answers each request after MS
 //! milliseconds, like a service doing work, instead of at once.
@@ -74,15 +83,17 @@ fn main() {
     }
     let usage = || -> ! {
         eprintln!(
-            "usage: bench-http [--partitions P] [--service-ms MS] [--rounds N] [MESSAGES >= 1000]"
+            "usage: bench-http [--partitions P] [--service-ms MS] [--rounds N] [--limits] [MESSAGES >= 1000]"
         );
         std::process::exit(2)
     };
     let (mut messages, mut rounds, mut partitions) = (20_000u64, 5usize, 1i32);
     let mut service_ms = 0u64;
+    let mut limits = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
+            "--limits" => limits = true,
             "--rounds" => match args.next().map(|r| r.parse()) {
                 Some(Ok(r)) if r >= 1 => rounds = r,
                 _ => usage(),
@@ -105,7 +116,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap()
-        .block_on(run(messages, rounds, partitions, service_ms));
+        .block_on(run(messages, rounds, partitions, service_ms, limits));
 }
 
 /// One contender's figures in one round.
@@ -199,7 +210,7 @@ fn switches_per(before: &std::collections::BTreeMap<String, u64>, n: u64) -> f64
     by_thread.iter().map(|(_, per)| per).sum()
 }
 
-async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
+async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, limits: bool) {
     // The client side on one CPU and the server on another, as a service
     // on another machine would be (see the module docs).
     let all_cpus = allowed_cpus();
@@ -242,6 +253,9 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
     const NOOP: &str = "hopper, no-op handler (no request), warm";
     const TRANSPORT: &str = "hopper's transport alone, one request loop per partition";
     const DENIED: &str = "hopper, fetch handler, every request denied (no I/O), warm";
+    const LIMITED: &str = "hopper, fetch handler, host limits that never bind";
+    const UNBOUND: &str = "max_concurrent = 100000\nrate = 1000000\nburst = 100000\n";
+    let (mut limited_ratios, mut limited_cpu) = (Vec::new(), Vec::new());
     let mut results: Vec<(&str, Vec<Figures>)> = vec![
         (BARE, vec![]),
         (TRANSPORT, vec![]),
@@ -268,6 +282,17 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         )
         .await;
         fetch.row(HOPPER);
+        if limits {
+            let extra = format!("{hosts}{}{route}", host_limits(&server.origin, UNBOUND));
+            let limited = hopper_route(&mut server, &input, "fetch", &extra, messages).await;
+            limited.row(LIMITED);
+            println!(
+                "{LIMITED}: {:.3}x the fetch row without limits",
+                limited.rate / fetch.rate
+            );
+            limited_ratios.push(limited.rate / fetch.rate);
+            limited_cpu.push(limited.cpu_us - fetch.cpu_us);
+        }
         results[2].1.push(fetch);
         // The rows without a request use every CPU, as a route does.
         every_cpu();
@@ -296,6 +321,35 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
         v[v.len() / 2]
     };
+    if limits {
+        println!(
+            "{LIMITED}: {:.3}x the fetch row without limits (rounds {}); cpu {:+.1} µs/msg",
+            median(limited_ratios.clone()),
+            limited_ratios
+                .iter()
+                .map(|r| format!("{r:.3}x"))
+                .collect::<Vec<_>>()
+                .join(" "),
+            median(limited_cpu.clone()),
+        );
+        // Four times the load the rate allows: the route's partitions
+        // offer what the fetch row handled, the rate lets a quarter in.
+        clients_alone();
+        let offered = median(results[2].1.iter().map(|f| f.rate).collect());
+        let rate = (offered / 4.0).floor().max(1.0);
+        let n = ((rate * 10.0) as u64).clamp(100, messages);
+        let route = format!("[route.config]\nurl = \"{}\"\n", server.url);
+        let hosts = format!("allowed_hosts = [\"{}\"]\n", server.origin);
+        let limits = host_limits(&server.origin, &format!("rate = {rate}\n"));
+        let extra = format!("{hosts}{limits}{route}");
+        let held = hopper_route(&mut server, &input, "fetch", &extra, n).await;
+        println!(
+            "hopper, fetch handler, rate = {rate}/s offered {offered:.0} msg/s (4x): {:.1} msg/s over {n} messages, {:.3}x the rate",
+            held.rate,
+            held.rate / rate
+        );
+        every_cpu();
+    }
     let bare = &results[0].1;
     for (name, all) in &results {
         // Each round's rate against the bare client's in the same round:
@@ -315,6 +369,12 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64) {
             median(all.iter().map(|f| f.connections_per_10k).collect()),
         );
     }
+}
+
+/// `[route.http.hosts."ORIGIN"]` with `limits` (TOML lines), after the
+/// route's other keys: a sub-table of `[route.http]`.
+fn host_limits(origin: &str, limits: &str) -> String {
+    format!("[route.http.hosts.\"{origin}\"]\n{limits}")
 }
 
 /// The bare client ([`bare_gets`]): `loops` request loops sharing `n`

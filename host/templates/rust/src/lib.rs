@@ -31,11 +31,17 @@ impl Guest for Handler {
         let mut status = None;
         if let Some(url) = config::get("lookup-url") {
             match get(&url) {
-                Ok(code) if (200..300).contains(&code) => status = Some(code),
-                Ok(code) if code >= 500 => {
+                Ok((code, _)) if (200..300).contains(&code) => status = Some(code),
+                // Over its limits, or down for a while: the service may say
+                // when to come back, and the message waits at least that
+                // long in the route's retry tiers.
+                Ok((code @ (429 | 503), wait)) => {
+                    return retryable_after(format!("{url} answered HTTP {code}"), wait);
+                }
+                Ok((code, _)) if code >= 500 => {
                     return retryable(format!("{url} answered HTTP {code}"));
                 }
-                Ok(code) => return fatal(format!("{url} answered HTTP {code}")),
+                Ok((code, _)) => return fatal(format!("{url} answered HTTP {code}")),
                 Err(why) => return retryable(format!("{url} unreachable: {why}")),
             }
         }
@@ -72,10 +78,11 @@ impl Guest for Handler {
     }
 }
 
-/// The status of `GET url`, or why there is none: the host's `fetch-error`
-/// says (`denied` for a host the route does not grant, `timeout` for a
-/// service too slow).
-fn get(url: &str) -> Result<u16, String> {
+/// The status of `GET url` and the wait its `retry-after` header asks for,
+/// or why there is no response: the host's `fetch-error` says (`denied` for
+/// a host the route does not grant, `timeout` for a service too slow, or
+/// one whose limits in the route's `http.hosts` kept the request waiting).
+fn get(url: &str) -> Result<(u16, Option<u64>), String> {
     let response = http::fetch(&Request {
         method: "GET".into(),
         url: url.into(),
@@ -83,14 +90,62 @@ fn get(url: &str) -> Result<u16, String> {
         body: None,
     })
     .map_err(|e| format!("{e:?}"))?;
-    Ok(response.status)
+    let wait = response
+        .headers
+        .iter()
+        .find(|(name, _)| name == "retry-after")
+        .and_then(|(_, value)| retry_after_ms(value));
+    Ok((response.status, wait))
+}
+
+/// A `retry-after` value in milliseconds from now: seconds (`120`), or an
+/// HTTP date (`Wed, 21 Oct 2026 07:28:00 GMT`; one in the past is no wait).
+fn retry_after_ms(value: &str) -> Option<u64> {
+    let value = value.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(seconds.saturating_mul(1000));
+    }
+    // IMF-fixdate: `Day, DD Mon YYYY HH:MM:SS GMT`.
+    let mut parts = value.split([' ', ':']).skip(1);
+    let mut next = || parts.next();
+    let day: i64 = next()?.parse().ok()?;
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let name = next()?;
+    let month = MONTHS.iter().position(|m| *m == name)? as i64 + 1;
+    let year: i64 = next()?.parse().ok()?;
+    let (h, m, s): (i64, i64, i64) = (
+        next()?.parse().ok()?,
+        next()?.parse().ok()?,
+        next()?.parse().ok()?,
+    );
+    // Days since 1970-01-01 of a civil date (Howard Hinnant's algorithm).
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let at_ms = (days * 86_400 + h * 3600 + m * 60 + s) * 1000;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_millis() as i64;
+    Some(at_ms.saturating_sub(now_ms).max(0) as u64)
 }
 
 fn retryable(reason: String) -> Outcome {
+    retryable_after(reason, None)
+}
+
+/// `retryable`, waiting at least `retry_after_ms` before the next attempt:
+/// hopper picks the first retry tier that waits that long.
+fn retryable_after(reason: String, retry_after_ms: Option<u64>) -> Outcome {
     log(Level::Warn, &reason);
     Outcome::Retryable(Failure {
         reason,
-        retry_after_ms: None,
+        retry_after_ms,
     })
 }
 
