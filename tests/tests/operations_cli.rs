@@ -825,3 +825,81 @@ async fn dlq_groups_gather_dead_letters_by_cause_and_select_one_group() {
     ]);
     assert_eq!(page["total"], 0);
 }
+
+/// Dead letters anyone who can write the DLQ could forge: a 100 KB error
+/// per group, and an error that is not UTF-8. Each group keeps a sample
+/// cut to the bound the host writes (so ten thousand such groups stay
+/// small), and the bytes that are not text show as U+FFFD, not as no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    init_tracing();
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    let producer = producer();
+    produce(&producer, &route.input, Some("k"), "fatal", &[]).await;
+    consume(&route.dlq, 1, PATIENCE).await;
+    hopper_run.stop().await;
+
+    let huge = |word: &str| format!("{word} failed: {}", "x".repeat(100_000));
+    let errors: [Vec<u8>; 3] = [
+        huge("alpha").into_bytes(),
+        huge("beta").into_bytes(),
+        b"bad \xff\xfe bytes".to_vec(),
+    ];
+    for (i, error) in errors.iter().enumerate() {
+        let headers = OwnedHeaders::new()
+            .insert(Header {
+                key: "hopper-route",
+                value: Some(route.name.as_bytes()),
+            })
+            .insert(Header {
+                key: "hopper-reason",
+                value: Some(b"FATAL".as_slice()),
+            })
+            .insert(Header {
+                key: "hopper-last-error",
+                value: Some(error.as_slice()),
+            });
+        let key = format!("forged-{i}");
+        producer
+            .send(
+                FutureRecord::to(&route.dlq)
+                    .key(&key)
+                    .payload("forged")
+                    .headers(headers),
+                Duration::from_secs(10),
+            )
+            .await
+            .unwrap();
+    }
+    let config = route.config_path.to_str().unwrap();
+    let out = hopper(&["dlq", "groups", "--config", config, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(page["total"], 4, "{page:#}");
+    let groups = page["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 4, "{page:#}");
+    let samples: Vec<&str> = groups
+        .iter()
+        .map(|g| g["sample"].as_str().unwrap())
+        .collect();
+    for sample in &samples {
+        assert!(sample.len() <= 1024, "{} bytes", sample.len());
+    }
+    for word in ["alpha failed: xxx", "beta failed: xxx", "told to fail"] {
+        assert!(samples.iter().any(|s| s.starts_with(word)), "{samples:?}");
+    }
+    assert!(
+        samples.contains(&"bad \u{fffd}\u{fffd} bytes"),
+        "{samples:?}"
+    );
+    // The listing cuts them the same way.
+    let out = hopper(&["dlq", "ls", "--config", config, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    for r in page["records"].as_array().unwrap() {
+        assert!(r["error"].as_str().unwrap().len() <= 1024, "{r:#}");
+    }
+}

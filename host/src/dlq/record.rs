@@ -125,6 +125,19 @@ pub struct DlqRecord {
     pub trace_url: Option<String>,
 }
 
+/// The last error as text, cut to the bound the host writes. Bytes that
+/// are not UTF-8 (a forged or foreign record) show as U+FFFD rather than
+/// hiding the error.
+fn last_error<H: Headers>(h: Option<&H>) -> Option<String> {
+    let value = h?
+        .iter()
+        .filter(|header| header.key == headers::LAST_ERROR)
+        .last()?
+        .value?;
+    let text = String::from_utf8_lossy(value);
+    Some(headers::shorten(text.trim(), headers::MAX_ERROR_BYTES))
+}
+
 impl DlqSummary {
     pub fn of(message: &OwnedMessage, replayed: u32) -> DlqSummary {
         let h = message.headers();
@@ -134,7 +147,7 @@ impl DlqSummary {
         let (route, reason, error) = (
             text(headers::ROUTE),
             text(headers::REASON).as_deref().and_then(Reason::parse),
-            text(headers::LAST_ERROR),
+            last_error(h),
         );
         let cause = fingerprint::cause(error.as_deref().unwrap_or_default());
         let group = fingerprint::group(
