@@ -903,3 +903,142 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
         assert!(r["error"].as_str().unwrap().len() <= 1024, "{r:#}");
     }
 }
+
+/// `hopper dlq export` writes every selected dead letter as one JSON line,
+/// its key, payload and headers byte for byte (base64 where they are not
+/// text, `null` for a null header), to stdout or `--out`; it reads past
+/// nothing and writes nothing to Kafka.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dlq_export_writes_each_record_as_a_json_line_byte_for_byte() {
+    use base64::Engine as _;
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::FutureRecord;
+    init_tracing();
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const EACH: usize = 5;
+    for i in 0..EACH {
+        for payload in ["fatal".to_string(), format!("config:o-{i}=x")] {
+            produce(
+                &producer,
+                &route.input,
+                Some(&format!("k-{i}")),
+                &payload,
+                &[],
+            )
+            .await;
+        }
+    }
+    consume(&route.dlq, 2 * EACH, PATIENCE).await;
+    hopper_run.stop().await;
+    // A record no handler wrote: bytes that are not text everywhere.
+    let (key, payload, value) = (b"\xffkey".as_slice(), b"\x00\x9fpay".as_slice(), b"\xfe");
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "hopper-route",
+            value: Some(route.name.as_bytes()),
+        })
+        .insert(Header {
+            key: "binary",
+            value: Some(value.as_slice()),
+        })
+        .insert(Header::<&[u8]> {
+            key: "null",
+            value: None,
+        });
+    producer
+        .send(
+            FutureRecord::to(&route.dlq)
+                .key(key)
+                .payload(payload)
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    let dlq_size =
+        hopper::lag::topic_size(&Cluster::new(brokers(), Default::default()), &route.dlq).unwrap();
+    let config = route.config_path.to_str().unwrap();
+
+    let out = hopper(&["dlq", "export", "--config", config]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2 * EACH + 1, "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!("exported {0} of {0} matching", 2 * EACH + 1)),
+        "{}",
+        stderr(&out)
+    );
+    let b64 = |v: &serde_json::Value| {
+        base64::engine::general_purpose::STANDARD
+            .decode(v["base64"].as_str().unwrap())
+            .unwrap()
+    };
+    let forged = lines
+        .iter()
+        .find(|l| l["key"].get("base64").is_some())
+        .expect("the forged record");
+    assert_eq!(b64(&forged["key"]), key);
+    assert_eq!(b64(&forged["payload"]), payload);
+    let headers = forged["headers"].as_array().unwrap();
+    assert_eq!(headers[0]["value"]["text"], route.name.as_str());
+    assert_eq!(headers[1]["name"], "binary");
+    assert_eq!(b64(&headers[1]["value"]), value);
+    assert_eq!(
+        headers[2],
+        serde_json::json!({"name": "null", "value": null})
+    );
+    // A dead letter hopper wrote: text stays text, hopper's reading beside.
+    let genuine = lines.iter().find(|l| l["reason"] == "FATAL").unwrap();
+    assert_eq!(genuine["route"], route.name.as_str());
+    assert!(genuine["payload"]["text"].is_string(), "{genuine:#}");
+    assert!(
+        genuine["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h["name"] == "hopper-last-error" && h["value"]["text"].is_string()),
+        "{genuine:#}"
+    );
+
+    // A selection, to a file: one group exactly.
+    let group = lines
+        .iter()
+        .find(|l| {
+            l["error"]
+                .as_str()
+                .is_some_and(|e| e.starts_with("config o-"))
+        })
+        .unwrap()["group"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let file = route.dir.path().join("group.jsonl");
+    let out = hopper(&[
+        "dlq",
+        "export",
+        "--config",
+        config,
+        "--group",
+        &group,
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).is_empty(), "{}", stdout(&out));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(text.lines().count(), EACH, "{text}");
+    for line in text.lines() {
+        let line: serde_json::Value = serde_json::from_str(line).unwrap();
+        assert_eq!(line["group"], group.as_str());
+    }
+    // Nothing was written to the dead-letter topic.
+    assert_eq!(
+        hopper::lag::topic_size(&Cluster::new(brokers(), Default::default()), &route.dlq).unwrap(),
+        dlq_size
+    );
+}

@@ -21,7 +21,8 @@ use std::time::{Duration, Instant};
 
 /// Records one list reads at most, over all its topics.
 pub const MAX_SCAN: usize = 200_000;
-/// How long reading one topic to its high watermark may take.
+/// How long reading a topic may go without a record before it is given
+/// up: a read of any size goes on while records come.
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a DLQ could not be read. Names the route, topic or record.
@@ -44,7 +45,7 @@ pub enum DlqError {
         source: rdkafka::error::KafkaError,
     },
     #[error(
-        "read {read} of {expected} records of `{topic}` in {READ_TIMEOUT:?}; the broker is too slow or gone"
+        "no record of `{topic}` came for {READ_TIMEOUT:?} after {read} of {expected}; the broker is too slow or gone"
     )]
     Timeout {
         topic: String,
@@ -336,10 +337,31 @@ impl Dlq<'_> {
     /// all of its selection or nothing.
     pub fn select(&self, filter: &DlqFilter, max: usize) -> Result<Vec<OwnedMessage>, DlqError> {
         let mut out = Vec::new();
-        let mut matched = 0;
+        let (_, matched) = self.for_each_match(filter, MAX_SCAN, |_, m| {
+            if out.len() < max {
+                out.push(m);
+            }
+        })?;
+        if matched > max {
+            return Err(DlqError::TooMany { matched, max });
+        }
+        Ok(out)
+    }
+
+    /// Passes every match of `filter` to `each` as it is read, in offset
+    /// order per partition, keeping none: a selection of any size. Reads
+    /// at most `budget` records per topic. Returns the records read and
+    /// matched.
+    pub fn for_each_match(
+        &self,
+        filter: &DlqFilter,
+        budget: usize,
+        mut each: impl FnMut(DlqSummary, OwnedMessage),
+    ) -> Result<(usize, usize), DlqError> {
+        let (mut scanned, mut matched) = (0, 0);
         for topic in self.topics(filter.route.as_deref())? {
             let replayed = replay_counts(self.cluster, &topic)?;
-            read_all(self.cluster, &topic, MAX_SCAN, |m| {
+            let read = read_all(self.cluster, &topic, budget, |m| {
                 let at = RecordRef {
                     topic: m.topic().to_string(),
                     partition: m.partition(),
@@ -348,16 +370,12 @@ impl Dlq<'_> {
                 let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
                 if filter.matches(&summary) {
                     matched += 1;
-                    if out.len() < max {
-                        out.push(m);
-                    }
+                    each(summary, m);
                 }
             })?;
+            scanned += read.0;
         }
-        if matched > max {
-            return Err(DlqError::TooMany { matched, max });
-        }
-        Ok(out)
+        Ok((scanned, matched))
     }
 
     /// One record in full.
@@ -449,7 +467,7 @@ pub fn read_all(
     consumer
         .assign(&tpl)
         .map_err(|source| read_error(topic, source))?;
-    let deadline = Instant::now() + READ_TIMEOUT;
+    let mut deadline = Instant::now() + READ_TIMEOUT;
     let mut read = 0;
     while !ends.is_empty() {
         if read >= budget {
@@ -472,6 +490,7 @@ pub fn read_all(
         };
         if offset < end {
             read += 1;
+            deadline = Instant::now() + READ_TIMEOUT;
             each(m.detach());
         }
         if offset + 1 >= end {

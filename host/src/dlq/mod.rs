@@ -1,11 +1,12 @@
 //! Dead-lettering: every record hopper writes to a dead-letter topic is
 //! built here, by routes and by the delay relay alike, so every DLQ record
 //! carries the same context headers (docs/headers.md). Reading them back
-//! ([`browse`]), replaying them ([`replay`]) and trying a new handler on
-//! them ([`candidate`]) live beside it.
+//! ([`browse`]), replaying them ([`replay`]), trying a new handler on them
+//! ([`candidate`]) and exporting them ([`export`]) live beside it.
 
 pub mod browse;
 pub mod candidate;
+pub mod export;
 pub mod fingerprint;
 pub mod record;
 pub mod replay;

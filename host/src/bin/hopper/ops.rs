@@ -131,6 +131,20 @@ pub enum DlqCommand {
         #[command(flatten)]
         filter: Filter,
     },
+    /// Writes the selected dead letters as JSON lines, one object per
+    /// record with its key, payload and every header (text where it is
+    /// UTF-8, else base64), in offset order per partition. Reads every
+    /// record, with no scan limit, and writes nothing to Kafka. Progress
+    /// goes to stderr.
+    Export {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        filter: Filter,
+        /// Write to this file instead of stdout.
+        #[arg(long, short)]
+        out: Option<PathBuf>,
+    },
     /// Shows one record: every header, and the payload.
     Show {
         /// The record, as topic:partition:offset (as `ls` prints it).
@@ -296,6 +310,11 @@ pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Res
             );
             Ok(())
         }
+        DlqCommand::Export {
+            target,
+            filter,
+            out,
+        } => export(target, filter, out).await,
         DlqCommand::Show {
             record,
             group,
@@ -650,6 +669,63 @@ async fn live_status(
         return Err(head.lines().next().unwrap_or_default().to_string());
     }
     serde_json::from_str(body).map_err(|e| e.to_string())
+}
+
+/// Dead letters exported between two progress lines.
+const EXPORT_PROGRESS_EVERY: usize = 10_000;
+
+async fn export(target: Target, filter: Filter, out: Option<PathBuf>) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let (config, cluster) = target.load()?;
+    let filter = filter.resolve()?;
+    let sink: Box<dyn std::io::Write + Send> = match &out {
+        Some(path) => Box::new(
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        ),
+        None => Box::new(std::io::stdout()),
+    };
+    let (read, matched, written) = blocking(move || {
+        let mut sink = std::io::BufWriter::new(sink);
+        let mut failed: Option<std::io::Error> = None;
+        let mut written = 0usize;
+        let dlq = Dlq {
+            cluster: &cluster,
+            config: &config,
+        };
+        let (read, matched) = dlq.for_each_match(&filter, usize::MAX, |summary, message| {
+            if failed.is_some() {
+                return;
+            }
+            let line = hopper::dlq::export::Exported::of(&message, summary);
+            let result = serde_json::to_writer(&mut sink, &line)
+                .map_err(std::io::Error::from)
+                .and_then(|()| sink.write_all(b"\n"));
+            match result {
+                Ok(()) => {
+                    written += 1;
+                    if written.is_multiple_of(EXPORT_PROGRESS_EVERY) {
+                        eprintln!("exported {written} dead letters so far");
+                    }
+                }
+                Err(e) => failed = Some(e),
+            }
+        })?;
+        let flushed = sink.flush();
+        match failed.map_or(flushed, Err) {
+            // A reader that stopped early (`| head`) is not an error.
+            Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+            Err(e) => return Err(anyhow::Error::from(e).context("writing the export")),
+            Ok(()) => {}
+        }
+        anyhow::Ok((read, matched, written))
+    })
+    .await?;
+    eprintln!(
+        "exported {written} of {matched} matching dead letters ({read} read){}",
+        out.map(|p| format!(" to {}", p.display()))
+            .unwrap_or_default()
+    );
+    Ok(())
 }
 
 pub(crate) async fn blocking<T: Send + 'static, E: Into<anyhow::Error> + Send + 'static>(
