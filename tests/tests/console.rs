@@ -456,3 +456,206 @@ async fn try_a_fix_says_when_uploading_code_is_off() {
     browser.close().await.unwrap();
     hopper.stop().await;
 }
+
+/// The dead-letter view opens on the groups the admin server keeps as dead
+/// letters arrive: a new one is counted without a search, a group's
+/// records are one click away, and a group is replayed after a dry run
+/// that produces nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_dry_run() {
+    init_tracing();
+    let route = ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")).config("fixed", "no"))
+        .admin(AdminTable::loopback().token(TOKEN))
+        .test_route();
+    let hopper = route.start().await;
+    let producer = producer();
+    for id in ["g-fix-1", "g-fix-2", "g-fix-3"] {
+        let payload = "config:fixed=yes";
+        produce(
+            &producer,
+            &route.input,
+            Some(id),
+            payload,
+            &[("hopper-id", id)],
+        )
+        .await;
+    }
+    for id in ["g-fatal-1", "g-fatal-2"] {
+        produce(
+            &producer,
+            &route.input,
+            Some(id),
+            "fatal",
+            &[("hopper-id", id)],
+        )
+        .await;
+    }
+    consume(&route.dlq, 5, PATIENCE).await;
+    hopper.stop().await;
+    let text = std::fs::read_to_string(&route.config_path).unwrap();
+    std::fs::write(
+        &route.config_path,
+        text.replace("fixed = \"no\"", "fixed = \"yes\""),
+    )
+    .unwrap();
+    let hopper = route.start().await;
+    let mut events = hopper.events();
+    let addr = hopper.admin_addr().unwrap();
+
+    // The API: the groups of a route, from memory; an unknown route is
+    // named.
+    let (status, body) = http(addr, "GET", "/api/dlq/groups?route=nope", Some(TOKEN), None).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("route `nope` is not in the config"), "{body}");
+    let path = format!("/api/dlq/groups?route={}", route.name);
+    let page = until_json(addr, &path, |p| p["caught_up"] == true && p["total"] == 5).await;
+    assert_eq!(page["group_count"], 2, "{page:#}");
+
+    let driver = Driver::start();
+    let browser = driver.browser().await;
+    browser.goto(&format!("http://{addr}/")).await.unwrap();
+    let token = browser.find(Locator::Id("token")).await.unwrap();
+    token.send_keys(&format!("{TOKEN}\u{e004}")).await.unwrap();
+    let groups = until(&browser, "two groups", async |b| {
+        let rows = group_rows(b).await;
+        (rows.len() == 2).then_some(rows)
+    })
+    .await;
+    assert!(
+        groups
+            .iter()
+            .any(|r| r.starts_with("3\t") && r.contains("config fixed")),
+        "{groups:?}"
+    );
+    let bars = browser
+        .find_all(Locator::Css("#groups svg.sparkline rect"))
+        .await
+        .unwrap();
+    assert!(bars.len() >= 2, "a sparkline per group");
+
+    // A new dead letter is counted as it comes (the view refreshes itself).
+    produce(
+        &producer,
+        &route.input,
+        Some("g-fatal-3"),
+        "fatal",
+        &[("hopper-id", "g-fatal-3")],
+    )
+    .await;
+    until(&browser, "the third `told to fail`", async |b| {
+        group_rows(b)
+            .await
+            .iter()
+            .any(|r| r.starts_with("3\t") && r.contains("told to fail"))
+            .then_some(())
+    })
+    .await;
+
+    // One click lists a group's records.
+    click_in_group(&browser, "told to fail", "button.group-records").await;
+    let records = until(&browser, "the group's 3 records", async |b| {
+        let rows = rows(b).await;
+        (rows.len() == 3).then_some(rows)
+    })
+    .await;
+    assert!(
+        records.iter().all(|r| r.contains("told to fail")),
+        "{records:?}"
+    );
+
+    // A replay of the other group: a dry run that produces nothing, then
+    // the replay, each record handled again.
+    let size = || {
+        hopper::lag::topic_size(
+            &hopper::kafka::Cluster::new(brokers(), Default::default()),
+            &route.input,
+        )
+        .unwrap()
+    };
+    let before = size();
+    click_in_group(&browser, "config fixed", "button.group-replay").await;
+    let planned = until(&browser, "the dry run", async |b| {
+        let text = text_of(b, "group-replay").await;
+        text.contains("dry run").then_some(text)
+    })
+    .await;
+    assert!(planned.contains("would replay 3,"), "{planned}");
+    assert_eq!(size(), before, "a dry run produced");
+    browser
+        .find(Locator::Id("group-replay-confirm"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let done = until(&browser, "the replay", async |b| {
+        let text = text_of(b, "group-replay").await;
+        text.contains("replayed 3").then_some(text)
+    })
+    .await;
+    assert!(done.contains("failed 0"), "{done}");
+    let mut handled = std::collections::BTreeSet::new();
+    while handled.len() < 3 {
+        let id = wait_for_event(&mut events, "a replayed record handled", |e| match e {
+            Event::Handled(events::Handled { id, verdict, .. })
+                if id.starts_with("g-fix-") && *verdict == "ok" =>
+            {
+                Some(id.clone())
+            }
+            _ => None,
+        })
+        .await;
+        handled.insert(id);
+    }
+    assert_eq!(size(), before + 3);
+    browser.close().await.unwrap();
+    hopper.stop().await;
+}
+
+/// The text of each row of the groups table, cells joined by tabs.
+async fn group_rows(browser: &Client) -> Vec<String> {
+    let rows = browser
+        .execute(
+            "return [...document.querySelectorAll('#groups tr')].map(r => [...r.children].map(c => c.textContent).join('\\t'));",
+            vec![],
+        )
+        .await
+        .unwrap();
+    serde_json::from_value(rows).unwrap()
+}
+
+/// Clicks `button` in the group row whose text has `text`.
+async fn click_in_group(browser: &Client, text: &str, button: &str) {
+    let clicked = browser
+        .execute(
+            "const row = [...document.querySelectorAll('#groups tr')].find(r => r.textContent.includes(arguments[0]));
+             if (!row) return false;
+             row.querySelector(arguments[1]).click();
+             return true;",
+            vec![json!(text), json!(button)],
+        )
+        .await
+        .unwrap();
+    assert_eq!(clicked, json!(true), "no group row with `{text}`");
+}
+
+/// `GET path` until `done` holds of its JSON.
+async fn until_json(
+    addr: SocketAddr,
+    path: &str,
+    done: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let page = get_json_as(addr, path, Some(TOKEN)).await;
+        if done(&page) {
+            return page;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting on {path}: {page:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -336,6 +336,38 @@ pub(super) async fn dlq_list(
         .map(Json)
 }
 
+/// `GET /api/dlq/groups` query.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GroupsQuery {
+    route: Option<String>,
+    /// Groups to return, the most recently failed first (default 100, at
+    /// most [`MAX_GROUPS_SHOWN`]).
+    limit: Option<usize>,
+}
+
+/// Groups one answer holds at most.
+const MAX_GROUPS_SHOWN: usize = 1_000;
+
+/// The dead-letter groups as the admin server keeps them (dlq/live.rs):
+/// read from memory, never by scanning a topic.
+pub(super) async fn dlq_groups(
+    Shared(state): Shared<Arc<State>>,
+    query: Result<Query<GroupsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<crate::dlq::live::LivePage>, ApiError> {
+    let Query(q) = query.map_err(|e| bad_request(e.body_text()))?;
+    let route = q.route.filter(|r| !r.is_empty());
+    if let Some(route) = &route {
+        Dlq {
+            cluster: &state.context.cluster,
+            config: &state.context.config,
+        }
+        .topics(Some(route))?;
+    }
+    let limit = q.limit.unwrap_or(100).min(MAX_GROUPS_SHOWN);
+    Ok(Json(state.live.page(route.as_deref(), limit)))
+}
+
 pub(super) async fn dlq_show(
     Shared(state): Shared<Arc<State>>,
     Path((topic, partition, offset)): Path<(String, i32, i64)>,

@@ -30,6 +30,7 @@ mod parked;
 
 use crate::config::{Admin, Config};
 use crate::dlq::Pacer;
+use crate::dlq::live::LiveGroups;
 use crate::events::Telemetry;
 use crate::kafka::Cluster;
 use axum::Router;
@@ -71,6 +72,8 @@ struct State {
     /// Bounds the reads of dead-letter topics in flight
     /// ([`api::MAX_DLQ_READS`]).
     dlq_reads: Arc<tokio::sync::Semaphore>,
+    /// The dead-letter groups, kept current by following each DLQ topic.
+    live: Arc<LiveGroups>,
 }
 
 /// A running admin server; stops when hopper stops.
@@ -80,6 +83,8 @@ pub struct Server {
     session: String,
     stop: CancellationToken,
     task: tokio::task::JoinHandle<()>,
+    /// The readers of the dead-letter topics for the live groups.
+    readers: Vec<tokio::task::JoinHandle<()>>,
 }
 
 /// An admin server bound to its address that serves nothing yet: hopper
@@ -101,8 +106,13 @@ impl Bound {
             session,
             state,
         } = self;
-        let app = router(state);
         let stop = CancellationToken::new();
+        let readers = state.live.follow(
+            &state.context.cluster,
+            state.context.config.dead_letter_topics(),
+            &stop,
+        );
+        let app = router(state);
         let stopped = stop.clone();
         let task = tokio::spawn(async move {
             let serve = axum::serve(listener, app)
@@ -117,6 +127,7 @@ impl Bound {
             session,
             stop,
             task,
+            readers,
         }
     }
 }
@@ -142,6 +153,7 @@ impl Server {
         let state = Arc::new(State {
             pacer: Pacer::new(context.config.replay.rate),
             dlq_reads: Arc::new(tokio::sync::Semaphore::new(api::MAX_DLQ_READS)),
+            live: LiveGroups::new(),
             token,
             context,
             admin,
@@ -170,6 +182,14 @@ impl Server {
     pub async fn stop(self) {
         self.stop.cancel();
         let _ = self.task.await;
+        // A reader stops within a poll, unless it waits on a broker that
+        // is gone (metadata, up to its timeout): then it ends by itself.
+        let readers = async {
+            for reader in self.readers {
+                let _ = reader.await;
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), readers).await;
     }
 }
 
@@ -179,6 +199,7 @@ fn router(state: Arc<State>) -> Router {
         .route("/handlers", get(api::handlers))
         .route("/status", get(api::status))
         .route("/dlq", get(api::dlq_list))
+        .route("/dlq/groups", get(api::dlq_groups))
         .route("/dlq/{topic}/{partition}/{offset}", get(api::dlq_show))
         .route(
             "/replay",

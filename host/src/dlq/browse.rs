@@ -136,8 +136,10 @@ pub struct Group {
     /// The last error with its variable parts taken out.
     pub cause: String,
     pub count: usize,
-    /// Of them, never replayed (by the replay journal).
-    pub not_replayed: usize,
+    /// Of them, never replayed (by the replay journal); not kept by the
+    /// admin server's live groups ([`super::live`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub not_replayed: Option<usize>,
     /// When the first and the last of them failed, epoch ms.
     pub first_failed_at: Option<i64>,
     pub last_failed_at: Option<i64>,
@@ -148,6 +150,49 @@ pub struct Group {
     pub sample: Option<String>,
     /// Where that one is.
     pub sample_record: RecordRef,
+}
+
+impl Group {
+    /// An empty group of `s`'s cause; `not_replayed` is `Some(0)` to
+    /// count them.
+    pub fn new(s: &DlqSummary, not_replayed: Option<usize>) -> Group {
+        Group {
+            group: s.group.clone(),
+            route: s.route.clone(),
+            reason: s.reason,
+            cause: s.cause.clone(),
+            count: 0,
+            not_replayed,
+            first_failed_at: s.failed_at,
+            last_failed_at: s.failed_at,
+            versions: BTreeSet::new(),
+            sample: s.error.clone(),
+            sample_record: s.at.clone(),
+        }
+    }
+
+    /// Counts `s` in: its time, its version, and its error as the sample
+    /// when it is the newest.
+    pub fn add(&mut self, s: &DlqSummary) {
+        self.count += 1;
+        if let Some(n) = &mut self.not_replayed {
+            *n += usize::from(s.replayed == 0);
+        }
+        self.first_failed_at = match (self.first_failed_at, s.failed_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if s.failed_at >= self.last_failed_at {
+            self.last_failed_at = s.failed_at;
+            self.sample.clone_from(&s.error);
+            self.sample_record = s.at.clone();
+        }
+        if let Some(v) = &s.handler_version
+            && self.versions.len() < MAX_GROUP_VERSIONS
+        {
+            self.versions.insert(v.chars().take(12).collect());
+        }
+    }
 }
 
 /// Versions a group lists; past them, the rest are not named.
@@ -287,35 +332,10 @@ impl Dlq<'_> {
                     other += 1;
                     return;
                 }
-                let g = groups.entry(s.group.clone()).or_insert_with(|| Group {
-                    group: s.group.clone(),
-                    route: s.route.clone(),
-                    reason: s.reason,
-                    cause: s.cause.clone(),
-                    count: 0,
-                    not_replayed: 0,
-                    first_failed_at: s.failed_at,
-                    last_failed_at: s.failed_at,
-                    versions: BTreeSet::new(),
-                    sample: s.error.clone(),
-                    sample_record: s.at.clone(),
-                });
-                g.count += 1;
-                g.not_replayed += usize::from(s.replayed == 0);
-                g.first_failed_at = match (g.first_failed_at, s.failed_at) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                if s.failed_at >= g.last_failed_at {
-                    g.last_failed_at = s.failed_at;
-                    g.sample = s.error.clone();
-                    g.sample_record = s.at.clone();
-                }
-                if let Some(v) = &s.handler_version
-                    && g.versions.len() < MAX_GROUP_VERSIONS
-                {
-                    g.versions.insert(v.chars().take(12).collect());
-                }
+                let g = groups
+                    .entry(s.group.clone())
+                    .or_insert_with(|| Group::new(&s, Some(0)));
+                g.add(&s);
             })?;
             scanned += read.0;
             truncated |= read.1;
@@ -418,7 +438,7 @@ impl Dlq<'_> {
     }
 }
 
-fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> DlqError {
+pub(crate) fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> DlqError {
     DlqError::Read {
         topic: topic.to_string(),
         source,
@@ -426,7 +446,10 @@ fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> DlqError {
 }
 
 /// A consumer that reads by assignment and never commits.
-fn reader(cluster: &Cluster, topic: &str) -> Result<BaseConsumer<WatchedContext>, DlqError> {
+pub(crate) fn reader(
+    cluster: &Cluster,
+    topic: &str,
+) -> Result<BaseConsumer<WatchedContext>, DlqError> {
     let mut config = cluster.consumer_config(crate::config::DLQ_READER_GROUP);
     config
         .set("enable.auto.commit", "false")

@@ -8,6 +8,7 @@ pub mod browse;
 pub mod candidate;
 pub mod export;
 pub mod fingerprint;
+pub mod live;
 pub mod record;
 pub mod replay;
 pub mod skip;

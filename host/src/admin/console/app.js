@@ -139,13 +139,101 @@ async function releaseKey(route, k) {
 
 function filterQuery() {
   const q = new URLSearchParams();
-  for (const name of ["route", "reason", "since", "until", "key", "text"]) {
+  for (const name of ["route", "reason", "since", "until", "key", "text", "group"]) {
     const value = $("filter-" + name).value.trim();
     if (value) q.set(name, value);
   }
   q.set("skip", state.skip);
   q.set("limit", PAGE);
   return q;
+}
+
+/** The groups by cause, from the server's live tally (never a scan). */
+async function loadGroups() {
+  const route = $("filter-route").value;
+  const page = await call("/api/dlq/groups?" + new URLSearchParams(route ? { route } : {}));
+  const rows = $("groups");
+  rows.replaceChildren();
+  for (const g of page.groups) {
+    const actions = el("span", null, { class: "actions" });
+    const records = el("button", "records", { type: "button", class: "group-records" });
+    records.addEventListener("click", () => selectGroup(g));
+    const tryFix = el("button", "try a fix", { type: "button", class: "group-try" });
+    tryFix.addEventListener("click", () => { selectGroup(g); $("try-file").focus(); });
+    const replay = el("button", "replay…", { type: "button", class: "group-replay" });
+    replay.addEventListener("click", () => replayGroup(g, true));
+    actions.append(records, " ", tryFix, " ", replay);
+    const tr = row([g.count, sparkline(g.arrivals), time(g.last_failed_at), g.route, g.reason,
+      g.versions.join(", "), g.sample, actions]);
+    tr.className = "group";
+    tr.dataset.group = g.group;
+    rows.appendChild(tr);
+  }
+  const reading = Object.entries(page.topics)
+    .filter(([, p]) => !p.caught_up || p.error)
+    .map(([topic, p]) => p.error ? `${topic}: ${p.error}` : `${topic}: reading (${p.read} so far)`);
+  $("groups-summary").textContent = `${page.group_count} group(s) of ${page.total} dead letters`
+    + (page.groups.length < page.group_count ? `; the ${page.groups.length} most recent shown` : "")
+    + (page.other ? `; ${page.other} more in no group past the cap` : "")
+    + (reading.length ? `; ${reading.join("; ")}` : "") + ".";
+}
+
+/** A group's arrivals over time as bars, widest stretch first to last. */
+function sparkline(arrivals) {
+  const NS = "http://www.w3.org/2000/svg";
+  const svg = document.createElementNS(NS, "svg");
+  svg.setAttribute("class", "sparkline");
+  svg.setAttribute("viewBox", `0 0 ${arrivals.counts.length} 10`);
+  svg.setAttribute("preserveAspectRatio", "none");
+  const max = Math.max(1, ...arrivals.counts);
+  arrivals.counts.forEach((count, i) => {
+    if (!count) return;
+    const rect = document.createElementNS(NS, "rect");
+    const h = Math.max(0.5, (count / max) * 10);
+    rect.setAttribute("x", i + 0.1);
+    rect.setAttribute("y", 10 - h);
+    rect.setAttribute("width", 0.8);
+    rect.setAttribute("height", h);
+    const title = document.createElementNS(NS, "title");
+    title.textContent = `${time(arrivals.start_ms + i * arrivals.bucket_ms)} +${arrivals.bucket_ms / 1000}s: ${count}`;
+    rect.appendChild(title);
+    svg.appendChild(rect);
+  });
+  return svg;
+}
+
+/** Lists the records of one group below, with the filters set to it. */
+function selectGroup(g) {
+  const routeSelect = $("filter-route");
+  if ([...routeSelect.options].some((o) => o.value === g.route)) routeSelect.value = g.route || "";
+  $("filter-group").value = g.group;
+  state.skip = 0;
+  loadDeadLetters().catch((e) => showError(e.message));
+}
+
+/** Replays every record of a group: a dry run first, then on a second click. */
+async function replayGroup(g, dryRun) {
+  const result = $("group-replay");
+  result.replaceChildren(dryRun ? "Planning…" : "Replaying…");
+  try {
+    const report = await call("/api/replay", {
+      method: "POST",
+      headers: { "Content-Type": "application/json", "Authorization": "Bearer " + $("token").value },
+      body: JSON.stringify({ filter: { group: g.group, route: g.route || null }, dry_run: dryRun }),
+    });
+    const count = (action) => report.outcomes.filter((o) => o.action === action && !o.failed).length;
+    const said = `group ${g.group}: ${dryRun ? "dry run: would replay" : "replayed"} ${count("replay")}, `
+      + `loop guard ${count("loop")}, skipped ${count("skip")}, failed ${report.failed}`;
+    result.replaceChildren(said);
+    if (dryRun && count("replay") + count("loop") > 0) {
+      const confirm = el("button", `Replay ${count("replay") + count("loop")} now`, { type: "button", id: "group-replay-confirm" });
+      confirm.addEventListener("click", () => replayGroup(g, false));
+      result.append(" ", confirm);
+    }
+    if (!dryRun) await loadDeadLetters();
+  } catch (e) {
+    result.replaceChildren("refused: " + e.message);
+  }
 }
 
 async function loadDeadLetters() {
@@ -352,6 +440,7 @@ async function tryCandidate() {
 async function refresh() {
   try {
     await loadStatus();
+    await loadGroups();
     showError("");
   } catch (e) {
     showError(e.message);

@@ -269,7 +269,7 @@ pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Res
                     vec![
                         g.group.clone(),
                         g.count.to_string(),
-                        g.not_replayed.to_string(),
+                        g.not_replayed.map(|n| n.to_string()).unwrap_or_default(),
                         g.first_failed_at.map(iso).unwrap_or_default(),
                         g.last_failed_at.map(iso).unwrap_or_default(),
                         g.route.clone().unwrap_or_default(),
