@@ -1,7 +1,8 @@
 //! The web console end to end, in headless Chromium driven over WebDriver:
 //! the token it asks for before it shows anything, dead letters from a real
 //! route, filters, a record's detail, an XSS probe that must render as
-//! text, and a replay that gets handled.
+//! text, a replay that gets handled, and the groups by cause kept current
+//! as dead letters arrive.
 //!
 //! Needs Debian's `chromium` and `chromium-driver` (`./dev` installs them).
 

@@ -205,10 +205,9 @@ pub const MAX_GROUPS: usize = 10_000;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GroupsPage {
     pub topics: Vec<String>,
-    /// Records read.
+    /// Records read: every record of the topics, since a group's memory
+    /// does not grow with its records.
     pub scanned: usize,
-    /// Whether the scan stopped at its bound before the end of a topic.
-    pub truncated: bool,
     /// Records that matched the filter.
     pub total: usize,
     pub groups: Vec<Group>,
@@ -310,14 +309,15 @@ impl Dlq<'_> {
     }
 
     /// The matches of `filter` grouped by cause, the most recently failed
-    /// group first.
+    /// group first. Reads every record, with no scan limit: memory grows
+    /// with groups (at most [`MAX_GROUPS`]), not records.
     pub fn groups(&self, filter: &DlqFilter) -> Result<GroupsPage, DlqError> {
         let topics = self.topics(filter.route.as_deref())?;
         let mut groups: HashMap<String, Group> = HashMap::new();
-        let (mut scanned, mut truncated, mut total, mut other) = (0, false, 0, 0);
+        let (mut scanned, mut total, mut other) = (0, 0, 0);
         for topic in &topics {
             let replayed = replay_counts(self.cluster, topic)?;
-            let read = read_all(self.cluster, topic, MAX_SCAN - scanned, |m| {
+            let read = read_all(self.cluster, topic, usize::MAX, |m| {
                 let at = RecordRef {
                     topic: m.topic().to_string(),
                     partition: m.partition(),
@@ -338,14 +338,12 @@ impl Dlq<'_> {
                 g.add(&s);
             })?;
             scanned += read.0;
-            truncated |= read.1;
         }
         let mut groups: Vec<Group> = groups.into_values().collect();
         groups.sort_by(|a, b| (b.last_failed_at, &b.group).cmp(&(a.last_failed_at, &a.group)));
         Ok(GroupsPage {
             topics,
             scanned,
-            truncated,
             total,
             groups,
             other,

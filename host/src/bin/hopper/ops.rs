@@ -292,16 +292,11 @@ pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Res
             ];
             print!("{}", table(&headers, rows));
             println!(
-                "{} group(s) of {} matching of {} read from {}{}{}.",
+                "{} group(s) of {} matching of {} read from {}{}.",
                 page.groups.len(),
                 page.total,
                 page.scanned,
                 page.topics.join(", "),
-                if page.truncated {
-                    " (stopped at the scan limit)"
-                } else {
-                    ""
-                },
                 if page.other > 0 {
                     format!("; {} more in no group past the cap", page.other)
                 } else {
