@@ -654,7 +654,8 @@ async fn dlq_groups_gather_dead_letters_by_cause_and_select_one_group() {
     let route = RouteTable::new(&plugin("scripted")).test_route();
     let hopper_run = route.start().await;
     let producer = producer();
-    const EACH: usize = 30;
+    // 3 causes across 3,000 dead letters.
+    const EACH: usize = 1_000;
     for i in 0..EACH {
         for (n, payload) in [
             "fatal".to_string(),
@@ -772,7 +773,7 @@ async fn dlq_groups_gather_dead_letters_by_cause_and_select_one_group() {
         "--group",
         &config_group,
         "--rate",
-        "1000",
+        "5000",
     ]);
     assert!(out.status.success(), "{}", stderr(&out));
     let page = json(&[
@@ -827,7 +828,8 @@ async fn dlq_groups_gather_dead_letters_by_cause_and_select_one_group() {
 }
 
 /// Dead letters anyone who can write the DLQ could forge: a 100 KB error
-/// per group, and an error that is not UTF-8. Each group keeps a sample
+/// per group, an error that is not UTF-8, and a `hopper-fingerprint`
+/// header naming a group of its choice. Each group keeps a sample
 /// cut to the bound the host writes (so ten thousand such groups stay
 /// small), and the bytes that are not text show as U+FFFD, not as no error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -861,6 +863,11 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
             .insert(Header {
                 key: "hopper-last-error",
                 value: Some(error.as_slice()),
+            })
+            // Fingerprints are computed, never read from a header.
+            .insert(Header {
+                key: "hopper-fingerprint",
+                value: Some(b"0000000000000000".as_slice()),
             });
         let key = format!("forged-{i}");
         producer
@@ -881,6 +888,10 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
     assert_eq!(page["total"], 4, "{page:#}");
     let groups = page["groups"].as_array().unwrap();
     assert_eq!(groups.len(), 4, "{page:#}");
+    assert!(
+        groups.iter().all(|g| g["group"] != "0000000000000000"),
+        "{page:#}"
+    );
     let samples: Vec<&str> = groups
         .iter()
         .map(|g| g["sample"].as_str().unwrap())

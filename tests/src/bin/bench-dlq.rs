@@ -297,12 +297,18 @@ async fn fill(route: &str, topic: &str, records: u64) {
 /// Reads every record of `topic` to its high watermarks as a plain
 /// consumer does: by assignment, nothing parsed. Returns the count.
 fn read_plain(topic: &str) -> u64 {
-    let consumer: BaseConsumer = client_config()
+    let mut config = client_config();
+    config
         .set("group.id", "bench-dlq-plain")
         .set("enable.auto.commit", "false")
-        .set("enable.partition.eof", "false")
-        .create()
-        .unwrap();
+        .set("enable.partition.eof", "false");
+    // Properties to try on the plain reader: `key=value,key=value`.
+    for pair in std::env::var("BENCH_DLQ_PLAIN").unwrap_or_default().split(',') {
+        if let Some((key, value)) = pair.split_once('=') {
+            config.set(key, value);
+        }
+    }
+    let consumer: BaseConsumer = config.create().unwrap();
     let mut tpl = TopicPartitionList::new();
     let mut ends = HashMap::new();
     for p in 0..2 {
