@@ -303,7 +303,10 @@ fn read_plain(topic: &str) -> u64 {
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
     // Properties to try on the plain reader: `key=value,key=value`.
-    for pair in std::env::var("BENCH_DLQ_PLAIN").unwrap_or_default().split(',') {
+    for pair in std::env::var("BENCH_DLQ_PLAIN")
+        .unwrap_or_default()
+        .split(',')
+    {
         if let Some((key, value)) = pair.split_once('=') {
             config.set(key, value);
         }
