@@ -1042,3 +1042,157 @@ async fn dlq_export_writes_each_record_as_a_json_line_byte_for_byte() {
         dlq_size
     );
 }
+
+/// The ids of the replayed records in `topic` (those with
+/// `hopper-replay-count`), each with how often it is there. Reads the
+/// topic to its end, as it is now.
+async fn replayed_ids(topic: &str) -> std::collections::HashMap<String, usize> {
+    let size = hopper::lag::topic_size(&Cluster::new(brokers(), Default::default()), topic).unwrap()
+        as usize;
+    let mut ids = std::collections::HashMap::new();
+    for m in consume(topic, size, PATIENCE).await {
+        let (h, _) = header_map(&m);
+        if h.contains_key("hopper-replay-count") {
+            *ids.entry(h["hopper-id"].clone()).or_insert(0) += 1;
+        }
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_halfway_and_resumed_replays_each_record_once() {
+    init_tracing();
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const N: usize = 300;
+    for i in 0..N {
+        let id = format!("kill-{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "fatal",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    consume(&route.dlq, N, PATIENCE).await;
+    // Stopped, so that the replays stay in the input to be counted.
+    hopper_run.stop().await;
+    let config = route.config_path.to_str().unwrap();
+    let out = hopper(&["dlq", "groups", "--config", config, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let group = page["groups"][0]["group"].as_str().unwrap().to_string();
+    assert_eq!(page["groups"][0]["count"], N, "{page:#}");
+
+    // A dry run plans all of it.
+    let out = hopper(&[
+        "dlq",
+        "replay",
+        "--config",
+        config,
+        "--group",
+        &group,
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("{N} of {N} record(s) would be replayed")),
+        "{}",
+        stdout(&out)
+    );
+
+    // Killed (SIGKILL) once some are replayed.
+    let mut child = Command::new(hopper_bin())
+        .args([
+            "dlq", "replay", "--config", config, "--group", &group, "--rate", "100",
+        ])
+        .env_remove("HOPPER_BROKERS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut run = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("Replay run ") {
+            run = rest.split('.').next().map(str::to_string);
+        }
+        if line.starts_with("[60] ") {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run = run.expect("the replay names its run");
+    let first = replayed_ids(&route.input).await;
+    assert!(
+        first.len() >= 60 && first.len() < N,
+        "{} replayed before the kill",
+        first.len()
+    );
+    assert!(first.values().all(|n| *n == 1), "{first:?}");
+
+    // Resumed: the rest, and none twice.
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--group", &group, "--rate", "1000", "--resume", &run,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("were replayed by run {run} before")),
+        "{}",
+        stdout(&out)
+    );
+    let all = replayed_ids(&route.input).await;
+    assert_eq!(all.len(), N, "every record replayed");
+    let twice: Vec<_> = all.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "replayed more than once: {twice:?}");
+
+    // The journal says so too.
+    let out = hopper(&[
+        "dlq",
+        "ls",
+        "--config",
+        config,
+        "--group",
+        &group,
+        "--not-replayed",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(page["total"], 0, "{page:#}");
+    // A resume of a finished run replays nothing more.
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--group", &group, "--resume", &run,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("Replayed 0 of 0"), "{}", stdout(&out));
+    assert_eq!(replayed_ids(&route.input).await.len(), N);
+
+    // An unknown run, and one that is no run id at all.
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--group", &group, "--resume", "r-nope",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "replay run `r-nope` is not in `{}.replays`",
+            route.dlq
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--all", "--resume", "x;y",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`x;y` is not a replay run id"),
+        "{}",
+        stderr(&out)
+    );
+}
