@@ -350,7 +350,11 @@ impl<'a> Replayer<'a> {
         let (producer, reader) = if dry_run {
             (None, None)
         } else {
-            let producer = AwaitedProducer::new(dlq.cluster.producer_config(), "a DLQ replay")
+            let mut config = dlq.cluster.producer_config();
+            // Each record is awaited before the next: lingering for a batch
+            // only slows the replay down.
+            config.set("linger.ms", "0");
+            let producer = AwaitedProducer::new(config, "a DLQ replay")
                 .map_err(|e| DlqError::Producer(format!("{e:#}")))?;
             let reader = super::browse::reader(dlq.cluster, "a replay's destination")?;
             (Some(producer), Some(reader))
