@@ -357,24 +357,32 @@ impl Dlq<'_> {
         &self,
         filter: &DlqFilter,
         budget: usize,
-        each: impl FnMut(DlqSummary, OwnedMessage),
+        mut each: impl FnMut(DlqSummary, OwnedMessage),
     ) -> Result<(usize, usize), DlqError> {
-        self.for_each_match_but(filter, budget, None, each)
+        self.for_each_match_but(filter, budget, None, |s, m| {
+            each(s, m);
+            true
+        })
     }
 
     /// [`Dlq::for_each_match`], with the replays of run `except` not
-    /// counted: a resumed run selects what it selected at first.
+    /// counted (a resumed run selects what it selected at first), and
+    /// stopping once `each` returns false.
     pub fn for_each_match_but(
         &self,
         filter: &DlqFilter,
         budget: usize,
         except: Option<&RunId>,
-        mut each: impl FnMut(DlqSummary, OwnedMessage),
+        mut each: impl FnMut(DlqSummary, OwnedMessage) -> bool,
     ) -> Result<(usize, usize), DlqError> {
         let (mut scanned, mut matched) = (0, 0);
+        let mut go_on = true;
         for topic in self.topics(filter.route.as_deref())? {
+            if !go_on {
+                break;
+            }
             let replayed = replay_counts_but(self.cluster, &topic, except)?;
-            let read = read_all(self.cluster, &topic, budget, |m| {
+            let read = read_until(self.cluster, &topic, &HashMap::new(), budget, |m| {
                 let at = RecordRef {
                     topic: m.topic().to_string(),
                     partition: m.partition(),
@@ -383,8 +391,9 @@ impl Dlq<'_> {
                 let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
                 if filter.matches(&summary) {
                     matched += 1;
-                    each(summary, m);
+                    go_on = each(summary, m);
                 }
+                go_on
             })?;
             scanned += read.0;
         }
@@ -476,6 +485,21 @@ pub fn read_from(
     budget: usize,
     mut each: impl FnMut(OwnedMessage),
 ) -> Result<(usize, bool), DlqError> {
+    read_until(cluster, topic, from, budget, |m| {
+        each(m);
+        true
+    })
+}
+
+/// [`read_from`], stopping early when `each` returns false (the read is
+/// then not truncated: the caller stopped it).
+fn read_until(
+    cluster: &Cluster,
+    topic: &str,
+    from: &HashMap<i32, i64>,
+    budget: usize,
+    mut each: impl FnMut(OwnedMessage) -> bool,
+) -> Result<(usize, bool), DlqError> {
     let consumer = reader(cluster, topic)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = HashMap::new();
@@ -520,7 +544,9 @@ pub fn read_from(
         if offset < end {
             read += 1;
             deadline = Instant::now() + READ_TIMEOUT;
-            each(m.detach());
+            if !each(m.detach()) {
+                return Ok((read, false));
+            }
         }
         if offset + 1 >= end {
             ends.remove(&partition);

@@ -3,6 +3,7 @@
 //! resumable run (`hopper::dlq::run`).
 
 use crate::ops::{Filter, Target, blocking, clean};
+use anyhow::Context as _;
 use hopper::dlq::replay::{Action, Outcome, Replayer, Report};
 use hopper::dlq::run::{self, RunId, RunState};
 use hopper::dlq::{Dlq, DlqError, Pacer, RecordRef};
@@ -93,9 +94,9 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
                 config: &config,
             };
             if records.is_empty() {
-                // A closed channel: the producer side failed and says why.
+                // A closed channel: the producer side failed, and says why.
                 dlq.for_each_match_but(&filter, usize::MAX, except.as_ref(), |s, m| {
-                    let _ = tx.blocking_send((s.replayed, m));
+                    tx.blocking_send((s.replayed, m)).is_ok()
                 })?;
             } else {
                 let mut counts = HashMap::new();
@@ -164,7 +165,9 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
         })
     });
     let report = producer.await??;
-    reader.await??;
+    reader
+        .await?
+        .with_context(|| format!("reading the selection; to go on: {}", resume_command(&run)))?;
     let total = report.replayed + report.looped + report.skipped + report.failed;
     let already = match report.already {
         0 => String::new(),
