@@ -1056,3 +1056,365 @@ async fn dlq_export_writes_each_record_as_a_json_line_byte_for_byte() {
         dlq_size
     );
 }
+
+/// The ids of the replayed records in `topic` (those with
+/// `hopper-replay-count`), each with how often it is there. Reads the
+/// topic to its end, as it is now.
+async fn replayed_ids(topic: &str) -> std::collections::HashMap<String, usize> {
+    let size = hopper::lag::topic_size(&Cluster::new(brokers(), Default::default()), topic).unwrap()
+        as usize;
+    let mut ids = std::collections::HashMap::new();
+    for m in consume(topic, size, PATIENCE).await {
+        let (h, _) = header_map(&m);
+        if h.contains_key("hopper-replay-count") {
+            *ids.entry(h["hopper-id"].clone()).or_insert(0) += 1;
+        }
+    }
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_killed_halfway_and_resumed_replays_each_record_once() {
+    init_tracing();
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const N: usize = 300;
+    for i in 0..N {
+        let id = format!("kill-{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "fatal",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    consume(&route.dlq, N, PATIENCE).await;
+    // Stopped, so that the replays stay in the input to be counted.
+    hopper_run.stop().await;
+    let config = route.config_path.to_str().unwrap();
+    let out = hopper(&["dlq", "groups", "--config", config, "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let group = page["groups"][0]["group"].as_str().unwrap().to_string();
+    assert_eq!(page["groups"][0]["count"], N, "{page:#}");
+
+    // A dry run plans all of it.
+    let out = hopper(&[
+        "dlq",
+        "replay",
+        "--config",
+        config,
+        "--group",
+        &group,
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("{N} of {N} record(s) would be replayed")),
+        "{}",
+        stdout(&out)
+    );
+
+    // Killed (SIGKILL) once some are replayed.
+    let mut child = Command::new(hopper_bin())
+        .args([
+            "dlq", "replay", "--config", config, "--group", &group, "--rate", "100",
+        ])
+        .env_remove("HOPPER_BROKERS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut run = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("Replay run ") {
+            run = rest.split('.').next().map(str::to_string);
+        }
+        if line.starts_with("[60] ") {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run = run.expect("the replay names its run");
+    let first = replayed_ids(&route.input).await;
+    assert!(
+        first.len() >= 60 && first.len() < N,
+        "{} replayed before the kill",
+        first.len()
+    );
+    assert!(first.values().all(|n| *n == 1), "{first:?}");
+
+    // Resumed: the rest, and none twice.
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--group", &group, "--rate", "1000", "--resume", &run,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("were replayed by run {run} before")),
+        "{}",
+        stdout(&out)
+    );
+    let all = replayed_ids(&route.input).await;
+    assert_eq!(all.len(), N, "every record replayed");
+    let twice: Vec<_> = all.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "replayed more than once: {twice:?}");
+
+    // The journal says so too.
+    let out = hopper(&[
+        "dlq",
+        "ls",
+        "--config",
+        config,
+        "--group",
+        &group,
+        "--not-replayed",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let page: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(page["total"], 0, "{page:#}");
+    // A resume of a finished run replays nothing more.
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--group", &group, "--resume", &run,
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("Replayed 0 of 0"), "{}", stdout(&out));
+    assert_eq!(replayed_ids(&route.input).await.len(), N);
+
+    // An unknown run, and one that is no run id at all.
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--group", &group, "--resume", "r-nope",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(&format!(
+            "replay run `r-nope` is not in `{}.replays`",
+            route.dlq
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = hopper(&[
+        "dlq", "replay", "--config", config, "--all", "--resume", "x;y",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("`x;y` is not a replay run id"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// A run stopped between a record's journal entry and its replay (as a
+/// kill -9 would leave it), written by hand: the resume reads the input,
+/// does not find the replay, and replays the record, once; an earlier
+/// entry of the same attempt is done and skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced() {
+    init_tracing();
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const N: usize = 5;
+    for i in 0..N {
+        let id = format!("cut-{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "fatal",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    let dead = consume(&route.dlq, N, PATIENCE).await;
+    hopper_run.stop().await;
+    let at = |i: usize| {
+        let m = dead
+            .iter()
+            .find(|m| header_map(m).0["hopper-id"] == format!("cut-{i}"))
+            .unwrap();
+        format!("{}:{}:{}", m.topic(), m.partition(), m.offset())
+    };
+    let ends: Vec<String> = (0..2)
+        .map(|p| {
+            let (_, high) = rdkafka::consumer::Consumer::fetch_watermarks(
+                &reader(&route.input),
+                &route.input,
+                p,
+                Duration::from_secs(10),
+            )
+            .unwrap();
+            format!("{p}:{high}")
+        })
+        .collect();
+    let journal = format!("{}.replays", route.dlq);
+    for (n, i) in [0, 1].into_iter().enumerate() {
+        let attempt = format!("a1/{n}");
+        produce(
+            &producer,
+            &journal,
+            Some(&at(i)),
+            "",
+            &[
+                ("hopper-id", &format!("cut-{i}")),
+                ("hopper-replay-count", "1"),
+                ("hopper-replayed-to", &route.input),
+                ("hopper-replay-run", "r-cut"),
+                ("hopper-replay-attempt", &attempt),
+                ("hopper-replay-entry", "replay"),
+                ("hopper-replay-after", &ends.join(",")),
+            ],
+        )
+        .await;
+    }
+    let config = route.config_path.to_str().unwrap();
+    let out = hopper(&[
+        "dlq",
+        "replay",
+        "--config",
+        config,
+        "--route",
+        &route.name,
+        "--rate",
+        "1000",
+        "--resume",
+        "r-cut",
+    ]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("1 recorded but not produced, replayed again"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("Replayed 4 of 4 record(s)"),
+        "{}",
+        stdout(&out)
+    );
+    let ids = replayed_ids(&route.input).await;
+    let mut replayed: Vec<&String> = ids.keys().collect();
+    replayed.sort();
+    assert_eq!(replayed, ["cut-1", "cut-2", "cut-3", "cut-4"], "{ids:?}");
+    assert!(ids.values().all(|n| *n == 1), "{ids:?}");
+    // The redo is not a second replay of cut-1.
+    let out = hopper(&["dlq", "show", "--config", config, &at(1), "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["replayed"], 1, "{shown:#}");
+}
+
+/// BENCHMARKS.md, "DLQ replay": `HOPPER_REPLAY_BENCH_N` dead letters
+/// (100,000 unless set) replayed at `--rate 100000` (the most
+/// `replay.rate` allows), then replayed again by a run killed (SIGKILL)
+/// halfway and resumed; counts the records of that run in the input by
+/// the dead letter they were replayed from.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a benchmark: cargo xtask bench, or run it by name"]
+async fn bench_dlq_replay_throughput_and_kill_halfway() {
+    init_tracing();
+    let n: usize = std::env::var("HOPPER_REPLAY_BENCH_N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    let route = RouteTable::new(&plugin("scripted")).test_route();
+    let hopper_run = route.start().await;
+    hopper_tests::bench_server::fill(&route.input, n as u64, |i| format!("k-{i}"), "fatal").await;
+    let cluster = Cluster::new(brokers(), Default::default());
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while hopper::lag::topic_size(&cluster, &route.dlq).unwrap() < n as i64 {
+        assert!(Instant::now() < deadline, "the dead letters did not come");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    hopper_run.stop().await;
+    let config = route.config_path.to_str().unwrap();
+    let base = [
+        "dlq",
+        "replay",
+        "--config",
+        config,
+        "--route",
+        &route.name,
+        "--rate",
+        "100000",
+    ];
+
+    let start = Instant::now();
+    let out = hopper(&base);
+    let whole = start.elapsed();
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("Replayed {n} of {n}")),
+        "{}",
+        stdout(&out)
+    );
+    eprintln!(
+        "replay of {n}: {whole:.1?}, {:.0} records/s",
+        n as f64 / whole.as_secs_f64()
+    );
+
+    // Again, killed halfway and resumed.
+    let start = Instant::now();
+    let mut child = Command::new(hopper_bin())
+        .args(base)
+        .env_remove("HOPPER_BROKERS")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut run = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        if let Some(rest) = line.strip_prefix("Replay run ") {
+            run = rest.split('.').next().map(str::to_string);
+        }
+        let done: usize = line
+            .strip_prefix("replayed ")
+            .and_then(|l| l.split(' ').next())
+            .and_then(|d| d.parse().ok())
+            .unwrap_or(0);
+        if done >= n / 2 {
+            break;
+        }
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let run = run.unwrap();
+    let mut resume = base.to_vec();
+    resume.extend(["--resume", run.as_str()]);
+    let out = hopper(&resume);
+    let resumed = start.elapsed();
+    assert!(out.status.success(), "{}", stderr(&out));
+    eprintln!(
+        "{}",
+        stderr(&out)
+            .lines()
+            .find(|l| l.starts_with("Resuming"))
+            .unwrap_or("")
+    );
+
+    let size = hopper::lag::topic_size(&cluster, &route.input).unwrap() as usize;
+    let mut from = std::collections::HashMap::new();
+    for m in consume(&route.input, size, PATIENCE).await {
+        let (h, _) = header_map(&m);
+        if h.get("hopper-replay-run") == Some(&run) {
+            *from
+                .entry(h["hopper-replayed-from"].clone())
+                .or_insert(0usize) += 1;
+        }
+    }
+    let twice = from.values().filter(|c| **c > 1).count();
+    eprintln!(
+        "killed halfway and resumed: {resumed:.1?} in all; {} of {n} replayed by the run, {twice} twice",
+        from.len()
+    );
+    assert_eq!(from.len(), n);
+    assert_eq!(twice, 0);
+}

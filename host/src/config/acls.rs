@@ -152,7 +152,7 @@ impl Config {
                 ),
                 (AclsFor::Cli, TopicRole::Input) => (
                     &[Read, Write],
-                    "`hopper skip` reads it; `hopper dlq replay` writes it".to_string(),
+                    "`hopper skip` and a resumed `hopper dlq replay` read it; `hopper dlq replay` writes it".to_string(),
                 ),
                 (AclsFor::Cli, TopicRole::Emit) => (&[], String::new()),
                 (AclsFor::Cli, TopicRole::Own(kind)) => match kind {
@@ -169,8 +169,8 @@ impl Config {
                         "`hopper parked list` reads it; `hopper parked release|purge` write it".into(),
                     ),
                     OwnedKind::DelayInbox => (
-                        &[Write],
-                        "`hopper send`, `hopper delay cancel` and replays of the relay's dead letters write it".into(),
+                        &[Read, Write],
+                        "`hopper send`, `hopper delay cancel` and replays of the relay's dead letters write it; a resumed replay of them reads it".into(),
                     ),
                     OwnedKind::Cancels => (&[Read], "`hopper delay show` reads it".into()),
                     OwnedKind::RetryTier | OwnedKind::DelayTier => (&[], String::new()),

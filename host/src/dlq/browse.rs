@@ -8,6 +8,7 @@
 //! brokers; async callers run it on the blocking pool.
 
 use super::record::{DlqRecord, DlqSummary, RecordRef};
+use super::run::{self, RunId};
 use crate::config::{Config, RELAY_ROUTE, replay_journal};
 use crate::headers::Reason;
 use crate::kafka::{Cluster, WatchedContext};
@@ -376,10 +377,30 @@ impl Dlq<'_> {
         budget: usize,
         mut each: impl FnMut(DlqSummary, OwnedMessage),
     ) -> Result<(usize, usize), DlqError> {
+        self.for_each_match_but(filter, budget, None, |s, m| {
+            each(s, m);
+            true
+        })
+    }
+
+    /// [`Dlq::for_each_match`], with the replays of run `except` not
+    /// counted (a resumed run selects what it selected at first), and
+    /// stopping once `each` returns false.
+    pub fn for_each_match_but(
+        &self,
+        filter: &DlqFilter,
+        budget: usize,
+        except: Option<&RunId>,
+        mut each: impl FnMut(DlqSummary, OwnedMessage) -> bool,
+    ) -> Result<(usize, usize), DlqError> {
         let (mut scanned, mut matched) = (0, 0);
+        let mut go_on = true;
         for topic in self.topics(filter.route.as_deref())? {
-            let replayed = replay_counts(self.cluster, &topic)?;
-            let read = read_all(self.cluster, &topic, budget, |m| {
+            if !go_on {
+                break;
+            }
+            let replayed = replay_counts_but(self.cluster, &topic, except)?;
+            let read = read_until(self.cluster, &topic, &HashMap::new(), budget, |m| {
                 let at = RecordRef {
                     topic: m.topic().to_string(),
                     partition: m.partition(),
@@ -388,8 +409,9 @@ impl Dlq<'_> {
                 let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
                 if filter.matches(&summary) {
                     matched += 1;
-                    each(summary, m);
+                    go_on = each(summary, m);
                 }
+                go_on
             })?;
             scanned += read.0;
         }
@@ -467,7 +489,34 @@ pub fn read_all(
     cluster: &Cluster,
     topic: &str,
     budget: usize,
+    each: impl FnMut(OwnedMessage),
+) -> Result<(usize, bool), DlqError> {
+    read_from(cluster, topic, &HashMap::new(), budget, each)
+}
+
+/// [`read_all`], starting each partition of `from` at its offset there
+/// (or at its low watermark, when that is later).
+pub fn read_from(
+    cluster: &Cluster,
+    topic: &str,
+    from: &HashMap<i32, i64>,
+    budget: usize,
     mut each: impl FnMut(OwnedMessage),
+) -> Result<(usize, bool), DlqError> {
+    read_until(cluster, topic, from, budget, |m| {
+        each(m);
+        true
+    })
+}
+
+/// [`read_from`], stopping early when `each` returns false (the read is
+/// then not truncated: the caller stopped it).
+fn read_until(
+    cluster: &Cluster,
+    topic: &str,
+    from: &HashMap<i32, i64>,
+    budget: usize,
+    mut each: impl FnMut(OwnedMessage) -> bool,
 ) -> Result<(usize, bool), DlqError> {
     let consumer = reader(cluster, topic)?;
     let mut tpl = TopicPartitionList::new();
@@ -475,6 +524,7 @@ pub fn read_all(
     let mut expected = 0;
     for p in lag::partitions(&consumer, topic)? {
         let (low, high) = lag::watermarks(&consumer, topic, p)?;
+        let low = from.get(&p).map_or(low, |start| low.max(*start));
         if high > low {
             tpl.add_partition_offset(topic, p, Offset::Offset(low))
                 .map_err(|source| read_error(topic, source))?;
@@ -512,7 +562,9 @@ pub fn read_all(
         if offset < end {
             read += 1;
             deadline = Instant::now() + READ_TIMEOUT;
-            each(m.detach());
+            if !each(m.detach()) {
+                return Ok((read, false));
+            }
         }
         if offset + 1 >= end {
             ends.remove(&partition);
@@ -524,9 +576,24 @@ pub fn read_all(
 /// How often each record of dead-letter topic `dlq` was replayed, from its
 /// replay journal (`<dlq>.replays`). No journal: nothing was replayed.
 pub fn replay_counts(cluster: &Cluster, dlq: &str) -> Result<HashMap<RecordRef, u32>, DlqError> {
+    replay_counts_but(cluster, dlq, None)
+}
+
+/// [`replay_counts`] without the replays of run `except`. An entry that
+/// redoes a replay which was never produced, or records a REPLAY_LOOP
+/// copy, is no replay (docs/operations.md).
+pub fn replay_counts_but(
+    cluster: &Cluster,
+    dlq: &str,
+    except: Option<&RunId>,
+) -> Result<HashMap<RecordRef, u32>, DlqError> {
     let journal = replay_journal(dlq);
     let mut counts = HashMap::new();
     let read = read_all(cluster, &journal, usize::MAX, |m| {
+        if !run::counts_as_replay(&m) || except.is_some_and(|e| run::run_of(&m) == Some(e.as_str()))
+        {
+            return;
+        }
         let at = m
             .key()
             .and_then(|k| std::str::from_utf8(k).ok())

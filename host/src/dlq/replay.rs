@@ -4,8 +4,9 @@
 //! in `hopper-replay-count`.
 //!
 //! The dead-letter topic is never changed. Each replay is recorded in the
-//! topic's replay journal (`<dlq>.replays`), so a list shows how often each
-//! record was replayed. A record whose message was replayed
+//! topic's replay journal (`<dlq>.replays`), before it is produced, so a
+//! list shows how often each record was replayed and a stopped replay can
+//! be resumed without replaying any record twice ([`super::run`]). A record whose message was replayed
 //! `replay.max_replays` times already (counting its earlier lineage and the
 //! journal) is not replayed again: a copy goes to the dead-letter topic with
 //! reason REPLAY_LOOP instead. Replays are paced by a [`Pacer`], and a dry
@@ -13,14 +14,19 @@
 
 use super::browse::{Dlq, DlqError, replay_counts};
 use super::record::{RecordRef, envelope_of};
+use super::run::{self, RunId};
 use super::{Plan, plan as dead_letter};
 use crate::clock::now_ms;
 use crate::config::{OwnedKind, OwnedTopics, RELAY_ROUTE, owners_text, replay_journal};
 use crate::headers::{self, Envelope, Reason};
+use crate::kafka::WatchedContext;
+use crate::lag;
 use crate::renewable::AwaitedProducer;
+use rdkafka::consumer::BaseConsumer;
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::FutureRecord;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -56,10 +62,14 @@ pub struct Outcome {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub dry_run: bool,
+    /// The run's id: resume it with it ([`super::run`]).
+    pub run: Option<String>,
     pub replayed: usize,
     pub looped: usize,
     pub skipped: usize,
     pub failed: usize,
+    /// Skipped by a resumed run: it replayed them before.
+    pub already: usize,
     pub outcomes: Vec<Outcome>,
 }
 
@@ -105,80 +115,70 @@ struct Planned {
 const RELAY_KEEP: &[&str] = &[headers::TARGET, headers::DELIVER_AT, headers::DELAY];
 
 impl Dlq<'_> {
-    /// What replaying `messages` would do, with `max_replays` as the loop
-    /// guard.
-    fn plan(
+    /// What replaying `message`, replayed `replayed` times by the journal,
+    /// would do, with `max_replays` as the loop guard.
+    fn plan_one(
         &self,
-        messages: Vec<OwnedMessage>,
+        owned: &OwnedTopics,
+        message: OwnedMessage,
+        replayed: u32,
         max_replays: u32,
-    ) -> Result<Vec<Planned>, DlqError> {
-        let mut journals = std::collections::HashMap::new();
-        let mut planned = Vec::with_capacity(messages.len());
-        let owned = self.config.owned();
-        for message in messages {
-            let at = RecordRef {
-                topic: message.topic().to_string(),
-                partition: message.partition(),
-                offset: message.offset(),
-            };
-            if !journals.contains_key(&at.topic) {
-                journals.insert(at.topic.clone(), replay_counts(self.cluster, &at.topic)?);
-            }
-            let replayed = journals[&at.topic].get(&at).copied().unwrap_or(0);
-            let route = headers::text(message.headers(), headers::ROUTE)
-                .ok()
-                .flatten()
-                .map(str::to_string);
-            let envelope = envelope_of(&message);
-            let id = envelope.as_ref().ok().map(|e| e.id.clone());
-            let (action, keep) = match (&envelope, route.as_deref()) {
-                (Err(e), _) => (
-                    skip(format!("not a hopper dead-letter record: {e}")),
-                    &[][..],
-                ),
-                (_, None) => (
-                    skip(format!("header {} is missing", headers::ROUTE)),
-                    &[][..],
-                ),
-                (Ok(envelope), Some(route)) => {
-                    match self.input_of(&owned, &at.topic, route, &envelope.origin.topic, &message)
-                    {
-                        Err(problem) => (skip(problem), &[][..]),
-                        Ok((to, keep)) => {
-                            // Saturating: `replays` comes from a header, and a
-                            // count that large is past any loop guard.
-                            let replay =
-                                envelope.replays.saturating_add(replayed).saturating_add(1);
-                            if replay > max_replays {
-                                let replays = replay - 1;
-                                (
-                                    Action::Loop {
-                                        to: at.topic.clone(),
-                                        replays,
-                                    },
-                                    keep,
-                                )
-                            } else {
-                                (Action::Replay { to, replay }, keep)
-                            }
+    ) -> Planned {
+        let at = RecordRef {
+            topic: message.topic().to_string(),
+            partition: message.partition(),
+            offset: message.offset(),
+        };
+        let route = headers::text(message.headers(), headers::ROUTE)
+            .ok()
+            .flatten()
+            .map(str::to_string);
+        let envelope = envelope_of(&message);
+        let id = envelope.as_ref().ok().map(|e| e.id.clone());
+        let (action, keep) = match (&envelope, route.as_deref()) {
+            (Err(e), _) => (
+                skip(format!("not a hopper dead-letter record: {e}")),
+                &[][..],
+            ),
+            (_, None) => (
+                skip(format!("header {} is missing", headers::ROUTE)),
+                &[][..],
+            ),
+            (Ok(envelope), Some(route)) => {
+                match self.input_of(owned, &at.topic, route, &envelope.origin.topic, &message) {
+                    Err(problem) => (skip(problem), &[][..]),
+                    Ok((to, keep)) => {
+                        // Saturating: `replays` comes from a header, and a
+                        // count that large is past any loop guard.
+                        let replay = envelope.replays.saturating_add(replayed).saturating_add(1);
+                        if replay > max_replays {
+                            let replays = replay - 1;
+                            (
+                                Action::Loop {
+                                    to: at.topic.clone(),
+                                    replays,
+                                },
+                                keep,
+                            )
+                        } else {
+                            (Action::Replay { to, replay }, keep)
                         }
                     }
                 }
-            };
-            planned.push(Planned {
-                envelope: envelope.ok(),
-                keep,
-                outcome: Outcome {
-                    at,
-                    id,
-                    route,
-                    action,
-                    failed: None,
-                },
-                message,
-            });
+            }
+        };
+        Planned {
+            envelope: envelope.ok(),
+            keep,
+            outcome: Outcome {
+                at,
+                id,
+                route,
+                action,
+                failed: None,
+            },
+            message,
         }
-        Ok(planned)
     }
 
     /// Where a record read from dead-letter topic `dlq`, whose headers name
@@ -271,9 +271,10 @@ impl Dlq<'_> {
         }
     }
 
-    /// Replays `messages` (dead-letter records of this config): plans each,
-    /// and unless `dry_run`, produces them one at a time at `pacer`'s rate,
-    /// calling `done` after each. Each replay is a span of `tracer`'s.
+    /// Replays `messages` (dead-letter records of this config) as one new
+    /// run: plans each, and unless `dry_run`, produces them one at a time
+    /// at `pacer`'s rate, calling `done` after each. Each replay is a span
+    /// of `tracer`'s.
     #[allow(clippy::too_many_arguments)]
     pub async fn replay(
         &self,
@@ -284,114 +285,274 @@ impl Dlq<'_> {
         tracer: &crate::trace::Tracer,
         mut done: impl FnMut(&Outcome),
     ) -> Result<Report, DlqError> {
-        let planned = self.plan(messages, max_replays)?;
-        let mut report = Report {
-            dry_run,
-            ..Report::default()
-        };
-        let producer = if dry_run {
-            None
-        } else {
-            let producer = AwaitedProducer::new(self.cluster.producer_config(), "a DLQ replay");
-            Some(producer.map_err(|e| DlqError::Producer(format!("{e:#}")))?)
-        };
-        for mut p in planned {
-            if let (Some(producer), Some(envelope)) = (&producer, &p.envelope)
-                && !matches!(p.outcome.action, Action::Skip { .. })
-            {
-                pacer.wait().await;
-                match produce(producer, &p.message, envelope, p.keep, &p.outcome).await {
-                    Err(e) => p.outcome.failed = Some(e),
-                    Ok(()) => {
-                        if let Action::Replay { to, replay } = &p.outcome.action {
-                            let from = p.outcome.at.to_string();
-                            crate::trace::export::replayed(
-                                tracer,
-                                &envelope.trace,
-                                to,
-                                &from,
-                                *replay,
-                            );
-                        }
-                    }
-                }
+        let mut replayer = Replayer::new(self, RunId::new(), max_replays, dry_run, pacer, tracer)?;
+        let mut journals = HashMap::new();
+        let mut report = replayer.report();
+        for message in messages {
+            let topic = message.topic().to_string();
+            if !journals.contains_key(&topic) {
+                journals.insert(topic.clone(), replay_counts(self.cluster, &topic)?);
             }
-            match (&p.outcome.action, &p.outcome.failed) {
-                (_, Some(_)) => report.failed += 1,
-                (Action::Replay { .. }, None) => report.replayed += 1,
-                (Action::Loop { .. }, None) => report.looped += 1,
-                (Action::Skip { .. }, None) => report.skipped += 1,
-            }
-            done(&p.outcome);
-            report.outcomes.push(p.outcome);
+            let at = RecordRef {
+                topic,
+                partition: message.partition(),
+                offset: message.offset(),
+            };
+            let replayed = journals[&at.topic].get(&at).copied().unwrap_or(0);
+            let outcome = replayer.one(message, replayed, false).await;
+            report.count(&outcome);
+            done(&outcome);
+            report.outcomes.push(outcome);
         }
         Ok(report)
     }
 }
 
-fn skip(problem: String) -> Action {
-    Action::Skip { problem }
+/// How long a destination's end offsets, read for a journal entry, are
+/// used before they are read again. Older ones are still a lower bound of
+/// where the replay lands, only further back.
+const ENDS_FRESH: Duration = Duration::from_secs(1);
+
+/// One run's replays, record by record. Each record's journal entry is
+/// written, and acknowledged, before its replay is produced
+/// ([`super::run`] says why, and how a resume finds the one that may lack
+/// its replay).
+pub struct Replayer<'a> {
+    dlq: &'a Dlq<'a>,
+    owned: OwnedTopics,
+    max_replays: u32,
+    pacer: &'a Pacer,
+    tracer: &'a crate::trace::Tracer,
+    /// `None` for a dry run.
+    producer: Option<AwaitedProducer>,
+    /// Reads destinations' end offsets; `None` for a dry run.
+    reader: Option<BaseConsumer<WatchedContext>>,
+    run: RunId,
+    /// This process's attempt of the run; a new one after each failure, so
+    /// that only an attempt's last entry can lack its replay.
+    attempt: String,
+    /// Entries the attempt wrote.
+    written: u64,
+    /// Each destination's end offsets (as [`run::AFTER`] holds them), and
+    /// when they were read.
+    ends: HashMap<String, (Instant, String)>,
 }
 
-/// Produces one planned replay (and its journal entry) or loop record.
-async fn produce(
-    producer: &AwaitedProducer,
-    message: &OwnedMessage,
-    envelope: &Envelope,
-    keep: &[&str],
-    outcome: &Outcome,
-) -> Result<(), String> {
-    let at = outcome.at.to_string();
-    match &outcome.action {
-        Action::Skip { .. } => Ok(()),
-        Action::Replay { to, replay } => {
-            let headers = headers::replay_headers(message.headers(), envelope, *replay, &at, keep);
-            send(producer, to, message.key(), message.payload(), headers).await?;
-            let journal = OwnedHeaders::new()
-                .insert(Header {
-                    key: crate::trace::TRACEPARENT,
-                    value: Some(&envelope.trace.traceparent()),
-                })
-                .insert(text_header(headers::ID, &envelope.id))
-                .insert(text_header(headers::REPLAY_COUNT, &replay.to_string()))
-                .insert(text_header("hopper-replayed-to", to));
-            let topic = replay_journal(&outcome.at.topic);
-            send(producer, &topic, Some(at.as_bytes()), None, journal)
-                .await
-                .map_err(|e| format!("replayed to `{to}`, but not recorded in `{topic}`: {e}"))
-        }
-        Action::Loop { to, replays } => {
-            let route = outcome.route.as_deref().unwrap_or_default();
-            let envelope = Envelope {
-                replays: *replays,
-                ..envelope.clone()
-            };
-            let error =
-                format!("replayed {replays} time(s) already; replay.max_replays allows no more");
-            let hop = dead_letter(
-                message,
-                Plan {
-                    topic: to,
-                    route,
-                    envelope: &envelope,
-                    attempts_made: envelope.attempts_made,
-                    reason: Reason::ReplayLoop,
-                    error: &error,
-                    handler: None,
-                    keep,
-                },
-            );
-            let record = hop.record;
-            send(
-                producer,
-                &record.topic,
-                record.key.as_deref(),
-                record.payload.as_deref(),
-                record.headers,
-            )
-            .await
+impl<'a> Replayer<'a> {
+    pub fn new(
+        dlq: &'a Dlq<'a>,
+        run: RunId,
+        max_replays: u32,
+        dry_run: bool,
+        pacer: &'a Pacer,
+        tracer: &'a crate::trace::Tracer,
+    ) -> Result<Replayer<'a>, DlqError> {
+        let (producer, reader) = if dry_run {
+            (None, None)
+        } else {
+            let mut config = dlq.cluster.producer_config();
+            // Each record is awaited before the next: lingering for a batch
+            // only slows the replay down.
+            config.set("linger.ms", "0");
+            let producer = AwaitedProducer::new(config, "a DLQ replay")
+                .map_err(|e| DlqError::Producer(format!("{e:#}")))?;
+            let reader = super::browse::reader(dlq.cluster, "a replay's destination")?;
+            (Some(producer), Some(reader))
+        };
+        Ok(Replayer {
+            owned: dlq.config.owned(),
+            dlq,
+            max_replays,
+            pacer,
+            tracer,
+            producer,
+            reader,
+            run,
+            attempt: attempt_id(),
+            written: 0,
+            ends: HashMap::new(),
+        })
+    }
+
+    /// An empty report of this run.
+    pub fn report(&self) -> Report {
+        Report {
+            dry_run: self.producer.is_none(),
+            run: Some(self.run.to_string()),
+            ..Report::default()
         }
     }
+
+    /// Plans `message`, replayed `replayed` times by the journal (not
+    /// counting this run), and unless this is a dry run, replays it (or
+    /// copies it back with REPLAY_LOOP) at the pacer's rate. `redo`: the
+    /// run has an entry for it whose replay was not produced.
+    pub async fn one(&mut self, message: OwnedMessage, replayed: u32, redo: bool) -> Outcome {
+        let mut p = self
+            .dlq
+            .plan_one(&self.owned, message, replayed, self.max_replays);
+        if self.producer.is_none() || matches!(p.outcome.action, Action::Skip { .. }) {
+            return p.outcome;
+        }
+        let Some(envelope) = &p.envelope else {
+            return p.outcome;
+        };
+        self.pacer.wait().await;
+        match self
+            .produce(&p.message, envelope, p.keep, &p.outcome, redo)
+            .await
+        {
+            Err(e) => {
+                p.outcome.failed = Some(e);
+                self.attempt = attempt_id();
+                self.written = 0;
+            }
+            Ok(()) => {
+                if let Action::Replay { to, replay } = &p.outcome.action {
+                    let from = p.outcome.at.to_string();
+                    crate::trace::export::replayed(
+                        self.tracer,
+                        &envelope.trace,
+                        to,
+                        &from,
+                        *replay,
+                    );
+                }
+            }
+        }
+        p.outcome
+    }
+
+    /// `topic`'s end offsets, read at most [`ENDS_FRESH`] ago.
+    fn ends_of(&mut self, topic: &str) -> Result<String, String> {
+        if let Some((at, text)) = self.ends.get(topic)
+            && at.elapsed() < ENDS_FRESH
+        {
+            return Ok(text.clone());
+        }
+        let reader = self.reader.as_ref().expect("not a dry run");
+        let read = Instant::now();
+        let mut ends = Vec::new();
+        let partitions = lag::partitions(reader, topic).map_err(|e| e.to_string())?;
+        for p in partitions {
+            let (_, high) = lag::watermarks(reader, topic, p).map_err(|e| e.to_string())?;
+            ends.push((p, high));
+        }
+        let text = run::after_text(&ends);
+        self.ends.insert(topic.to_string(), (read, text.clone()));
+        Ok(text)
+    }
+
+    /// Writes one planned replay's journal entry, then produces it; or the
+    /// entry of a REPLAY_LOOP copy, then the copy.
+    async fn produce(
+        &mut self,
+        message: &OwnedMessage,
+        envelope: &Envelope,
+        keep: &[&str],
+        outcome: &Outcome,
+        redo: bool,
+    ) -> Result<(), String> {
+        let at = outcome.at.to_string();
+        let journal = replay_journal(&outcome.at.topic);
+        let (to, replay, kind, after) = match &outcome.action {
+            Action::Skip { .. } => return Ok(()),
+            Action::Replay { to, replay } => {
+                let after = self
+                    .ends_of(to)
+                    .map_err(|e| format!("not replayed: cannot read the end of `{to}`: {e}"))?;
+                (to, *replay, if redo { "redo" } else { "replay" }, after)
+            }
+            Action::Loop { to, replays } => (to, *replays, "loop", String::new()),
+        };
+        let attempt = format!("{}/{}", self.attempt, self.written);
+        self.written += 1;
+        let entry = OwnedHeaders::new()
+            .insert(Header {
+                key: crate::trace::TRACEPARENT,
+                value: Some(&envelope.trace.traceparent()),
+            })
+            .insert(text_header(headers::ID, &envelope.id))
+            .insert(text_header(headers::REPLAY_COUNT, &replay.to_string()))
+            .insert(text_header(run::REPLAYED_TO, to))
+            .insert(text_header(run::RUN, self.run.as_str()))
+            .insert(text_header(run::ATTEMPT, &attempt))
+            .insert(text_header(run::ENTRY, kind))
+            .insert(text_header(run::AFTER, &after));
+        let producer = self.producer.as_ref().expect("not a dry run");
+        send(producer, &journal, Some(at.as_bytes()), None, entry)
+            .await
+            .map_err(|e| format!("not replayed: cannot record it in `{journal}`: {e}"))?;
+        match &outcome.action {
+            Action::Skip { .. } => Ok(()),
+            Action::Replay { to, replay } => {
+                let headers =
+                    headers::replay_headers(message.headers(), envelope, *replay, &at, keep)
+                        .insert(text_header(run::RUN, self.run.as_str()));
+                send(producer, to, message.key(), message.payload(), headers)
+                    .await
+                    .map_err(|e| {
+                        format!(
+                            "recorded in `{journal}` but maybe not replayed: {e}; resume run {} to replay it if it was not",
+                            self.run
+                        )
+                    })
+            }
+            Action::Loop { to, replays } => {
+                let route = outcome.route.as_deref().unwrap_or_default();
+                let envelope = Envelope {
+                    replays: *replays,
+                    ..envelope.clone()
+                };
+                let error = format!(
+                    "replayed {replays} time(s) already; replay.max_replays allows no more"
+                );
+                let hop = dead_letter(
+                    message,
+                    Plan {
+                        topic: to,
+                        route,
+                        envelope: &envelope,
+                        attempts_made: envelope.attempts_made,
+                        reason: Reason::ReplayLoop,
+                        error: &error,
+                        handler: None,
+                        keep,
+                    },
+                );
+                let record = hop.record;
+                send(
+                    producer,
+                    &record.topic,
+                    record.key.as_deref(),
+                    record.payload.as_deref(),
+                    record.headers,
+                )
+                .await
+            }
+        }
+    }
+}
+
+/// A new attempt's id, random.
+fn attempt_id() -> String {
+    format!("{:012x}", fastrand::u64(..) >> 16)
+}
+
+impl Report {
+    /// Counts `outcome` in.
+    pub fn count(&mut self, outcome: &Outcome) {
+        match (&outcome.action, &outcome.failed) {
+            (_, Some(_)) => self.failed += 1,
+            (Action::Replay { .. }, None) => self.replayed += 1,
+            (Action::Loop { .. }, None) => self.looped += 1,
+            (Action::Skip { .. }, None) => self.skipped += 1,
+        }
+    }
+}
+
+fn skip(problem: String) -> Action {
+    Action::Skip { problem }
 }
 
 fn text_header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {

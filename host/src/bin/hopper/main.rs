@@ -13,6 +13,7 @@ mod capture;
 mod config_check;
 mod demo;
 mod dev;
+mod dlq_replay;
 mod dlq_try;
 mod ops;
 mod parked;

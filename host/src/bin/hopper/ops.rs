@@ -5,7 +5,7 @@
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use hopper::config::Config;
-use hopper::dlq::{Dlq, DlqFilter, Pacer, RecordRef};
+use hopper::dlq::{Dlq, DlqFilter, RecordRef};
 use hopper::kafka::Cluster;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -100,7 +100,7 @@ impl Filter {
         })
     }
 
-    fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.resolve().is_ok_and(|f| f == DlqFilter::default())
     }
 }
@@ -176,6 +176,10 @@ pub enum DlqCommand {
         /// Records per second; default `replay.rate` of the config.
         #[arg(long)]
         rate: Option<u32>,
+        /// Resume replay run RUN, as a replay prints it, with the same
+        /// selection: skip each record it replayed.
+        #[arg(long, value_name = "RUN")]
+        resume: Option<hopper::dlq::run::RunId>,
     },
     /// Calls a candidate handler on the selected records of one route, in
     /// the sandbox, and reports what it would do with each: succeed, retry
@@ -394,111 +398,21 @@ pub async fn dlq(command: DlqCommand, cache_dir: Option<PathBuf>) -> anyhow::Res
             all,
             dry_run,
             rate,
-        } => replay(target, records, filter, all, dry_run, rate).await,
+            resume,
+        } => {
+            crate::dlq_replay::run(crate::dlq_replay::Replay {
+                target,
+                records,
+                filter,
+                all,
+                dry_run,
+                rate,
+                resume,
+            })
+            .await
+        }
         DlqCommand::Try(args) => crate::dlq_try::run(args, cache_dir).await,
     }
-}
-
-async fn replay(
-    target: Target,
-    records: Vec<RecordRef>,
-    filter: Filter,
-    all: bool,
-    dry_run: bool,
-    rate: Option<u32>,
-) -> anyhow::Result<()> {
-    if records.is_empty() && filter.is_empty() && !all {
-        anyhow::bail!(
-            "nothing selected: give --record TOPIC:PARTITION:OFFSET, a filter (--route, --reason, --since, --until, --key, --text, --group, --not-replayed), or --all"
-        );
-    }
-    let (config, cluster) = target.load()?;
-    let filter = filter.resolve()?;
-    let max = config.replay.max_records;
-    let (config2, cluster2) = (config.clone(), cluster.clone());
-    let selected = blocking(move || {
-        let dlq = Dlq {
-            cluster: &cluster2,
-            config: &config2,
-        };
-        if records.is_empty() {
-            dlq.select(&filter, max)
-        } else {
-            records.iter().map(|r| dlq.fetch(r)).collect()
-        }
-    })
-    .await?;
-    let total = selected.len();
-    let pacer = Pacer::new(rate.unwrap_or(config.replay.rate));
-    let json = target.json;
-    let mut n = 0;
-    let report = tokio::task::spawn_blocking(move || {
-        let dlq = Dlq {
-            cluster: &cluster,
-            config: &config,
-        };
-        tokio::runtime::Handle::current().block_on(dlq.replay(
-            selected,
-            config.replay.max_replays,
-            dry_run,
-            &pacer,
-            // The command exits once done: its spans would not be sent.
-            &hopper::trace::Tracer::default(),
-            |o| {
-                n += 1;
-                if !json {
-                    let (what, to) = match &o.action {
-                        hopper::dlq::replay::Action::Replay { to, replay } => {
-                            (format!("replay #{replay}"), format!(" -> {to}"))
-                        }
-                        hopper::dlq::replay::Action::Loop { to, .. } => {
-                            ("REPLAY_LOOP".to_string(), format!(" -> {to}"))
-                        }
-                        hopper::dlq::replay::Action::Skip { problem } => {
-                            (format!("skipped: {}", clean(problem)), String::new())
-                        }
-                    };
-                    let failed = o
-                        .failed
-                        .as_deref()
-                        .map(|f| format!(" FAILED: {}", clean(f)));
-                    eprintln!(
-                        "[{n}/{total}] {} {what}{to}{}",
-                        o.at,
-                        failed.unwrap_or_default()
-                    );
-                }
-            },
-        ))
-    })
-    .await??;
-    if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if dry_run {
-        println!(
-            "Dry run: {} of {total} record(s) would be replayed, {} would go back with REPLAY_LOOP, {} skipped. Nothing was produced.",
-            report
-                .outcomes
-                .iter()
-                .filter(|o| matches!(o.action, hopper::dlq::replay::Action::Replay { .. }))
-                .count(),
-            report
-                .outcomes
-                .iter()
-                .filter(|o| matches!(o.action, hopper::dlq::replay::Action::Loop { .. }))
-                .count(),
-            report.skipped,
-        );
-    } else {
-        println!(
-            "Replayed {} of {total} record(s); {} went back with REPLAY_LOOP, {} skipped, {} failed.",
-            report.replayed, report.looped, report.skipped, report.failed
-        );
-    }
-    if report.failed > 0 {
-        anyhow::bail!("{} record(s) could not be replayed", report.failed);
-    }
-    Ok(())
 }
 
 /// `hopper status`: per pipeline, what waits in each topic (from the
