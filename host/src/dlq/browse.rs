@@ -14,7 +14,7 @@ use crate::headers::Reason;
 use crate::kafka::{Cluster, WatchedContext};
 use crate::lag::{self, LagError};
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message, OwnedMessage};
 use rdkafka::{Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -186,12 +186,86 @@ impl Group {
         if s.failed_at >= self.last_failed_at {
             self.last_failed_at = s.failed_at;
             self.sample.clone_from(&s.error);
-            self.sample_record = s.at.clone();
+            self.sample_record.clone_from(&s.at);
         }
         if let Some(v) = &s.handler_version
             && self.versions.len() < MAX_GROUP_VERSIONS
         {
-            self.versions.insert(v.chars().take(12).collect());
+            // Most records carry a version the group has: no new string.
+            let short = v
+                .char_indices()
+                .nth(12)
+                .map_or(v.as_str(), |(i, _)| &v[..i]);
+            if !self.versions.contains(short) {
+                self.versions.insert(short.to_string());
+            }
+        }
+    }
+}
+
+impl Group {
+    /// Counts `other`, a tally of the same cause from other partitions, in.
+    pub fn merge(&mut self, other: Group) {
+        self.count += other.count;
+        if let (Some(n), Some(more)) = (&mut self.not_replayed, other.not_replayed) {
+            *n += more;
+        }
+        self.first_failed_at = match (self.first_failed_at, other.first_failed_at) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if (other.last_failed_at, &other.sample_record) > (self.last_failed_at, &self.sample_record)
+        {
+            self.last_failed_at = other.last_failed_at;
+            self.sample = other.sample;
+            self.sample_record = other.sample_record;
+        }
+        for v in other.versions {
+            if self.versions.len() >= MAX_GROUP_VERSIONS {
+                break;
+            }
+            self.versions.insert(v);
+        }
+    }
+}
+
+/// Dead letters counted into groups, at most [`MAX_GROUPS`] of them; the
+/// rest are `other`.
+#[derive(Default)]
+struct Tally {
+    groups: HashMap<String, Group>,
+    scanned: usize,
+    total: usize,
+    other: usize,
+}
+
+impl Tally {
+    fn add(&mut self, s: &DlqSummary) {
+        self.total += 1;
+        if let Some(g) = self.groups.get_mut(&s.group) {
+            g.add(s);
+        } else if self.groups.len() >= MAX_GROUPS {
+            self.other += 1;
+        } else {
+            let mut g = Group::new(s, Some(0));
+            g.add(s);
+            self.groups.insert(s.group.clone(), g);
+        }
+    }
+
+    /// `other`'s counts added to these; its groups past the cap count as
+    /// `other` here.
+    fn merge(&mut self, other: Tally) {
+        self.total += other.total;
+        self.other += other.other;
+        for (id, g) in other.groups {
+            if let Some(mine) = self.groups.get_mut(&id) {
+                mine.merge(g);
+            } else if self.groups.len() >= MAX_GROUPS {
+                self.other += g.count;
+            } else {
+                self.groups.insert(id, g);
+            }
         }
     }
 }
@@ -281,16 +355,12 @@ impl Dlq<'_> {
         for topic in &topics {
             let replayed = replay_counts(self.cluster, topic)?;
             let budget = MAX_SCAN - scanned;
-            let read = read_all(self.cluster, topic, budget, |m| {
-                let at = RecordRef {
-                    topic: m.topic().to_string(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                };
-                let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
+            let read = read_until(self.cluster, topic, &HashMap::new(), budget, |m| {
+                let summary = summary_of(m, &replayed);
                 if filter.matches(&summary) {
                     matches.push(summary);
                 }
+                true
             })?;
             scanned += read.0;
             truncated |= read.1;
@@ -314,40 +384,70 @@ impl Dlq<'_> {
     /// with groups (at most [`MAX_GROUPS`]), not records.
     pub fn groups(&self, filter: &DlqFilter) -> Result<GroupsPage, DlqError> {
         let topics = self.topics(filter.route.as_deref())?;
-        let mut groups: HashMap<String, Group> = HashMap::new();
-        let (mut scanned, mut total, mut other) = (0, 0, 0);
+        let mut all = Tally::default();
         for topic in &topics {
             let replayed = replay_counts(self.cluster, topic)?;
-            let read = read_all(self.cluster, topic, usize::MAX, |m| {
-                let at = RecordRef {
-                    topic: m.topic().to_string(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                };
-                let s = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
-                if !filter.matches(&s) {
-                    return;
-                }
-                total += 1;
-                if !groups.contains_key(&s.group) && groups.len() >= MAX_GROUPS {
-                    other += 1;
-                    return;
-                }
-                let g = groups
-                    .entry(s.group.clone())
-                    .or_insert_with(|| Group::new(&s, Some(0)));
-                g.add(&s);
-            })?;
-            scanned += read.0;
+            // A topic's partitions, shared out to a reader thread per core:
+            // summing up a record costs more than reading it.
+            let partitions = lag::partitions(&reader(self.cluster, topic)?, topic)?;
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .clamp(1, partitions.len().max(1));
+            let shares: Vec<Vec<i32>> = (0..threads)
+                .map(|t| {
+                    partitions
+                        .iter()
+                        .copied()
+                        .skip(t)
+                        .step_by(threads)
+                        .collect()
+                })
+                .collect();
+            let tallies = std::thread::scope(|scope| {
+                let readers: Vec<_> = shares
+                    .iter()
+                    .map(|share| {
+                        let replayed = &replayed;
+                        scope.spawn(move || {
+                            let mut tally = Tally::default();
+                            let only = Some(share.as_slice());
+                            read_partitions(
+                                self.cluster,
+                                topic,
+                                only,
+                                &HashMap::new(),
+                                usize::MAX,
+                                |m| {
+                                    let s = summary_of(m, replayed);
+                                    if filter.matches(&s) {
+                                        tally.add(&s);
+                                    }
+                                    true
+                                },
+                            )
+                            .map(|(read, _)| (read, tally))
+                        })
+                    })
+                    .collect();
+                readers
+                    .into_iter()
+                    .map(|r| r.join().expect("a grouping reader panicked"))
+                    .collect::<Vec<_>>()
+            });
+            for tally in tallies {
+                let (read, tally) = tally?;
+                all.scanned += read;
+                all.merge(tally);
+            }
         }
-        let mut groups: Vec<Group> = groups.into_values().collect();
+        let mut groups: Vec<Group> = all.groups.into_values().collect();
         groups.sort_by(|a, b| (b.last_failed_at, &b.group).cmp(&(a.last_failed_at, &a.group)));
         Ok(GroupsPage {
             topics,
-            scanned,
-            total,
+            scanned: all.scanned,
+            total: all.total,
             groups,
-            other,
+            other: all.other,
         })
     }
 
@@ -401,15 +501,10 @@ impl Dlq<'_> {
             }
             let replayed = replay_counts_but(self.cluster, &topic, except)?;
             let read = read_until(self.cluster, &topic, &HashMap::new(), budget, |m| {
-                let at = RecordRef {
-                    topic: m.topic().to_string(),
-                    partition: m.partition(),
-                    offset: m.offset(),
-                };
-                let summary = DlqSummary::of(&m, replayed.get(&at).copied().unwrap_or(0));
+                let summary = summary_of(m, &replayed);
                 if filter.matches(&summary) {
                     matched += 1;
-                    go_on = each(summary, m);
+                    go_on = each(summary, m.detach());
                 }
                 go_on
             })?;
@@ -465,6 +560,10 @@ pub(crate) fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> Dlq
     }
 }
 
+/// librdkafka's wait before it fetches for a partition whose queue was
+/// full; a reader sets it to 10 ms unless `kafka.properties` does.
+const FETCH_QUEUE_BACKOFF: &str = "fetch.queue.backoff.ms";
+
 /// A consumer that reads by assignment and never commits.
 pub(crate) fn reader(
     cluster: &Cluster,
@@ -474,12 +573,27 @@ pub(crate) fn reader(
     config
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
+    // A reader takes records as fast as they come: once its queue holds
+    // `queued.min.messages`, librdkafka would wait this long (1 s by
+    // default) before fetching again, idling a read of a large topic for
+    // most of its time.
+    if !cluster.kafka.properties.contains_key(FETCH_QUEUE_BACKOFF) {
+        config.set(FETCH_QUEUE_BACKOFF, "10");
+    }
     config
         .create_with_context(cluster.watched("dead-letter reader"))
         .map_err(|source| DlqError::Client {
             topic: topic.to_string(),
             source,
         })
+}
+
+/// The summary of `m`, with its replays from `replayed` (its topic's
+/// journal).
+fn summary_of(m: &BorrowedMessage<'_>, replayed: &HashMap<RecordRef, u32>) -> DlqSummary {
+    let mut s = DlqSummary::of(m, 0);
+    s.replayed = replayed.get(&s.at).copied().unwrap_or(0);
+    s
 }
 
 /// Reads `topic` from its low to its high watermarks (as they are now),
@@ -504,7 +618,7 @@ pub fn read_from(
     mut each: impl FnMut(OwnedMessage),
 ) -> Result<(usize, bool), DlqError> {
     read_until(cluster, topic, from, budget, |m| {
-        each(m);
+        each(m.detach());
         true
     })
 }
@@ -516,13 +630,29 @@ fn read_until(
     topic: &str,
     from: &HashMap<i32, i64>,
     budget: usize,
-    mut each: impl FnMut(OwnedMessage) -> bool,
+    each: impl FnMut(&BorrowedMessage<'_>) -> bool,
+) -> Result<(usize, bool), DlqError> {
+    read_partitions(cluster, topic, None, from, budget, each)
+}
+
+/// [`read_until`], of the partitions `only` names (`None`: every one).
+fn read_partitions(
+    cluster: &Cluster,
+    topic: &str,
+    only: Option<&[i32]>,
+    from: &HashMap<i32, i64>,
+    budget: usize,
+    mut each: impl FnMut(&BorrowedMessage<'_>) -> bool,
 ) -> Result<(usize, bool), DlqError> {
     let consumer = reader(cluster, topic)?;
     let mut tpl = TopicPartitionList::new();
     let mut ends = HashMap::new();
     let mut expected = 0;
-    for p in lag::partitions(&consumer, topic)? {
+    let partitions = match only {
+        Some(only) => only.to_vec(),
+        None => lag::partitions(&consumer, topic)?,
+    };
+    for p in partitions {
         let (low, high) = lag::watermarks(&consumer, topic, p)?;
         let low = from.get(&p).map_or(low, |start| low.max(*start));
         if high > low {
@@ -538,36 +668,40 @@ fn read_until(
     consumer
         .assign(&tpl)
         .map_err(|source| read_error(topic, source))?;
-    let mut deadline = Instant::now() + READ_TIMEOUT;
+    // Since when no record was counted: the clock is read only while the
+    // read stalls, not once per record.
+    let mut stalled: Option<Instant> = None;
     let mut read = 0;
     while !ends.is_empty() {
         if read >= budget {
             return Ok((read, true));
         }
-        if Instant::now() > deadline {
+        let counted = match consumer.poll(Duration::from_millis(100)) {
+            None => false,
+            Some(result) => {
+                let m = result.map_err(|source| read_error(topic, source))?;
+                let (partition, offset) = (m.partition(), m.offset());
+                let end = ends.get(&partition).copied().unwrap_or(i64::MIN);
+                if offset + 1 >= end {
+                    ends.remove(&partition);
+                }
+                if offset < end {
+                    read += 1;
+                    if !each(&m) {
+                        return Ok((read, false));
+                    }
+                }
+                offset < end
+            }
+        };
+        if counted {
+            stalled = None;
+        } else if stalled.get_or_insert_with(Instant::now).elapsed() > READ_TIMEOUT {
             return Err(DlqError::Timeout {
                 topic: topic.to_string(),
                 read,
                 expected,
             });
-        }
-        let Some(result) = consumer.poll(Duration::from_millis(100)) else {
-            continue;
-        };
-        let m = result.map_err(|source| read_error(topic, source))?;
-        let (partition, offset) = (m.partition(), m.offset());
-        let Some(end) = ends.get(&partition).copied() else {
-            continue;
-        };
-        if offset < end {
-            read += 1;
-            deadline = Instant::now() + READ_TIMEOUT;
-            if !each(m.detach()) {
-                return Ok((read, false));
-            }
-        }
-        if offset + 1 >= end {
-            ends.remove(&partition);
         }
     }
     Ok((read, false))
@@ -648,4 +782,97 @@ fn histogram(matches: &[DlqSummary]) -> (i64, Vec<Bucket>) {
         .map(|(start_ms, counts)| Bucket { start_ms, counts })
         .collect();
     (width, buckets)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn summary(partition: i32, offset: i64, failed_at: i64, version: &str) -> DlqSummary {
+        let cause = super::super::fingerprint::cause("order o-1 unknown");
+        DlqSummary {
+            at: RecordRef {
+                topic: "orders.dlq".into(),
+                partition,
+                offset,
+            },
+            timestamp: Some(failed_at),
+            failed_at: Some(failed_at),
+            id: None,
+            route: Some("orders".into()),
+            reason: Some(Reason::Fatal),
+            error: Some(format!("order o-{offset} unknown")),
+            group: super::super::fingerprint::group("orders", "FATAL", &cause),
+            cause,
+            attempt: None,
+            handler_version: Some(version.into()),
+            key: None,
+            payload_bytes: 0,
+            replays_before: 0,
+            replayed: u32::from(offset == 0),
+        }
+    }
+
+    #[test]
+    fn tallies_of_two_partitions_merge_into_what_one_reader_counts() {
+        let records = [
+            summary(0, 0, 10, "a"),
+            summary(1, 0, 30, "b"),
+            summary(0, 1, 20, "a"),
+            summary(1, 1, 5, "c"),
+        ];
+        let mut one = Tally::default();
+        let (mut left, mut right) = (Tally::default(), Tally::default());
+        for s in &records {
+            one.add(s);
+            if s.at.partition == 0 {
+                &mut left
+            } else {
+                &mut right
+            }
+            .add(s);
+        }
+        left.merge(right);
+        assert_eq!((left.total, left.other), (4, 0));
+        let (merged, whole) = (
+            &left.groups[&records[0].group],
+            &one.groups[&records[0].group],
+        );
+        assert_eq!(merged.count, 4);
+        assert_eq!(merged.not_replayed, Some(2));
+        assert_eq!(
+            (merged.first_failed_at, merged.last_failed_at),
+            (Some(5), Some(30))
+        );
+        assert_eq!(merged.sample.as_deref(), Some("order o-0 unknown"));
+        assert_eq!(merged.sample_record.partition, 1);
+        assert_eq!(
+            (merged.count, merged.not_replayed, &merged.versions),
+            (whole.count, whole.not_replayed, &whole.versions)
+        );
+        assert_eq!(merged.sample_record, whole.sample_record);
+    }
+
+    #[test]
+    fn past_the_cap_a_merged_tally_counts_the_rest_as_other() {
+        let mut all = Tally::default();
+        for i in 0..MAX_GROUPS {
+            let mut s = summary(0, i as i64, 1, "a");
+            s.group = format!("g{i}");
+            all.add(&s);
+        }
+        let mut more = Tally::default();
+        for i in 0..3 {
+            let mut s = summary(1, i, 1, "a");
+            s.group = format!("new{}", i % 2);
+            more.add(&s);
+        }
+        let mut known = summary(1, 9, 1, "a");
+        known.group = "g0".into();
+        more.add(&known);
+        all.merge(more);
+        assert_eq!(all.groups.len(), MAX_GROUPS);
+        assert_eq!((all.total, all.other), (MAX_GROUPS + 4, 3));
+        assert_eq!(all.groups["g0"].count, 2);
+    }
 }

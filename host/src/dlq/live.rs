@@ -260,9 +260,8 @@ impl LiveGroups {
                 continue;
             };
             let message = result.map_err(|source| read_error(topic, source))?;
-            let owned = message.detach();
-            self.add(&DlqSummary::of(&owned, 0));
-            let (partition, offset) = (owned.partition(), owned.offset());
+            self.add(&DlqSummary::of(&message, 0));
+            let (partition, offset) = (message.partition(), message.offset());
             let done = ends.get(&partition).is_some_and(|end| offset + 1 >= *end);
             if done {
                 ends.remove(&partition);

@@ -125,29 +125,65 @@ pub struct DlqRecord {
     pub trace_url: Option<String>,
 }
 
-/// The last error as text, cut to the bound the host writes. Bytes that
-/// are not UTF-8 (a forged or foreign record) show as U+FFFD rather than
-/// hiding the error.
-fn last_error<H: Headers>(h: Option<&H>) -> Option<String> {
-    let value = h?
-        .iter()
-        .filter(|header| header.key == headers::LAST_ERROR)
-        .last()?
-        .value?;
-    let text = String::from_utf8_lossy(value);
-    Some(headers::shorten(text.trim(), headers::MAX_ERROR_BYTES))
+/// The headers a summary reads, each as its last value on the record (as
+/// [`headers::text`] takes it), found in one pass over the headers: a
+/// grouping reads millions of records, each with a dozen headers.
+#[derive(Default)]
+struct Fields<'a> {
+    route: Option<Option<&'a [u8]>>,
+    reason: Option<Option<&'a [u8]>>,
+    error: Option<Option<&'a [u8]>>,
+    failed_at: Option<Option<&'a [u8]>>,
+    id: Option<Option<&'a [u8]>>,
+    attempt: Option<Option<&'a [u8]>>,
+    handler_version: Option<Option<&'a [u8]>>,
+    replay_count: Option<Option<&'a [u8]>>,
+}
+
+impl<'a> Fields<'a> {
+    fn of<H: Headers>(h: Option<&'a H>) -> Fields<'a> {
+        let mut f = Fields::default();
+        for header in h.into_iter().flat_map(|h| h.iter()) {
+            let slot = match header.key {
+                headers::ROUTE => &mut f.route,
+                headers::REASON => &mut f.reason,
+                headers::LAST_ERROR => &mut f.error,
+                headers::LAST_FAILURE_AT => &mut f.failed_at,
+                headers::ID => &mut f.id,
+                headers::ATTEMPT => &mut f.attempt,
+                headers::HANDLER_VERSION => &mut f.handler_version,
+                headers::REPLAY_COUNT => &mut f.replay_count,
+                _ => continue,
+            };
+            *slot = Some(header.value);
+        }
+        f
+    }
+
+    /// A value as [`headers::text`] reads it: UTF-8, trimmed; a null or
+    /// non-UTF-8 value is no value.
+    fn text(value: Option<Option<&'a [u8]>>) -> Option<&'a str> {
+        std::str::from_utf8(value??).ok().map(str::trim)
+    }
+
+    /// The last error as text, cut to the bound the host writes. Bytes that
+    /// are not UTF-8 (a forged or foreign record) show as U+FFFD rather than
+    /// hiding the error.
+    fn error(&self) -> Option<String> {
+        let text = String::from_utf8_lossy(self.error??);
+        Some(headers::shorten(text.trim(), headers::MAX_ERROR_BYTES))
+    }
 }
 
 impl DlqSummary {
-    pub fn of(message: &OwnedMessage, replayed: u32) -> DlqSummary {
-        let h = message.headers();
-        let text = |name| headers::text(h, name).ok().flatten().map(str::to_string);
-        let number = |name| text(name).and_then(|t| t.parse::<i64>().ok());
+    pub fn of<M: Message>(message: &M, replayed: u32) -> DlqSummary {
+        let f = Fields::of(message.headers());
+        let owned = |value| Fields::text(value).map(str::to_string);
         let timestamp = message.timestamp().to_millis();
         let (route, reason, error) = (
-            text(headers::ROUTE),
-            text(headers::REASON).as_deref().and_then(Reason::parse),
-            last_error(h),
+            owned(f.route),
+            Fields::text(f.reason).and_then(Reason::parse),
+            f.error(),
         );
         let cause = fingerprint::cause(error.as_deref().unwrap_or_default());
         let group = fingerprint::group(
@@ -162,18 +198,22 @@ impl DlqSummary {
                 offset: message.offset(),
             },
             timestamp,
-            failed_at: number(headers::LAST_FAILURE_AT).or(timestamp),
-            id: text(headers::ID),
+            failed_at: Fields::text(f.failed_at)
+                .and_then(|t| t.parse::<i64>().ok())
+                .or(timestamp),
+            id: owned(f.id),
             route,
             reason,
             error,
             cause,
             group,
-            attempt: text(headers::ATTEMPT).and_then(|a| a.parse().ok()),
-            handler_version: text(headers::HANDLER_VERSION),
+            attempt: Fields::text(f.attempt).and_then(|a| a.parse().ok()),
+            handler_version: owned(f.handler_version),
             key: message.key().map(Bytes::lossy),
             payload_bytes: message.payload().map_or(0, <[u8]>::len),
-            replays_before: headers::replay_count(h),
+            replays_before: Fields::text(f.replay_count)
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
             replayed,
         }
     }
