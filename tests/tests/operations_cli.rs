@@ -1211,17 +1211,20 @@ async fn a_replay_killed_halfway_and_resumed_replays_each_record_once() {
     );
 }
 
-/// A run stopped between a record's journal entry and its replay (as a
-/// kill -9 would leave it), written by hand: the resume reads the input,
-/// does not find the replay, and replays the record, once; an earlier
-/// entry of the same attempt is done and skipped.
+/// A run stopped in the middle of a batch (as a kill -9 would leave it),
+/// written by hand: the batch's three entries are in the journal, but only
+/// two of their replays are in the input. The resume reads the input from
+/// the end offsets the entries wrote down, finds those two, and replays
+/// exactly the third, once; the entry of an earlier batch of the same
+/// attempt is done and skipped. A malformed entry of the run stops a
+/// resume with an error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced() {
+async fn a_resume_replays_exactly_the_records_of_a_stopped_batch_never_produced() {
     init_tracing();
     let route = RouteTable::new(&plugin("scripted")).test_route();
     let hopper_run = route.start().await;
     let producer = producer();
-    const N: usize = 5;
+    const N: usize = 6;
     for i in 0..N {
         let id = format!("cut-{i}");
         produce(
@@ -1255,27 +1258,59 @@ async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced()
         })
         .collect();
     let journal = format!("{}.replays", route.dlq);
-    for (n, i) in [0, 1].into_iter().enumerate() {
-        let attempt = format!("a1/{n}");
+    let entry = |i: usize, n: usize, batch: usize, after: String| {
+        let (id, at, attempt, batch) = (
+            format!("cut-{i}"),
+            at(i),
+            format!("a1/{n}"),
+            batch.to_string(),
+        );
+        let (producer, journal, to) = (&producer, &journal, &route.input);
+        async move {
+            produce(
+                producer,
+                journal,
+                Some(&at),
+                "",
+                &[
+                    ("hopper-id", &id),
+                    ("hopper-replay-count", "1"),
+                    ("hopper-replayed-to", to),
+                    ("hopper-replay-run", "r-cut"),
+                    ("hopper-replay-attempt", &attempt),
+                    ("hopper-replay-batch", &batch),
+                    ("hopper-replay-entry", "replay"),
+                    ("hopper-replay-after", &after),
+                ],
+            )
+            .await;
+        }
+    };
+    // Batch 0 of attempt a1: cut-0, replayed (its replay is not looked for).
+    entry(0, 0, 0, ends.join(",")).await;
+    // Batch 1 (its first entry is number 1): cut-1, cut-2 and cut-3, of
+    // which only cut-1's and cut-3's replays were produced.
+    for (n, i) in [1, 2, 3].into_iter().enumerate() {
+        entry(i, n + 1, 1, ends.join(",")).await;
+    }
+    for i in [1, 3] {
+        let id = format!("cut-{i}");
         produce(
             &producer,
-            &journal,
-            Some(&at(i)),
-            "",
+            &route.input,
+            Some(&id),
+            "fatal",
             &[
-                ("hopper-id", &format!("cut-{i}")),
+                ("hopper-id", &id),
                 ("hopper-replay-count", "1"),
-                ("hopper-replayed-to", &route.input),
                 ("hopper-replay-run", "r-cut"),
-                ("hopper-replay-attempt", &attempt),
-                ("hopper-replay-entry", "replay"),
-                ("hopper-replay-after", &ends.join(",")),
+                ("hopper-replayed-from", &at(i)),
             ],
         )
         .await;
     }
     let config = route.config_path.to_str().unwrap();
-    let out = hopper(&[
+    let resume = [
         "dlq",
         "replay",
         "--config",
@@ -1286,28 +1321,50 @@ async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced()
         "1000",
         "--resume",
         "r-cut",
-    ]);
+    ];
+    let out = hopper(&resume);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("1 recorded but not produced, replayed again"),
+        stderr(&out).contains(
+            "Resuming run r-cut: 3 record(s) replayed before; 1 recorded but not produced, replayed again"
+        ),
         "{}",
         stderr(&out)
     );
     assert!(
-        stdout(&out).contains("Replayed 4 of 4 record(s)"),
+        stdout(&out).contains("Replayed 3 of 3 record(s)"),
         "{}",
         stdout(&out)
     );
     let ids = replayed_ids(&route.input).await;
     let mut replayed: Vec<&String> = ids.keys().collect();
     replayed.sort();
-    assert_eq!(replayed, ["cut-1", "cut-2", "cut-3", "cut-4"], "{ids:?}");
+    assert_eq!(
+        replayed,
+        ["cut-1", "cut-2", "cut-3", "cut-4", "cut-5"],
+        "{ids:?}"
+    );
     assert!(ids.values().all(|n| *n == 1), "{ids:?}");
-    // The redo is not a second replay of cut-1.
-    let out = hopper(&["dlq", "show", "--config", config, &at(1), "--json"]);
+    // The redo is not a second replay of cut-2.
+    let out = hopper(&["dlq", "show", "--config", config, &at(2), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(shown["replayed"], 1, "{shown:#}");
+
+    // An entry of the run listing more partitions than a topic can have:
+    // the resume stops, naming the entry and the problem, and replays
+    // nothing.
+    let long = vec!["0:0"; 100_001].join(",");
+    entry(4, 9, 9, long).await;
+    let out = hopper(&resume);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(
+        e.contains(&format!("journal entry {journal}:"))
+            && e.contains("names replay run r-cut, but header hopper-replay-after: more than 100000 partitions"),
+        "{e}"
+    );
+    assert_eq!(replayed_ids(&route.input).await.len(), N - 1);
 }
 
 /// BENCHMARKS.md, "DLQ replay": `HOPPER_REPLAY_BENCH_N` dead letters
