@@ -1370,8 +1370,9 @@ async fn a_resume_replays_exactly_the_records_of_a_stopped_batch_never_produced(
 /// BENCHMARKS.md, "DLQ replay": `HOPPER_REPLAY_BENCH_N` dead letters
 /// (100,000 unless set) replayed at `--rate 100000` (the most
 /// `replay.rate` allows), then replayed again by a run killed (SIGKILL)
-/// halfway and resumed; counts the records of that run in the input by
-/// the dead letter they were replayed from.
+/// once the input holds half of its replays, and resumed; counts the
+/// records of that run in the input by the dead letter they were replayed
+/// from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: cargo xtask bench, or run it by name"]
 async fn bench_dlq_replay_throughput_and_kill_halfway() {
@@ -1425,24 +1426,53 @@ async fn bench_dlq_replay_throughput_and_kill_halfway() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut run = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.strip_prefix("Replay run ") {
-            run = rest.split('.').next().map(str::to_string);
+    // The run's id, from its first line; its stderr read to the end so
+    // that it never blocks on it.
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("Replay run ") {
+                let _ = id_tx.send(rest.split('.').next().map(str::to_string));
+            }
         }
-        let done: usize = line
-            .strip_prefix("replayed ")
-            .and_then(|l| l.split(' ').next())
-            .and_then(|d| d.parse().ok())
-            .unwrap_or(0);
-        if done >= n / 2 {
-            break;
-        }
+    });
+    let run = id_rx.recv_timeout(PATIENCE).unwrap();
+    // Killed once half of its replays are in the input (which holds the
+    // n records and the first run's n replays).
+    let half = 2 * n as i64 + n as i64 / 2;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let watch = reader(&route.input);
+    let input_size = || -> i64 {
+        (0..2)
+            .map(|p| {
+                let (low, high) = rdkafka::consumer::Consumer::fetch_watermarks(
+                    &watch,
+                    &route.input,
+                    p,
+                    Duration::from_secs(10),
+                )
+                .unwrap();
+                high - low
+            })
+            .sum()
+    };
+    let mut size = 0;
+    while size < half {
+        assert!(Instant::now() < deadline, "the replay did not get halfway");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the replay ended before it was halfway"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        size = input_size();
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    eprintln!(
+        "killed with {} of {n} replayed",
+        input_size() - 2 * n as i64
+    );
     let run = run.unwrap();
     let mut resume = base.to_vec();
     resume.extend(["--resume", run.as_str()]);
