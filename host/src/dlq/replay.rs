@@ -9,8 +9,9 @@
 //! be resumed without replaying any record twice ([`super::run`]). A record whose message was replayed
 //! `replay.max_replays` times already (counting its earlier lineage and the
 //! journal) is not replayed again: a copy goes to the dead-letter topic with
-//! reason REPLAY_LOOP instead. Replays are paced by a [`Pacer`], and a dry
-//! run plans everything and produces nothing.
+//! reason REPLAY_LOOP instead. Records are replayed in batches of at most
+//! [`MAX_BATCH`], each paced by a [`Pacer`], and a dry run plans everything
+//! and produces nothing.
 
 use super::browse::{Dlq, DlqError, replay_counts};
 use super::record::{RecordRef, envelope_of};
@@ -537,8 +538,8 @@ impl<'a> Replayer<'a> {
     }
 
     /// The journal entry of one planned replay, or of a REPLAY_LOOP copy,
-    /// as entry number [`Replayer::written`] of the attempt, in the batch
-    /// whose first entry is number `batch`.
+    /// as the attempt's next entry, in the batch whose first entry is
+    /// number `batch` of the attempt.
     fn entry(
         &mut self,
         envelope: &Envelope,
