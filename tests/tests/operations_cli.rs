@@ -1367,6 +1367,106 @@ async fn a_resume_replays_exactly_the_records_of_a_stopped_batch_never_produced(
     assert_eq!(replayed_ids(&route.input).await.len(), N - 1);
 }
 
+/// A batch in which some records fail: the dead letters of a route's two
+/// inputs, one of them deleted before the replay. Each record's outcome
+/// says what happened to it (the first input's replayed, the second's
+/// failed, naming the topic), the replay fails naming the command to
+/// resume it, and once the topic is back the resume replays exactly the
+/// failed ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_destination_is_gone_fails_those_records_alone_and_a_resume_replays_them() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    init_tracing();
+    let name = hopper_tests::rand_name("route");
+    let (a, b) = (format!("{name}.a"), format!("{name}.b"));
+    let route = RouteTable::named(&name, &plugin("scripted"))
+        .topics(&[&a, &b])
+        .test_route();
+    create_topics(&[&a, &b]).await;
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const N: usize = 4;
+    for i in 0..N {
+        for topic in [&a, &b] {
+            let id = format!("{topic}-{i}");
+            produce(&producer, topic, Some(&id), "fatal", &[("hopper-id", &id)]).await;
+        }
+    }
+    consume(&route.dlq, 2 * N, PATIENCE).await;
+    hopper_run.stop().await;
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let deleted = admin
+        .delete_topics(&[&b], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let metadata: rdkafka::consumer::BaseConsumer = client_config().create().unwrap();
+    let gone = Instant::now() + PATIENCE;
+    while rdkafka::consumer::Consumer::fetch_metadata(&metadata, Some(&b), Duration::from_secs(5))
+        .map(|m| m.topics()[0].error().is_none() && !m.topics()[0].partitions().is_empty())
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < gone, "`{b}` is still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let config = route.config_path.to_str().unwrap();
+    let replay = [
+        "dlq", "replay", "--config", config, "--route", &name, "--rate", "1000",
+    ];
+    let mut args = replay.to_vec();
+    args.push("--json");
+    let out = hopper(&args);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["replayed"], N, "{report:#}");
+    assert_eq!(report["failed"], N, "{report:#}");
+    let run = report["run"].as_str().unwrap().to_string();
+    for o in report["outcomes"].as_array().unwrap() {
+        let id = o["id"].as_str().unwrap();
+        if id.starts_with(&a) {
+            assert!(o["failed"].is_null(), "{o:#}");
+            assert_eq!(o["to"], a.as_str(), "{o:#}");
+        } else {
+            let failed = o["failed"].as_str().unwrap_or_default();
+            assert!(
+                failed.contains(&format!("not replayed: cannot read the end of `{b}`")),
+                "{o:#}"
+            );
+        }
+    }
+    assert!(
+        stderr(&out).contains(&format!(
+            "{N} record(s) could not be replayed; to try them again:"
+        )) && stderr(&out).contains(&format!("--resume {run}")),
+        "{}",
+        stderr(&out)
+    );
+
+    // The topic back: the resume replays the failed records, and only them.
+    create_topics(&[&b]).await;
+    let mut args = replay.to_vec();
+    args.extend(["--resume", run.as_str()]);
+    let out = hopper(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("Replayed {N} of {N} record(s)"))
+            && stdout(&out).contains(&format!("{N} more were replayed by run {run} before")),
+        "{}",
+        stdout(&out)
+    );
+    for topic in [&a, &b] {
+        let ids = replayed_ids(topic).await;
+        assert_eq!(ids.len(), N, "{topic}: {ids:?}");
+        assert!(
+            ids.iter()
+                .all(|(id, n)| id.starts_with(topic.as_str()) && *n == 1),
+            "{topic}: {ids:?}"
+        );
+    }
+}
+
 /// BENCHMARKS.md, "DLQ replay": `HOPPER_REPLAY_BENCH_N` dead letters
 /// (100,000 unless set) replayed at `--rate 100000` (the most
 /// `replay.rate` allows), then replayed again by a run killed (SIGKILL)
