@@ -1211,17 +1211,20 @@ async fn a_replay_killed_halfway_and_resumed_replays_each_record_once() {
     );
 }
 
-/// A run stopped between a record's journal entry and its replay (as a
-/// kill -9 would leave it), written by hand: the resume reads the input,
-/// does not find the replay, and replays the record, once; an earlier
-/// entry of the same attempt is done and skipped.
+/// A run stopped in the middle of a batch (as a kill -9 would leave it),
+/// written by hand: the batch's three entries are in the journal, but only
+/// two of their replays are in the input. The resume reads the input from
+/// the end offsets the entries wrote down, finds those two, and replays
+/// exactly the third, once; the entry of an earlier batch of the same
+/// attempt is done and skipped. A malformed entry of the run stops a
+/// resume with an error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced() {
+async fn a_resume_replays_exactly_the_records_of_a_stopped_batch_never_produced() {
     init_tracing();
     let route = RouteTable::new(&plugin("scripted")).test_route();
     let hopper_run = route.start().await;
     let producer = producer();
-    const N: usize = 5;
+    const N: usize = 6;
     for i in 0..N {
         let id = format!("cut-{i}");
         produce(
@@ -1255,27 +1258,59 @@ async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced()
         })
         .collect();
     let journal = format!("{}.replays", route.dlq);
-    for (n, i) in [0, 1].into_iter().enumerate() {
-        let attempt = format!("a1/{n}");
+    let entry = |i: usize, n: usize, batch: usize, after: String| {
+        let (id, at, attempt, batch) = (
+            format!("cut-{i}"),
+            at(i),
+            format!("a1/{n}"),
+            batch.to_string(),
+        );
+        let (producer, journal, to) = (&producer, &journal, &route.input);
+        async move {
+            produce(
+                producer,
+                journal,
+                Some(&at),
+                "",
+                &[
+                    ("hopper-id", &id),
+                    ("hopper-replay-count", "1"),
+                    ("hopper-replayed-to", to),
+                    ("hopper-replay-run", "r-cut"),
+                    ("hopper-replay-attempt", &attempt),
+                    ("hopper-replay-batch", &batch),
+                    ("hopper-replay-entry", "replay"),
+                    ("hopper-replay-after", &after),
+                ],
+            )
+            .await;
+        }
+    };
+    // Batch 0 of attempt a1: cut-0, replayed (its replay is not looked for).
+    entry(0, 0, 0, ends.join(",")).await;
+    // Batch 1 (its first entry is number 1): cut-1, cut-2 and cut-3, of
+    // which only cut-1's and cut-3's replays were produced.
+    for (n, i) in [1, 2, 3].into_iter().enumerate() {
+        entry(i, n + 1, 1, ends.join(",")).await;
+    }
+    for i in [1, 3] {
+        let id = format!("cut-{i}");
         produce(
             &producer,
-            &journal,
-            Some(&at(i)),
-            "",
+            &route.input,
+            Some(&id),
+            "fatal",
             &[
-                ("hopper-id", &format!("cut-{i}")),
+                ("hopper-id", &id),
                 ("hopper-replay-count", "1"),
-                ("hopper-replayed-to", &route.input),
                 ("hopper-replay-run", "r-cut"),
-                ("hopper-replay-attempt", &attempt),
-                ("hopper-replay-entry", "replay"),
-                ("hopper-replay-after", &ends.join(",")),
+                ("hopper-replayed-from", &at(i)),
             ],
         )
         .await;
     }
     let config = route.config_path.to_str().unwrap();
-    let out = hopper(&[
+    let resume = [
         "dlq",
         "replay",
         "--config",
@@ -1286,35 +1321,158 @@ async fn a_resume_replays_the_record_a_stopped_run_recorded_but_never_produced()
         "1000",
         "--resume",
         "r-cut",
-    ]);
+    ];
+    let out = hopper(&resume);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(
-        stderr(&out).contains("1 recorded but not produced, replayed again"),
+        stderr(&out).contains(
+            "Resuming run r-cut: 3 record(s) replayed before; 1 recorded but not produced, replayed again"
+        ),
         "{}",
         stderr(&out)
     );
     assert!(
-        stdout(&out).contains("Replayed 4 of 4 record(s)"),
+        stdout(&out).contains("Replayed 3 of 3 record(s)"),
         "{}",
         stdout(&out)
     );
     let ids = replayed_ids(&route.input).await;
     let mut replayed: Vec<&String> = ids.keys().collect();
     replayed.sort();
-    assert_eq!(replayed, ["cut-1", "cut-2", "cut-3", "cut-4"], "{ids:?}");
+    assert_eq!(
+        replayed,
+        ["cut-1", "cut-2", "cut-3", "cut-4", "cut-5"],
+        "{ids:?}"
+    );
     assert!(ids.values().all(|n| *n == 1), "{ids:?}");
-    // The redo is not a second replay of cut-1.
-    let out = hopper(&["dlq", "show", "--config", config, &at(1), "--json"]);
+    // The redo is not a second replay of cut-2.
+    let out = hopper(&["dlq", "show", "--config", config, &at(2), "--json"]);
     assert!(out.status.success(), "{}", stderr(&out));
     let shown: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(shown["replayed"], 1, "{shown:#}");
+
+    // An entry of the run listing more partitions than a topic can have:
+    // the resume stops, naming the entry and the problem, and replays
+    // nothing.
+    let long = vec!["0:0"; 100_001].join(",");
+    entry(4, 9, 9, long).await;
+    let out = hopper(&resume);
+    assert!(!out.status.success());
+    let e = stderr(&out);
+    assert!(
+        e.contains(&format!("journal entry {journal}:"))
+            && e.contains("names replay run r-cut, but header hopper-replay-after: more than 100000 partitions"),
+        "{e}"
+    );
+    assert_eq!(replayed_ids(&route.input).await.len(), N - 1);
+}
+
+/// A batch in which some records fail: the dead letters of a route's two
+/// inputs, one of them deleted before the replay. Each record's outcome
+/// says what happened to it (the first input's replayed, the second's
+/// failed, naming the topic), the replay fails naming the command to
+/// resume it, and once the topic is back the resume replays exactly the
+/// failed ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_whose_destination_is_gone_fails_those_records_alone_and_a_resume_replays_them() {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    use rdkafka::client::DefaultClientContext;
+    init_tracing();
+    let name = hopper_tests::rand_name("route");
+    let (a, b) = (format!("{name}.a"), format!("{name}.b"));
+    let route = RouteTable::named(&name, &plugin("scripted"))
+        .topics(&[&a, &b])
+        .test_route();
+    create_topics(&[&a, &b]).await;
+    let hopper_run = route.start().await;
+    let producer = producer();
+    const N: usize = 4;
+    for i in 0..N {
+        for topic in [&a, &b] {
+            let id = format!("{topic}-{i}");
+            produce(&producer, topic, Some(&id), "fatal", &[("hopper-id", &id)]).await;
+        }
+    }
+    consume(&route.dlq, 2 * N, PATIENCE).await;
+    hopper_run.stop().await;
+    let admin: AdminClient<DefaultClientContext> = client_config().create().unwrap();
+    let deleted = admin
+        .delete_topics(&[&b], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(deleted.iter().all(Result::is_ok), "{deleted:?}");
+    let metadata: rdkafka::consumer::BaseConsumer = client_config().create().unwrap();
+    let gone = Instant::now() + PATIENCE;
+    while rdkafka::consumer::Consumer::fetch_metadata(&metadata, Some(&b), Duration::from_secs(5))
+        .map(|m| m.topics()[0].error().is_none() && !m.topics()[0].partitions().is_empty())
+        .unwrap_or(true)
+    {
+        assert!(Instant::now() < gone, "`{b}` is still there");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let config = route.config_path.to_str().unwrap();
+    let replay = [
+        "dlq", "replay", "--config", config, "--route", &name, "--rate", "1000",
+    ];
+    let mut args = replay.to_vec();
+    args.push("--json");
+    let out = hopper(&args);
+    assert!(!out.status.success(), "{}", stdout(&out));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(report["replayed"], N, "{report:#}");
+    assert_eq!(report["failed"], N, "{report:#}");
+    let run = report["run"].as_str().unwrap().to_string();
+    for o in report["outcomes"].as_array().unwrap() {
+        let id = o["id"].as_str().unwrap();
+        if id.starts_with(&a) {
+            assert!(o["failed"].is_null(), "{o:#}");
+            assert_eq!(o["to"], a.as_str(), "{o:#}");
+        } else {
+            let failed = o["failed"].as_str().unwrap_or_default();
+            assert!(
+                failed.contains(&format!("not replayed: cannot read the end of `{b}`")),
+                "{o:#}"
+            );
+        }
+    }
+    assert!(
+        stderr(&out).contains(&format!(
+            "{N} record(s) could not be replayed; to try them again:"
+        )) && stderr(&out).contains(&format!("--resume {run}")),
+        "{}",
+        stderr(&out)
+    );
+
+    // The topic back: the resume replays the failed records, and only them.
+    create_topics(&[&b]).await;
+    let mut args = replay.to_vec();
+    args.extend(["--resume", run.as_str()]);
+    let out = hopper(&args);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("Replayed {N} of {N} record(s)"))
+            && stdout(&out).contains(&format!("{N} more were replayed by run {run} before")),
+        "{}",
+        stdout(&out)
+    );
+    for topic in [&a, &b] {
+        let ids = replayed_ids(topic).await;
+        assert_eq!(ids.len(), N, "{topic}: {ids:?}");
+        assert!(
+            ids.iter()
+                .all(|(id, n)| id.starts_with(topic.as_str()) && *n == 1),
+            "{topic}: {ids:?}"
+        );
+    }
 }
 
 /// BENCHMARKS.md, "DLQ replay": `HOPPER_REPLAY_BENCH_N` dead letters
 /// (100,000 unless set) replayed at `--rate 100000` (the most
 /// `replay.rate` allows), then replayed again by a run killed (SIGKILL)
-/// halfway and resumed; counts the records of that run in the input by
-/// the dead letter they were replayed from.
+/// once the input holds half of its replays, and resumed; counts the
+/// records of that run in the input by the dead letter they were replayed
+/// from.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a benchmark: cargo xtask bench, or run it by name"]
 async fn bench_dlq_replay_throughput_and_kill_halfway() {
@@ -1368,24 +1526,53 @@ async fn bench_dlq_replay_throughput_and_kill_halfway() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut run = None;
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        if let Some(rest) = line.strip_prefix("Replay run ") {
-            run = rest.split('.').next().map(str::to_string);
+    // The run's id, from its first line; its stderr read to the end so
+    // that it never blocks on it.
+    let (id_tx, id_rx) = std::sync::mpsc::channel();
+    let err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.strip_prefix("Replay run ") {
+                let _ = id_tx.send(rest.split('.').next().map(str::to_string));
+            }
         }
-        let done: usize = line
-            .strip_prefix("replayed ")
-            .and_then(|l| l.split(' ').next())
-            .and_then(|d| d.parse().ok())
-            .unwrap_or(0);
-        if done >= n / 2 {
-            break;
-        }
+    });
+    let run = id_rx.recv_timeout(PATIENCE).unwrap();
+    // Killed once half of its replays are in the input (which holds the
+    // n records and the first run's n replays).
+    let half = 2 * n as i64 + n as i64 / 2;
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let watch = reader(&route.input);
+    let input_size = || -> i64 {
+        (0..2)
+            .map(|p| {
+                let (low, high) = rdkafka::consumer::Consumer::fetch_watermarks(
+                    &watch,
+                    &route.input,
+                    p,
+                    Duration::from_secs(10),
+                )
+                .unwrap();
+                high - low
+            })
+            .sum()
+    };
+    let mut size = 0;
+    while size < half {
+        assert!(Instant::now() < deadline, "the replay did not get halfway");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the replay ended before it was halfway"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+        size = input_size();
     }
     child.kill().unwrap();
     child.wait().unwrap();
+    eprintln!(
+        "killed with {} of {n} replayed",
+        input_size() - 2 * n as i64
+    );
     let run = run.unwrap();
     let mut resume = base.to_vec();
     resume.extend(["--resume", run.as_str()]);

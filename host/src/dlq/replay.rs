@@ -9,8 +9,9 @@
 //! be resumed without replaying any record twice ([`super::run`]). A record whose message was replayed
 //! `replay.max_replays` times already (counting its earlier lineage and the
 //! journal) is not replayed again: a copy goes to the dead-letter topic with
-//! reason REPLAY_LOOP instead. Replays are paced by a [`Pacer`], and a dry
-//! run plans everything and produces nothing.
+//! reason REPLAY_LOOP instead. Records are replayed in batches of at most
+//! [`MAX_BATCH`], each paced by a [`Pacer`], and a dry run plans everything
+//! and produces nothing.
 
 use super::browse::{Dlq, DlqError, replay_counts};
 use super::record::{RecordRef, envelope_of};
@@ -87,6 +88,13 @@ impl Pacer {
             interval: Duration::from_secs(1) / per_second.max(1),
             next: Mutex::new(None),
         }
+    }
+
+    /// Records a replay takes in one batch: a tenth of a second's worth at
+    /// the rate, at least 1 and at most [`MAX_BATCH`].
+    pub fn batch(&self) -> usize {
+        let per_tenth = Duration::from_millis(100).as_nanos() / self.interval.as_nanos().max(1);
+        (per_tenth as usize).clamp(1, MAX_BATCH)
     }
 
     /// Waits for the next slot.
@@ -272,9 +280,9 @@ impl Dlq<'_> {
     }
 
     /// Replays `messages` (dead-letter records of this config) as one new
-    /// run: plans each, and unless `dry_run`, produces them one at a time
-    /// at `pacer`'s rate, calling `done` after each. Each replay is a span
-    /// of `tracer`'s.
+    /// run: plans each, and unless `dry_run`, produces them in batches
+    /// ([`Replayer::batch`]) at `pacer`'s rate, calling `done` after each.
+    /// Each replay is a span of `tracer`'s.
     #[allow(clippy::too_many_arguments)]
     pub async fn replay(
         &self,
@@ -288,21 +296,32 @@ impl Dlq<'_> {
         let mut replayer = Replayer::new(self, RunId::new(), max_replays, dry_run, pacer, tracer)?;
         let mut journals = HashMap::new();
         let mut report = replayer.report();
-        for message in messages {
-            let topic = message.topic().to_string();
-            if !journals.contains_key(&topic) {
-                journals.insert(topic.clone(), replay_counts(self.cluster, &topic)?);
+        let size = pacer.batch();
+        let mut messages = messages.into_iter().peekable();
+        while messages.peek().is_some() {
+            let mut items = Vec::with_capacity(size);
+            for message in messages.by_ref().take(size) {
+                let topic = message.topic().to_string();
+                if !journals.contains_key(&topic) {
+                    journals.insert(topic.clone(), replay_counts(self.cluster, &topic)?);
+                }
+                let at = RecordRef {
+                    topic,
+                    partition: message.partition(),
+                    offset: message.offset(),
+                };
+                let replayed = journals[&at.topic].get(&at).copied().unwrap_or(0);
+                items.push(Item {
+                    message,
+                    replayed,
+                    redo: false,
+                });
             }
-            let at = RecordRef {
-                topic,
-                partition: message.partition(),
-                offset: message.offset(),
-            };
-            let replayed = journals[&at.topic].get(&at).copied().unwrap_or(0);
-            let outcome = replayer.one(message, replayed, false).await;
-            report.count(&outcome);
-            done(&outcome);
-            report.outcomes.push(outcome);
+            for outcome in replayer.batch(items).await {
+                report.count(&outcome);
+                done(&outcome);
+                report.outcomes.push(outcome);
+            }
         }
         Ok(report)
     }
@@ -313,10 +332,31 @@ impl Dlq<'_> {
 /// where the replay lands, only further back.
 const ENDS_FRESH: Duration = Duration::from_secs(1);
 
-/// One run's replays, record by record. Each record's journal entry is
-/// written, and acknowledged, before its replay is produced
-/// ([`super::run`] says why, and how a resume finds the one that may lack
-/// its replay).
+/// The most records a replay takes in one batch: what a crash can leave
+/// recorded in the journal but not replayed, for a resume to check.
+pub const MAX_BATCH: usize = 500;
+
+/// One record for [`Replayer::batch`].
+pub struct Item {
+    pub message: OwnedMessage,
+    /// How often the journal says it was replayed, not counting this run.
+    pub replayed: u32,
+    /// The run has an entry for it whose replay was not produced.
+    pub redo: bool,
+}
+
+/// A journal entry, ready to produce.
+struct JournalEntry {
+    journal: String,
+    key: String,
+    headers: OwnedHeaders,
+}
+
+/// One run's replays, batch by batch. All of a batch's journal entries
+/// are written, and acknowledged, before any of its replays is produced,
+/// and the next batch's entries only once all its replays are
+/// acknowledged ([`super::run`] says why, and how a resume finds the
+/// batch that may lack its replays).
 pub struct Replayer<'a> {
     dlq: &'a Dlq<'a>,
     owned: OwnedTopics,
@@ -329,7 +369,7 @@ pub struct Replayer<'a> {
     reader: Option<BaseConsumer<WatchedContext>>,
     run: RunId,
     /// This process's attempt of the run; a new one after each failure, so
-    /// that only an attempt's last entry can lack its replay.
+    /// that only an attempt's last batch can lack replays.
     attempt: String,
     /// Entries the attempt wrote.
     written: u64,
@@ -351,9 +391,10 @@ impl<'a> Replayer<'a> {
             (None, None)
         } else {
             let mut config = dlq.cluster.producer_config();
-            // Each record is awaited before the next: lingering for a batch
-            // only slows the replay down.
-            config.set("linger.ms", "0");
+            // A batch's entries, then its replays, are sent together and
+            // awaited together: a few ms of linger puts each into a few
+            // large produce requests rather than one request a record.
+            config.set("linger.ms", "5");
             let producer = AwaitedProducer::new(config, "a DLQ replay")
                 .map_err(|e| DlqError::Producer(format!("{e:#}")))?;
             let reader = super::browse::reader(dlq.cluster, "a replay's destination")?;
@@ -383,44 +424,97 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// Plans `message`, replayed `replayed` times by the journal (not
-    /// counting this run), and unless this is a dry run, replays it (or
-    /// copies it back with REPLAY_LOOP) at the pacer's rate. `redo`: the
-    /// run has an entry for it whose replay was not produced.
-    pub async fn one(&mut self, message: OwnedMessage, replayed: u32, redo: bool) -> Outcome {
-        let mut p = self
-            .dlq
-            .plan_one(&self.owned, message, replayed, self.max_replays);
-        if self.producer.is_none() || matches!(p.outcome.action, Action::Skip { .. }) {
-            return p.outcome;
+    /// Plans each of `items` (at most [`MAX_BATCH`]), and unless this is a
+    /// dry run, replays them (or copies them back with REPLAY_LOOP) as one
+    /// batch: writes all their journal entries and awaits them, then
+    /// produces, at the pacer's rate, the replays of those whose entry was
+    /// acknowledged, and awaits them. Their outcomes, in order. After any
+    /// failure the next batch starts a new attempt.
+    pub async fn batch(&mut self, items: Vec<Item>) -> Vec<Outcome> {
+        let mut planned: Vec<(Planned, bool)> = items
+            .into_iter()
+            .map(|item| {
+                let p =
+                    self.dlq
+                        .plan_one(&self.owned, item.message, item.replayed, self.max_replays);
+                (p, item.redo)
+            })
+            .collect();
+        if self.producer.is_some() {
+            self.produce(&mut planned).await;
         }
-        let Some(envelope) = &p.envelope else {
-            return p.outcome;
-        };
-        self.pacer.wait().await;
-        match self
-            .produce(&p.message, envelope, p.keep, &p.outcome, redo)
-            .await
-        {
-            Err(e) => {
-                p.outcome.failed = Some(e);
-                self.attempt = attempt_id();
-                self.written = 0;
+        planned.into_iter().map(|(p, _)| p.outcome).collect()
+    }
+
+    async fn produce(&mut self, planned: &mut [(Planned, bool)]) {
+        let first = self.written;
+        let mut entries = Vec::new();
+        for (i, (p, redo)) in planned.iter_mut().enumerate() {
+            let Some(envelope) = &p.envelope else {
+                continue;
+            };
+            if matches!(p.outcome.action, Action::Skip { .. }) {
+                continue;
             }
-            Ok(()) => {
-                if let Action::Replay { to, replay } = &p.outcome.action {
-                    let from = p.outcome.at.to_string();
-                    crate::trace::export::replayed(
-                        self.tracer,
-                        &envelope.trace,
-                        to,
-                        &from,
-                        *replay,
-                    );
+            match self.entry(envelope, &p.outcome, *redo, first) {
+                Ok(entry) => entries.push((i, entry)),
+                Err(e) => p.outcome.failed = Some(e),
+            }
+        }
+        let producer = self.producer.as_ref().expect("not a dry run");
+        // Every entry, then every replay whose entry is acknowledged.
+        let acks = futures::future::join_all(entries.into_iter().map(|(i, entry)| async move {
+            let JournalEntry {
+                journal,
+                key,
+                headers,
+            } = entry;
+            let sent = send(producer, &journal, Some(key.as_bytes()), None, headers)
+                .await
+                .map_err(|e| format!("not replayed: cannot record it in `{journal}`: {e}"));
+            (i, sent)
+        }))
+        .await;
+        let mut recorded = Vec::new();
+        for (i, ack) in acks {
+            match ack {
+                Ok(()) => recorded.push(i),
+                Err(e) => planned[i].0.outcome.failed = Some(e),
+            }
+        }
+        let this = &*self;
+        let replays = futures::future::join_all(recorded.into_iter().map(|i| {
+            let p = &planned[i].0;
+            async move {
+                this.pacer.wait().await;
+                (i, this.replay_one(producer, p).await)
+            }
+        }))
+        .await;
+        for (i, replayed) in replays {
+            let p = &mut planned[i].0;
+            match replayed {
+                Err(e) => p.outcome.failed = Some(e),
+                Ok(()) => {
+                    if let (Action::Replay { to, replay }, Some(envelope)) =
+                        (&p.outcome.action, &p.envelope)
+                    {
+                        let from = p.outcome.at.to_string();
+                        crate::trace::export::replayed(
+                            self.tracer,
+                            &envelope.trace,
+                            to,
+                            &from,
+                            *replay,
+                        );
+                    }
                 }
             }
         }
-        p.outcome
+        if planned.iter().any(|(p, _)| p.outcome.failed.is_some()) {
+            self.attempt = attempt_id();
+            self.written = 0;
+        }
     }
 
     /// `topic`'s end offsets, read at most [`ENDS_FRESH`] ago.
@@ -443,20 +537,18 @@ impl<'a> Replayer<'a> {
         Ok(text)
     }
 
-    /// Writes one planned replay's journal entry, then produces it; or the
-    /// entry of a REPLAY_LOOP copy, then the copy.
-    async fn produce(
+    /// The journal entry of one planned replay, or of a REPLAY_LOOP copy,
+    /// as the attempt's next entry, in the batch whose first entry is
+    /// number `batch` of the attempt.
+    fn entry(
         &mut self,
-        message: &OwnedMessage,
         envelope: &Envelope,
-        keep: &[&str],
         outcome: &Outcome,
         redo: bool,
-    ) -> Result<(), String> {
-        let at = outcome.at.to_string();
-        let journal = replay_journal(&outcome.at.topic);
+        batch: u64,
+    ) -> Result<JournalEntry, String> {
         let (to, replay, kind, after) = match &outcome.action {
-            Action::Skip { .. } => return Ok(()),
+            Action::Skip { .. } => unreachable!("a skipped record has no entry"),
             Action::Replay { to, replay } => {
                 let after = self
                     .ends_of(to)
@@ -467,7 +559,7 @@ impl<'a> Replayer<'a> {
         };
         let attempt = format!("{}/{}", self.attempt, self.written);
         self.written += 1;
-        let entry = OwnedHeaders::new()
+        let headers = OwnedHeaders::new()
             .insert(Header {
                 key: crate::trace::TRACEPARENT,
                 value: Some(&envelope.trace.traceparent()),
@@ -477,12 +569,27 @@ impl<'a> Replayer<'a> {
             .insert(text_header(run::REPLAYED_TO, to))
             .insert(text_header(run::RUN, self.run.as_str()))
             .insert(text_header(run::ATTEMPT, &attempt))
+            .insert(text_header(run::BATCH, &batch.to_string()))
             .insert(text_header(run::ENTRY, kind))
             .insert(text_header(run::AFTER, &after));
-        let producer = self.producer.as_ref().expect("not a dry run");
-        send(producer, &journal, Some(at.as_bytes()), None, entry)
-            .await
-            .map_err(|e| format!("not replayed: cannot record it in `{journal}`: {e}"))?;
+        Ok(JournalEntry {
+            journal: replay_journal(&outcome.at.topic),
+            key: outcome.at.to_string(),
+            headers,
+        })
+    }
+
+    /// Produces one planned replay, whose journal entry is acknowledged;
+    /// or a REPLAY_LOOP copy.
+    async fn replay_one(&self, producer: &AwaitedProducer, p: &Planned) -> Result<(), String> {
+        let Planned {
+            message,
+            envelope,
+            keep,
+            outcome,
+        } = p;
+        let envelope = envelope.as_ref().expect("a record with an entry");
+        let at = outcome.at.to_string();
         match &outcome.action {
             Action::Skip { .. } => Ok(()),
             Action::Replay { to, replay } => {
@@ -493,7 +600,8 @@ impl<'a> Replayer<'a> {
                     .await
                     .map_err(|e| {
                         format!(
-                            "recorded in `{journal}` but maybe not replayed: {e}; resume run {} to replay it if it was not",
+                            "recorded in `{}` but maybe not replayed: {e}; resume run {} to replay it if it was not",
+                            replay_journal(&outcome.at.topic),
                             self.run
                         )
                     })

@@ -4,7 +4,7 @@
 
 use crate::ops::{Filter, Target, blocking, clean};
 use anyhow::Context as _;
-use hopper::dlq::replay::{Action, Outcome, Replayer, Report};
+use hopper::dlq::replay::{Action, Item, Outcome, Replayer, Report};
 use hopper::dlq::run::{self, RunId, RunState};
 use hopper::dlq::{Dlq, DlqError, Pacer, RecordRef};
 use rdkafka::Message;
@@ -141,24 +141,43 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
             )?;
             let mut report = replayer.report();
             let mut progress = Progress::new();
-            while let Some((replayed, message)) = rx.recv().await {
-                let at = RecordRef {
-                    topic: message.topic().to_string(),
-                    partition: message.partition(),
-                    offset: message.offset(),
-                };
-                if past.done.contains(&at) {
-                    report.already += 1;
+            let size = pacer.batch();
+            // A batch: what the channel has ready, up to `size`; never
+            // waits for more than the first.
+            while let Some(first) = rx.recv().await {
+                let mut items = Vec::with_capacity(size);
+                let mut next = Some(first);
+                while let Some((replayed, message)) = next.take() {
+                    let at = RecordRef {
+                        topic: message.topic().to_string(),
+                        partition: message.partition(),
+                        offset: message.offset(),
+                    };
+                    if past.done.contains(&at) {
+                        report.already += 1;
+                    } else {
+                        let redo = past.redo.contains(&at);
+                        items.push(Item {
+                            message,
+                            replayed,
+                            redo,
+                        });
+                    }
+                    if items.len() < size {
+                        next = rx.try_recv().ok();
+                    }
+                }
+                if items.is_empty() {
                     continue;
                 }
-                let redo = past.redo.contains(&at);
-                let outcome = replayer.one(message, replayed, redo).await;
-                report.count(&outcome);
-                if !json {
-                    progress.show(&outcome, &report);
-                }
-                if json {
-                    report.outcomes.push(outcome);
+                for outcome in replayer.batch(items).await {
+                    report.count(&outcome);
+                    if !json {
+                        progress.show(&outcome, &report);
+                    }
+                    if json {
+                        report.outcomes.push(outcome);
+                    }
                 }
             }
             Ok::<Report, DlqError>(report)
