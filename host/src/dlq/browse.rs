@@ -53,7 +53,9 @@ pub enum DlqError {
         read: usize,
         expected: i64,
     },
-    #[error("{matched} records match; replay.max_records allows {max}: narrow the selection")]
+    #[error(
+        "{matched} records match; replay.max_records allows {max} in one request: narrow the selection, or run `hopper dlq replay` with it, which streams a selection of any size as a run it can resume"
+    )]
     TooMany { matched: usize, max: usize },
     #[error("cannot create the replay producer: {0}")]
     Producer(String),
