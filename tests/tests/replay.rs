@@ -305,6 +305,7 @@ async fn replay_holds_its_rate_limit() {
     let started = Instant::now();
     let report = dlq
         .replay(
+            hopper::dlq::run::RunId::new(),
             selected,
             3,
             false,
@@ -564,4 +565,81 @@ async fn no_kind_of_hoppers_own_topic_is_a_replay_destination() {
         assert_eq!(size(&own.topic), want as i64, "{}", own.topic);
     }
     hopper.stop().await;
+}
+
+/// A replay through the admin API is a run like the CLI's: the CLI's
+/// `--resume RUN` with the same selection finds every record of it
+/// replayed, and replays none again. (A server killed part way leaves the
+/// run in the journal; its log line at the start names the run.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_api_replay_is_a_run_the_cli_resumes_without_replaying_twice() {
+    init_tracing();
+    let route = broken_route(5, 1000);
+    let hopper = route.start().await;
+    let producer = producer();
+    const N: usize = 4;
+    for i in 0..N {
+        let id = format!("api-{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "config:fixed=yes",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    consume(&route.dlq, N, PATIENCE).await;
+    hopper.stop().await;
+    fix(&route);
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let report = replay(addr, json!({ "filter": { "route": route.name } })).await;
+    assert_eq!(report["replayed"], N, "{report}");
+    let run = report["run"]
+        .as_str()
+        .expect("the report names its run")
+        .to_string();
+    hopper.stop().await;
+
+    let out = std::process::Command::new(hopper_bin())
+        .args(["dlq", "replay", "--config"])
+        .arg(&route.config_path)
+        .args(["--route", &route.name, "--resume", &run])
+        .env_remove("HOPPER_BROKERS")
+        .env_remove("HOPPER_LOG_FORMAT")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "Resuming run {run}: {N} record(s) replayed before"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("Replayed 0 of 0 record(s)")
+            && stdout.contains(&format!("{N} more were replayed by run {run} before")),
+        "{stdout}"
+    );
+    // The input holds the N messages and one replay of each, by this run.
+    let input = consume(&route.input, 2 * N, PATIENCE).await;
+    let mut from = std::collections::HashMap::new();
+    for m in &input {
+        let (h, _) = header_map(m);
+        if h.get("hopper-replay-run") == Some(&run) {
+            *from.entry(h["hopper-replayed-from"].clone()).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(from.len(), N, "{from:?}");
+    assert!(from.values().all(|n| *n == 1), "{from:?}");
+    assert_eq!(
+        size(&route.input),
+        2 * N as i64,
+        "nothing was replayed again"
+    );
 }

@@ -426,6 +426,16 @@ pub(super) async fn replay(
     let (config, cluster): (Arc<Config>, Cluster) =
         (state.context.config.clone(), state.context.cluster.clone());
     let dry_run = body.dry_run;
+    let run = crate::dlq::run::RunId::new();
+    if !dry_run {
+        // Said before the first record: a server stopped part way leaves
+        // the run in the journal, and this line says how to finish it.
+        tracing::info!(
+            %run,
+            records = selected.len(),
+            "Replay through the admin API started; if it stops part way, `hopper dlq replay` with the same selection and `--resume {run}` replays the rest, none twice."
+        );
+    }
     let shared = state.clone();
     // Planning reads the replay journal, which blocks; producing is async.
     let report = tokio::task::spawn_blocking(move || {
@@ -435,6 +445,7 @@ pub(super) async fn replay(
         };
         let metrics = shared.context.telemetry.metrics().clone();
         tokio::runtime::Handle::current().block_on(dlq.replay(
+            run,
             selected,
             config.replay.max_replays,
             dry_run,

@@ -279,13 +279,16 @@ impl Dlq<'_> {
         }
     }
 
-    /// Replays `messages` (dead-letter records of this config) as one new
-    /// run: plans each, and unless `dry_run`, produces them in batches
+    /// Replays `messages` (dead-letter records of this config) as run
+    /// `run`: plans each, and unless `dry_run`, produces them in batches
     /// ([`Replayer::batch`]) at `pacer`'s rate, calling `done` after each.
-    /// Each replay is a span of `tracer`'s.
+    /// Each replay is a span of `tracer`'s. A run stopped part way (its
+    /// process killed) is finished by `hopper dlq replay --resume RUN` with
+    /// the same selection.
     #[allow(clippy::too_many_arguments)]
     pub async fn replay(
         &self,
+        run: RunId,
         messages: Vec<OwnedMessage>,
         max_replays: u32,
         dry_run: bool,
@@ -293,7 +296,7 @@ impl Dlq<'_> {
         tracer: &crate::trace::Tracer,
         mut done: impl FnMut(&Outcome),
     ) -> Result<Report, DlqError> {
-        let mut replayer = Replayer::new(self, RunId::new(), max_replays, dry_run, pacer, tracer)?;
+        let mut replayer = Replayer::new(self, run, max_replays, dry_run, pacer, tracer)?;
         let mut journals = HashMap::new();
         let mut report = replayer.report();
         let size = pacer.batch();
