@@ -301,12 +301,20 @@ pub fn reader(topic: &str) -> StreamConsumer {
 /// Reads `count` records from `topic` from the beginning, failing after
 /// `timeout`.
 pub async fn consume(topic: &str, count: usize, timeout: Duration) -> Vec<OwnedMessage> {
-    let consumer = reader(topic);
+    let mut consumer = reader(topic);
     let mut out = Vec::new();
     let deadline = tokio::time::Instant::now() + timeout;
     while out.len() < count {
         match tokio::time::timeout_at(deadline, consumer.recv()).await {
             Ok(Ok(m)) => out.push(m.detach()),
+            // Subscribed before its writer created it (a `hopper run` still
+            // starting): subscribe again until it exists, within `timeout`.
+            Ok(Err(rdkafka::error::KafkaError::MessageConsumption(
+                rdkafka::types::RDKafkaErrorCode::UnknownTopicOrPartition,
+            ))) if out.is_empty() => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                consumer = reader(topic);
+            }
             Ok(Err(e)) => panic!("consuming {topic}: {e}"),
             Err(_) => panic!(
                 "expected {count} records on {topic} within {timeout:?}, got {}",
