@@ -140,11 +140,15 @@ pub fn pin_process(cpus: &[usize]) {
 
 /// CPU seconds used so far by this process (user + system).
 pub fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap();
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let fields: Vec<&str> = rest.split(' ').collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap() + fields[12].parse::<f64>().unwrap();
-    ticks / 100.0
+    // `getrusage`, not `/proc/self/stat`: the latter counts in 10 ms ticks,
+    // a quarter of a 10,000-message row that costs 4 µs a message.
+    // SAFETY: a `rusage` is plain integers, for which all zeroes is valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `usage` is a valid `rusage` for the call to fill.
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    assert_eq!(rc, 0, "getrusage: {}", std::io::Error::last_os_error());
+    let seconds = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    seconds(usage.ru_utime) + seconds(usage.ru_stime)
 }
 
 /// Context switches so far of this process's live threads, voluntary

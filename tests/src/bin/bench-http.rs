@@ -20,19 +20,23 @@
 //! client) came out ahead (BENCHMARKS.md, "The HTTP benchmark's CPUs").
 //! The rows without a request (`denied`, `noop`) run on every CPU.
 //!
-//! - **hopper**: a route over a preloaded topic of P partitions (default 1)
-//!   with the `fetch` fixture (GET, read the body, `ok` on 2xx), warm
-//!   instances, `ordering = "partition"`: a partition handles one message
-//!   at a time, so at most P requests are in flight, as for the bare client.
+//! - **hopper, `wasi:http`**: a route over a preloaded topic of P
+//!   partitions (default 1) with the `fetch` fixture (GET, read the body,
+//!   `ok` on 2xx) making its request through `wasi:http`, warm instances,
+//!   `ordering = "partition"`: a partition handles one message at a time,
+//!   so at most P requests are in flight, as for the bare client.
 //!   (`bench-concurrency` measures many calls per partition.)
+//! - **hopper, `fetch`**: the same, the request made through
+//!   `hopper:handler/http.fetch` (`api = "fetch"`), one host call.
 //! - **bare client**: hyper-util's pooled client, P tasks each making its
 //!   share of the requests one after another, reading each body.
 //! - **transport**: hopper's own HTTP client for a route
 //!   (`hopper::egress::Transport`), driven like the bare client, without a
 //!   handler: what the transport costs apart from WebAssembly.
 //! - **denied**: the `fetch` route without `allowed_hosts`, its handler
-//!   told to take the refusal as `ok`: what `wasi:http` costs the handler
-//!   and the host without any network I/O.
+//!   told to take the refusal as `ok`: what a request costs the handler
+//!   and the host without any network I/O, through `wasi:http` and through
+//!   `fetch`.
 //! - **noop**: the same route with the no-op handler, for what Kafka and
 //!   the handler call cost without the request.
 //!
@@ -48,7 +52,8 @@
 //! With `--service-ms`, the server answers each request after MS
 //! milliseconds, like a service doing work, instead of at once.
 //!
-//! Each row gives msg/s, this process's CPU µs per message, its context
+//! Each row gives msg/s, this process's CPU µs per message (and, in the
+//! summary, the median of each round's ratio to the bare client's), its context
 //! switches per message (by thread, with `BENCH_SWITCHES` set), and the
 //! connections the server accepted per 10,000 messages. Rounds run the
 //! contenders in the same order, with the bare client first and again
@@ -249,10 +254,15 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
     )
     .await;
     const BARE: &str = "bare hyper client, one request loop per partition";
-    const HOPPER: &str = "hopper, fetch handler: one GET per message, warm";
+    const HOPPER: &str = "hopper, fetch handler through wasi:http: one GET per message, warm";
+    const FETCH: &str =
+        "hopper, fetch handler through hopper:handler/http.fetch: one GET per message, warm";
     const NOOP: &str = "hopper, no-op handler (no request), warm";
     const TRANSPORT: &str = "hopper's transport alone, one request loop per partition";
-    const DENIED: &str = "hopper, fetch handler, every request denied (no I/O), warm";
+    const DENIED: &str =
+        "hopper, fetch handler, every request denied (no I/O), through wasi:http, warm";
+    const DENIED_FETCH: &str =
+        "hopper, fetch handler, every request denied (no I/O), through fetch, warm";
     const LIMITED: &str = "hopper, fetch handler, host limits that never bind";
     const UNBOUND: &str = "max_concurrent = 100000\nrate = 1000000\nburst = 100000\n";
     let (mut limited_ratios, mut limited_cpu) = (Vec::new(), Vec::new());
@@ -260,7 +270,9 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
         (BARE, vec![]),
         (TRANSPORT, vec![]),
         (HOPPER, vec![]),
+        (FETCH, vec![]),
         (DENIED, vec![]),
+        (DENIED_FETCH, vec![]),
         (NOOP, vec![]),
     ];
     for round in 1..=rounds {
@@ -294,15 +306,29 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
             limited_cpu.push(limited.cpu_us - fetch.cpu_us);
         }
         results[2].1.push(fetch);
+        let one_call = hopper_route(
+            &mut server,
+            &input,
+            "fetch",
+            &format!("{hosts}{route}api = \"fetch\"\n"),
+            messages,
+        )
+        .await;
+        one_call.row(FETCH);
+        results[3].1.push(one_call);
         // The rows without a request use every CPU, as a route does.
         every_cpu();
         let refused = format!("{route}ok-on-error = \"true\"\n");
         let denied = hopper_route(&mut server, &input, "fetch", &refused, messages).await;
         denied.row(DENIED);
-        results[3].1.push(denied);
+        results[4].1.push(denied);
+        let refused = format!("{refused}api = \"fetch\"\n");
+        let denied = hopper_route(&mut server, &input, "fetch", &refused, messages).await;
+        denied.row(DENIED_FETCH);
+        results[5].1.push(denied);
         let noop = hopper_route(&mut server, &input, "noop", "", messages).await;
         noop.row(NOOP);
-        results[4].1.push(noop);
+        results[6].1.push(noop);
         clients_alone();
         let bare_last = bare_client(&mut server, messages, partitions as u64).await;
         bare_last.row(&format!("{BARE}, last"));
@@ -355,8 +381,13 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
         // Each round's rate against the bare client's in the same round:
         // the machine's load moves both alike.
         let ratios: Vec<f64> = all.iter().zip(bare).map(|(f, b)| f.rate / b.rate).collect();
+        let cpu_ratios: Vec<f64> = all
+            .iter()
+            .zip(bare)
+            .map(|(f, b)| f.cpu_us / b.cpu_us)
+            .collect();
         println!(
-            "{name}: {:.0} msg/s, {:.2}x the bare client (rounds {}); cpu {:.1} µs/msg, {:.2} context switches/msg, {:.1} connections per 10,000 messages",
+            "{name}: {:.0} msg/s, {:.2}x the bare client (rounds {}); cpu {:.1} µs/msg, {:.2}x the bare client's (rounds {}), {:.2} context switches/msg, {:.1} connections per 10,000 messages",
             median(all.iter().map(|f| f.rate).collect()),
             median(ratios.clone()),
             ratios
@@ -365,6 +396,12 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
                 .collect::<Vec<_>>()
                 .join(" "),
             median(all.iter().map(|f| f.cpu_us).collect()),
+            median(cpu_ratios.clone()),
+            cpu_ratios
+                .iter()
+                .map(|r| format!("{r:.2}x"))
+                .collect::<Vec<_>>()
+                .join(" "),
             median(all.iter().map(|f| f.switches).collect()),
             median(all.iter().map(|f| f.connections_per_10k).collect()),
         );

@@ -6,14 +6,16 @@
 //! process.
 //!
 //! ```text
-//! profile-call bare|transport|call|denied|fresh N
+//! profile-call bare|transport|call|denied|fetch|fetch-denied|fresh N
 //! ```
 //!
 //! - **bare**: hyper-util's pooled client, as `bench-http`'s bare client;
 //! - **transport**: hopper's own client for a route, without a handler;
 //! - **call**: the `fetch` fixture called warm through `hopper::plugin`,
-//!   no broker, one GET per call;
+//!   no broker, one GET per call through `wasi:http`;
 //! - **denied**: the same without `allowed_hosts`, every request refused;
+//! - **fetch**, **fetch-denied**: `call` and `denied` with the GET made
+//!   through `hopper:handler/http.fetch`;
 //! - **fresh**: the no-op fixture in a fresh instance per call.
 //!
 //! Prints the wall time and this process's CPU per call; asserts every
@@ -43,7 +45,7 @@ fn main() {
     let (mode, n) = match args.as_slice() {
         [mode, n] => (mode.clone(), n.parse::<u64>().expect("N is a number")),
         _ => {
-            eprintln!("usage: profile-call bare|transport|call|denied|fresh N");
+            eprintln!("usage: profile-call bare|transport|call|denied|fetch|fetch-denied|fresh N");
             std::process::exit(2);
         }
     };
@@ -67,8 +69,8 @@ fn main() {
             measured(&runtime, transport_gets(&transport, &uri, n));
             at
         }
-        "call" | "denied" | "fresh" => {
-            let granted = mode == "call";
+        "call" | "denied" | "fetch" | "fetch-denied" | "fresh" => {
+            let granted = mode == "call" || mode == "fetch";
             let (fixture, instance) = match mode.as_str() {
                 "fresh" => ("noop", "fresh"),
                 _ => ("fetch", "warm"),
@@ -80,6 +82,9 @@ fn main() {
                 .config("ok-on-error", "true");
             if granted {
                 route = route.allowed_hosts(&[&server.origin]);
+            }
+            if mode.starts_with("fetch") {
+                route = route.config("api", "fetch");
             }
             let route = resolve_route(route);
             // The compiled artifact is cached, so a run under a profiler
@@ -107,7 +112,9 @@ fn main() {
             measured(&runtime, calls(n));
             at
         }
-        other => panic!("no mode {other:?}: bare, transport, call, denied or fresh"),
+        other => {
+            panic!("no mode {other:?}: bare, transport, call, denied, fetch, fetch-denied or fresh")
+        }
     };
     let (elapsed, cpu) = (started.elapsed(), cpu_seconds() - cpu);
     println!(
