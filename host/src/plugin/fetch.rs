@@ -1,7 +1,7 @@
 //! `hopper:handler/http.fetch` (WIT 0.1.3): outbound HTTP in one call.
 //!
 //! Only the two ends are its own: the WIT request checked and turned into
-//! the request `wasi:http` would have built ([`request`]), and the response
+//! the request `wasi:http` would have built ([`Checked`]), and the response
 //! read whole into the WIT response. In between a request takes the path
 //! of a `wasi:http` one, through the same functions ([`HttpHooks::admit`]
 //! and [`HttpHooks::send`]): the call's `http.max_requests`, the route's
@@ -18,15 +18,15 @@ use wasmtime_wasi_http::{WasiBody, WasiHttpHooks};
 impl HttpHooks {
     /// Sends `request` and reads the whole response, or says why not.
     pub(super) async fn fetch(&mut self, request: Request) -> Result<Response, FetchError> {
-        let request = self.request(request)?;
-        let target = Target {
-            method: request.method().clone(),
-            uri: request.uri().clone(),
-        };
-        self.admit(&target).map_err(|refusal| match refusal {
-            Refusal::TooMany(limit) => FetchError::TooManyRequests(limit),
-            other => FetchError::Denied(other.text(&target)),
-        })?;
+        let checked = self.check(request)?;
+        self.admit(&checked.target)
+            .map_err(|refusal| match refusal {
+                Refusal::TooMany(limit) => FetchError::TooManyRequests(limit),
+                other => FetchError::Denied(other.text(&checked.target)),
+            })?;
+        // Built only once the grants allow it: a refused request costs its
+        // checks and no more.
+        let request = checked.build()?;
         let deadline = self.deadline();
         let forbidden = self.forbidden_header_filter();
         let response = self
@@ -58,19 +58,18 @@ impl HttpHooks {
         Ok(Response {
             status: parts.status.as_u16(),
             headers,
-            body: body.to_vec(),
+            // The collected body is usually one buffer: taken, not copied.
+            body: Vec::from(body),
         })
     }
 
-    /// The request as `wasi:http`'s `handle` would build it from the same
+    /// The request checked as `wasi:http`'s `handle` would check the same
     /// parts (plugin/http.rs, `outgoing`): an absolute http or https URL
-    /// without user information, a `host` header from its authority, then
-    /// the guest's headers, none of them one the transport owns. Each
-    /// refusal names what is wrong; none counts against `max_requests`, as
-    /// a request `wasi:http` cannot build does not.
-    fn request(&mut self, request: Request) -> Result<http::Request<WasiBody>, FetchError> {
-        let invalid =
-            |text: String| FetchError::InvalidRequest(crate::headers::shorten(&text, MAX_LOGGED));
+    /// without user information, then the guest's headers, none of them
+    /// one the transport owns. Each refusal names what is wrong; none
+    /// counts against `max_requests`, as a request `wasi:http` cannot
+    /// build does not.
+    fn check(&mut self, request: Request) -> Result<Checked, FetchError> {
         let method = http::Method::from_bytes(request.method.as_bytes())
             .map_err(|_| invalid(format!("method {:?} is not an HTTP method", request.method)))?;
         let uri = http::Uri::try_from(request.url.as_str())
@@ -95,12 +94,9 @@ impl HttpHooks {
             ));
         }
         let forbidden = self.forbidden_header_filter();
-        let mut builder = http::Request::builder()
-            .method(method)
-            .uri(uri)
-            .header(http::header::HOST, authority.as_str());
         let length = request.body.as_ref().map_or(0, Vec::len);
         let mut has_length = false;
+        let mut headers = Vec::with_capacity(request.headers.len());
         for (name, value) in &request.headers {
             let name = http::HeaderName::from_bytes(name.as_bytes())
                 .map_err(|_| invalid(format!("header name {name:?} is not a valid name")))?;
@@ -122,14 +118,48 @@ impl HttpHooks {
                 }
                 has_length = true;
             }
+            headers.push((name, value));
+        }
+        Ok(Checked {
+            target: Target { method, uri },
+            authority,
+            headers,
+            has_length,
+            body: request.body,
+        })
+    }
+}
+
+/// A request whose parts are valid, not yet built.
+struct Checked {
+    target: Target,
+    authority: String,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The guest gave a `content-length` (checked against the body).
+    has_length: bool,
+    body: Option<Vec<u8>>,
+}
+
+impl Checked {
+    /// The request as `wasi:http`'s `handle` would build it from the same
+    /// parts: a `host` header from its authority, then the guest's headers.
+    fn build(self) -> Result<http::Request<WasiBody>, FetchError> {
+        let Target { method, uri } = self.target;
+        let mut builder = http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header(http::header::HOST, self.authority.as_str());
+        for (name, value) in self.headers {
             builder = builder.header(name, value);
         }
         // A body given whole goes out with its length, never chunked, in
         // the place a `wasi:http` guest that sets it puts it.
-        if request.body.is_some() && !has_length {
-            builder = builder.header(http::header::CONTENT_LENGTH, length);
+        if let Some(body) = &self.body
+            && !self.has_length
+        {
+            builder = builder.header(http::header::CONTENT_LENGTH, body.len());
         }
-        let body = match request.body {
+        let body = match self.body {
             Some(body) => http_body_util::Full::new(Bytes::from(body))
                 .map_err(|never| match never {})
                 .boxed_unsync(),
@@ -141,4 +171,9 @@ impl HttpHooks {
             .body(body)
             .map_err(|e| invalid(format!("the request cannot be built: {e}")))
     }
+}
+
+/// An `invalid-request` error, its text cut to what a log line keeps.
+fn invalid(text: String) -> FetchError {
+    FetchError::InvalidRequest(crate::headers::shorten(&text, MAX_LOGGED))
 }

@@ -148,25 +148,30 @@ impl Refusal {
     }
 
     pub(super) fn text(&self, target: &Target) -> String {
-        let endpoint = target.endpoint();
-        match (self, endpoint) {
-            (Refusal::TooMany(limit), _) => format!(
+        const NO_ENDPOINT: &str = "the URL has no http or https scheme and host";
+        match self {
+            Refusal::TooMany(limit) => format!(
                 "the call has made the {limit} requests a call may make, denied ones included (http.max_requests)"
             ),
-            (Refusal::Off(why), _) => why.clone(),
-            (Refusal::NoHosts, _) => "the route grants no hosts (allowed_hosts is empty)".into(),
-            (Refusal::NotAllowed, Some((scheme, host, port))) => {
-                format!(
-                    "{}://{host}:{port} is not in allowed_hosts",
-                    scheme.as_str()
-                )
-            }
-            (Refusal::Guarded(ip, guard), Some((_, _, port))) => {
-                format!("{ip}:{port} is {guard}, and no allowed_hosts entry names it")
-            }
-            (Refusal::NoEndpoint | Refusal::NotAllowed | Refusal::Guarded(..), _) => {
-                "the URL has no http or https scheme and host".into()
-            }
+            Refusal::Off(why) => why.clone(),
+            Refusal::NoHosts => "the route grants no hosts (allowed_hosts is empty)".into(),
+            Refusal::NoEndpoint => NO_ENDPOINT.into(),
+            // The endpoint is read again only for the refusals that name it.
+            Refusal::NotAllowed => match target.endpoint() {
+                Some((scheme, host, port)) => {
+                    format!(
+                        "{}://{host}:{port} is not in allowed_hosts",
+                        scheme.as_str()
+                    )
+                }
+                None => NO_ENDPOINT.into(),
+            },
+            Refusal::Guarded(ip, guard) => match target.endpoint() {
+                Some((_, _, port)) => {
+                    format!("{ip}:{port} is {guard}, and no allowed_hosts entry names it")
+                }
+                None => NO_ENDPOINT.into(),
+            },
         }
     }
 }
