@@ -302,3 +302,132 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     until_committed(&broker, &group, &input, 0, 4, "c is dead-lettered").await;
     hopper.stop().await;
 }
+
+/// Every record of `topic` (one partition), from its first offset to the
+/// end it has now.
+fn read_to_end(broker: &EmbeddedBroker, topic: &str) -> Vec<rdkafka::message::OwnedMessage> {
+    use rdkafka::Message;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap_servers())
+        .set("group.id", rand_name("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let (_, end) = consumer
+        .fetch_watermarks(topic, 0, Duration::from_secs(10))
+        .unwrap();
+    let mut wanted = TopicPartitionList::new();
+    wanted
+        .add_partition_offset(topic, 0, Offset::Beginning)
+        .unwrap();
+    consumer.assign(&wanted).unwrap();
+    let mut records = Vec::new();
+    let until = Instant::now() + PATIENCE;
+    while records
+        .last()
+        .map_or(0, |m: &rdkafka::message::OwnedMessage| m.offset() + 1)
+        < end
+    {
+        assert!(
+            Instant::now() < until,
+            "{topic}: read {} of {end} records in {PATIENCE:?}",
+            records.len()
+        );
+        if let Some(message) = consumer.poll(Duration::from_millis(100)) {
+            records.push(message.unwrap().detach());
+        }
+    }
+    records
+}
+
+/// The broker goes down in the middle of a `hopper dlq replay` and comes
+/// back: the replay waits it out, and every dead letter reaches the input
+/// once, none twice (the CLI's producer is idempotent, so a produce retried
+/// across the restart is not written again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_restart_mid_replay_replays_each_dead_letter_once() {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    init_tracing();
+    let name = rand_name("replay-restart");
+    let (file, mut config, input) = config(&name, 1);
+    let broker = EmbeddedBroker::serve(&mut config).unwrap();
+    let dlq = config.routes[0].dlq.clone();
+    let hopper = start(config).await;
+    let producer = producer_to(&broker);
+    const N: usize = 200;
+    for i in 0..N {
+        send(&producer, &input, &format!("r{i}"), "fatal").await;
+    }
+    let until = Instant::now() + PATIENCE;
+    let watermarks: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", broker.bootstrap_servers())
+        .create()
+        .unwrap();
+    loop {
+        let (_, end) = watermarks
+            .fetch_watermarks(&dlq, 0, Duration::from_secs(10))
+            .unwrap();
+        if end as usize >= N {
+            break;
+        }
+        assert!(Instant::now() < until, "{end} of {N} dead letters");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Stopped, so that only the replays are added to the input.
+    hopper.stop().await;
+
+    let mut child = Command::new(hopper_bin())
+        .args(["dlq", "replay", "--config"])
+        .arg(&file.path)
+        .args(["--all", "--rate", "50"])
+        .env("HOPPER_BROKERS", broker.bootstrap_servers())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let printed = std::thread::spawn(move || std::io::read_to_string(stdout).unwrap());
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut before = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let at_40 = line.starts_with("[40] ");
+        before.push(line);
+        if at_40 {
+            break;
+        }
+    }
+    assert!(
+        before.last().is_some_and(|l| l.starts_with("[40] ")),
+        "the replay reached its 40th record: {before:#?}"
+    );
+    // Down for a while, then up: the replay's produces wait for it.
+    let mock = broker.mock();
+    mock.broker_down(1).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    mock.broker_up(1).unwrap();
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    let printed = printed.join().unwrap();
+    assert!(
+        status.success(),
+        "the replay finishes: {status}\n{printed}\n{before:#?}\n{rest:#?}"
+    );
+    assert!(
+        printed.contains(&format!("Replayed {N} of {N}")),
+        "{printed}"
+    );
+
+    // Each dead letter is in the input once as a replay, none twice.
+    let mut replays: HashMap<String, usize> = HashMap::new();
+    for record in read_to_end(&broker, &input) {
+        let (headers, _) = header_map(&record);
+        if headers.contains_key("hopper-replay-count") {
+            *replays.entry(headers["hopper-id"].clone()).or_insert(0) += 1;
+        }
+    }
+    assert_eq!(replays.len(), N, "every dead letter replayed: {replays:?}");
+    let twice: Vec<_> = replays.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "replayed more than once: {twice:?}");
+}

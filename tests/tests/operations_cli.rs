@@ -847,10 +847,11 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
     consume(&route.dlq, 1, PATIENCE).await;
     hopper_run.stop().await;
 
-    let huge = |word: &str| format!("{word} failed: {}", "x".repeat(100_000));
+    // Near the 1 MB a record may be by default, and a tenth of it.
+    let huge = |word: &str, n: usize| format!("{word} failed: {}", "x".repeat(n));
     let errors: [Vec<u8>; 3] = [
-        huge("alpha").into_bytes(),
-        huge("beta").into_bytes(),
+        huge("alpha", 900_000).into_bytes(),
+        huge("beta", 100_000).into_bytes(),
         b"bad \xff\xfe bytes".to_vec(),
     ];
     for (i, error) in errors.iter().enumerate() {
@@ -916,6 +917,26 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
     for r in page["records"].as_array().unwrap() {
         assert!(r["error"].as_str().unwrap().len() <= 1024, "{r:#}");
     }
+    // The export keeps every byte: the 900 KB error whole.
+    let out = hopper(&["dlq", "export", "--config", config]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 4);
+    let alpha = lines
+        .iter()
+        .find(|l| l["key"]["text"] == "forged-0")
+        .expect("the 900 KB record is exported");
+    let error = alpha["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "hopper-last-error")
+        .map(|h| h["value"]["text"].as_str().unwrap().to_string());
+    assert_eq!(error.map(|e| e.len()), Some(errors[0].len()));
+    assert!(alpha["error"].as_str().unwrap().len() <= 1024, "{alpha:#}");
 }
 
 /// `hopper dlq export` writes every selected dead letter as one JSON line,

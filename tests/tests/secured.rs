@@ -934,8 +934,10 @@ fn alarming(out: &Output) -> Vec<String> {
 /// is denied by the try's own mode, not by the route's grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_cli_command_that_succeeds_over_sasl_ssl_logs_no_error_or_warning() {
+    const TOKEN: &str = "secured-token";
     let broker = SecuredBroker::start();
     let dir = tempfile::tempdir().unwrap();
+    let admin = free_port();
     let (input, ordered, inbox, target) = (
         rand_name("in"),
         rand_name("ordered"),
@@ -958,6 +960,7 @@ async fn every_cli_command_that_succeeds_over_sasl_ssl_logs_no_error_or_warning(
                     .key("retry_order", "\"key\""),
             )
             .delay(DelayTable::default().inbox(&inbox).tiers(&["1s"]))
+            .admin(hopper_tests::AdminTable::listen(format!("127.0.0.1:{admin}")).token(TOKEN))
             .toml(),
     );
     let client = broker.client_config();
@@ -970,6 +973,34 @@ async fn every_cli_command_that_succeeds_over_sasl_ssl_logs_no_error_or_warning(
     produce(&producer, &input, "q-get", b"get:http://127.0.0.1:9/").await;
     let dlq = consume(&client, "quiet.dlq", 2).await;
     assert_eq!(dlq.len(), 2);
+    // The admin server's live groups follow the DLQ over SASL_SSL too.
+    let address: std::net::SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    let groups = loop {
+        let (status, body) = hopper_tests::http(
+            address,
+            "GET",
+            "/api/dlq/groups?route=quiet",
+            Some(TOKEN),
+            None,
+        )
+        .await;
+        let page: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if status == 200 && page["caught_up"] == true && page["total"] == 2 {
+            break page;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the live groups never counted the 2 dead letters: {status} {body}\n{}",
+            run.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(
+        groups["groups"].as_array().is_some_and(|g| !g.is_empty()),
+        "{groups:#}"
+    );
+    let exported = dir.path().join("dead.jsonl");
 
     let path = config.to_str().unwrap();
     let candidate = plugin("scripted");
@@ -987,6 +1018,17 @@ async fn every_cli_command_that_succeeds_over_sasl_ssl_logs_no_error_or_warning(
     let commands: Vec<Vec<&str>> = vec![
         vec!["dlq", "ls", "--config", path],
         vec!["dlq", "show", "--config", path, "quiet.dlq:0:0"],
+        vec!["dlq", "groups", "--config", path, "--json"],
+        vec![
+            "dlq",
+            "export",
+            "--config",
+            path,
+            "--route",
+            "quiet",
+            "--out",
+            exported.to_str().unwrap(),
+        ],
         try_args.to_vec(),
         vec![
             "dlq",
@@ -1032,6 +1074,10 @@ async fn every_cli_command_that_succeeds_over_sasl_ssl_logs_no_error_or_warning(
         "successful commands printed ERROR or WARN lines:\n{}",
         said.join("\n\n")
     );
+    // The export read both dead letters over SASL_SSL.
+    let lines = std::fs::read_to_string(&exported).unwrap();
+    assert_eq!(lines.lines().count(), 2, "{lines}");
+    assert_no_secret("the export", &lines);
 
     // The try's candidate did make a request, and what refused it was the
     // try's own mode: said once on stdout, and per request at debug only.
