@@ -30,6 +30,17 @@ fn header_values(record: &OwnedMessage) -> Vec<String> {
 /// every log line at debug level captured. The handler sends the secret to
 /// a server (which shows it arrived), then writes it to its log, stdout,
 /// stderr and verdict reasons, as a careless handler would.
+/// A child process killed and reaped when it goes out of scope, so a test
+/// that fails part way leaves no `hopper run` behind.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
     init_tracing();
@@ -42,18 +53,20 @@ async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
         .secret("token", "env:HOPPER_TEST_TOKEN")
         .test_route();
     let tier = format!("{}.retry.1s", route.name);
-    let mut child = Command::new(hopper_bin())
-        .args(["run", "--config"])
-        .arg(&route.config_path)
-        .arg("--cache-dir")
-        .arg(cache_dir())
-        .env("HOPPER_LOG", "debug")
-        .env("HOPPER_TEST_TOKEN", &secret)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("hopper runs");
+    let mut child = KilledOnDrop(
+        Command::new(hopper_bin())
+            .args(["run", "--config"])
+            .arg(&route.config_path)
+            .arg("--cache-dir")
+            .arg(cache_dir())
+            .env("HOPPER_LOG", "debug")
+            .env("HOPPER_TEST_TOKEN", &secret)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("hopper runs"),
+    );
     let drain = |mut pipe: Box<dyn Read + Send>| {
         std::thread::spawn(move || {
             let mut text = String::new();
@@ -61,8 +74,8 @@ async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
             text
         })
     };
-    let stdout = drain(Box::new(child.stdout.take().unwrap()));
-    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let stdout = drain(Box::new(child.0.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.0.stderr.take().unwrap()));
 
     let producer = producer();
     let authorized = json!([
@@ -89,8 +102,7 @@ async fn a_secret_reaches_the_handler_and_never_the_log_or_a_header() {
     .await;
     let dead = consume(&route.dlq, 2, PATIENCE).await;
     let retried = consume(&tier, 1, PATIENCE).await;
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(child);
     let log = format!("{}{}", stdout.join().unwrap(), stderr.join().unwrap());
 
     assert_eq!(
