@@ -147,11 +147,16 @@ pub enum Action {
     /// Keep this record in memory and produce it at `at_ms` (epoch ms). Used
     /// only for the last stretch of a delay, shorter than the smallest tier.
     HopAt { at_ms: i64, hop: PlannedHop },
-    /// Done once this future ends [`Written::Acknowledged`]: a record
+    /// Done once `written` ends [`Written::Acknowledged`]: records
     /// written apart from the pipeline's producer (a route's parked
-    /// message) and acknowledged there. It is awaited beside the
-    /// partition's calls, not as one.
-    After(std::pin::Pin<Box<dyn Future<Output = Written> + Send>>),
+    /// message; a parked key's head record, then its retry) and
+    /// acknowledged there. It is awaited beside the partition's calls, not
+    /// as one. `failed`: the message went to a retry tier or a dead-letter
+    /// topic, as a failed [`Action::Hop`]'s did.
+    After {
+        written: std::pin::Pin<Box<dyn Future<Output = Written> + Send>>,
+        failed: bool,
+    },
     /// Never done: hopper began to stop before what the message needed was
     /// acknowledged, and gave it up. Nothing at or past its offset is
     /// committed, so it is read again after a restart, as after a crash.

@@ -92,7 +92,7 @@ pub fn sent(tracer: &Tracer, parent: Option<SpanId>, action: &Action) {
         return;
     }
     let hops: &[PlannedHop] = match action {
-        Action::Done | Action::After(_) | Action::GiveUp => return,
+        Action::Done | Action::After { .. } | Action::GiveUp => return,
         Action::Hop(hop) | Action::HopAt { hop, .. } => std::slice::from_ref(hop),
         Action::Hops(hops) => hops,
     };

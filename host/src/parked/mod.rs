@@ -35,6 +35,6 @@ pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
 pub use table::LaneView;
 pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step, Summary};
 pub use topic::{
-    LoadedTable, NotParked, ParkError, Purged, Refused, Stopping, Store, Unwritten, ensure_topic,
-    list, load, purge, release,
+    HeadAck, LoadedTable, NotParked, ParkError, Purged, Refused, Stopping, Store, Unwritten,
+    ensure_topic, list, load, purge, release,
 };

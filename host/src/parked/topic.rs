@@ -89,6 +89,14 @@ pub enum NotParked {
 pub type ParkAck =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), NotParked>> + Send>>;
 
+/// A head record's acknowledgement ([`Store::head`]).
+pub type HeadAck =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), Unwritten>> + Send>>;
+
+/// In [`Store::unacked`], the offset of a lane's head record not yet
+/// acknowledged ([`Store::head`]): a key has one head at a time.
+const HEAD: i64 = i64::MIN;
+
 /// A park-topic record as it is produced.
 struct Out {
     key: Vec<u8>,
@@ -111,14 +119,18 @@ struct Progress {
 pub struct Store {
     pub table: ParkTable,
     producer: AwaitedProducer,
-    /// The producer of parked messages' records ([`Store::park`]), with a
-    /// linger of its own; every other record goes through `producer`,
-    /// which has none, as its writer awaits it.
+    /// The producer of the records not awaited in a key's turn, with a
+    /// linger of its own: parked messages' ([`Store::park`]) and the heads
+    /// of keys parked by a message read from the input ([`Store::head`]),
+    /// so a key's head and the messages parked behind it reach the topic
+    /// in that order. Every other record goes through `producer`, which
+    /// has none, as its writer awaits it.
     parks: AwaitedProducer,
     /// The parked messages whose record is not acknowledged yet, by a hash
-    /// of their key and their input offset. A key's job waits for its
-    /// message's record before it handles it ([`Store::written`]): the
-    /// record's deletion, written by the other producer, must not reach
+    /// of their key and their input offset, and the heads ([`HEAD`]). A
+    /// key's job waits for its message's record before it handles it
+    /// ([`Store::written`]), and a release for its head's
+    /// ([`Store::resolved`]): what the other producer writes must not reach
     /// the topic before it.
     unacked: Mutex<std::collections::HashSet<(u64, i64)>>,
     acked: Notify,
@@ -709,37 +721,96 @@ impl Store {
         let store = self.clone();
         let lane = lane.clone();
         Box::pin(async move {
-            let acknowledged = match enqueued {
-                Some(delivery) => tokio::select! {
-                    delivered = delivery => matches!(delivered, Ok(Ok(_))),
-                    () = store.stopping.cancelled() => {
-                        return Err(NotParked::Stopping(Stopping));
-                    }
-                },
-                None => false,
-            };
-            if !acknowledged {
-                match store.deliver(&out).await {
-                    Ok(()) => {}
-                    Err(Unwritten::Refused(refused)) => {
-                        // Out of the table before a job waiting on this
-                        // acknowledgement looks: it must not hand on a
-                        // message that is dead-lettered instead.
-                        let message = store.table.take(&lane, seq);
-                        store.unacked.lock().unwrap().remove(&tag);
-                        store.acked.notify_waiters();
-                        return message
-                            .map_or(Ok(()), |message| Err(NotParked::Refused(message, refused)));
-                    }
-                    Err(Unwritten::Stopping(stopping)) => {
-                        return Err(NotParked::Stopping(stopping));
-                    }
+            match store.acknowledged(enqueued, &out).await {
+                Ok(()) => {}
+                Err(Unwritten::Refused(refused)) => {
+                    // Out of the table before a job waiting on this
+                    // acknowledgement looks: it must not hand on a
+                    // message that is dead-lettered instead.
+                    let message = store.table.take(&lane, seq);
+                    store.unacked.lock().unwrap().remove(&tag);
+                    store.acked.notify_waiters();
+                    return message
+                        .map_or(Ok(()), |message| Err(NotParked::Refused(message, refused)));
+                }
+                Err(Unwritten::Stopping(stopping)) => {
+                    return Err(NotParked::Stopping(stopping));
                 }
             }
             store.unacked.lock().unwrap().remove(&tag);
             store.acked.notify_waiters();
             Ok(())
         })
+    }
+
+    /// Parks `lane` behind the message `id` (input offset `seq`), read from
+    /// the input and sent to a retry tier, unless it is parked behind it
+    /// already: the head is applied to the table now, so the key's later
+    /// messages park behind it, and its record is enqueued before theirs,
+    /// on their producer and partition. The future returned ends once the
+    /// record is acknowledged: the message's retry is produced only then,
+    /// so the key is never free while its head waits in a tier. It is
+    /// awaited beside the partition's calls: the head holds no call slot
+    /// for its record's round trip. Refused for good (a key too large for
+    /// a record), the head stays in the table: its caller dead-letters the
+    /// message and releases the key ([`Store::resolved`]), so messages
+    /// parked behind it meanwhile go on in order.
+    pub fn head(self: &Arc<Self>, lane: &Lane, id: &str, seq: i64) -> HeadAck {
+        if self
+            .table
+            .head_of(lane)
+            .is_some_and(|(head, state)| head == id && state == KeyState::Parked)
+        {
+            return Box::pin(std::future::ready(Ok(())));
+        }
+        let record = Record::Head {
+            lane: lane.clone(),
+            head: Some(Head {
+                head: id.to_string(),
+                seq,
+                since: now_ms(),
+            }),
+        };
+        let out = self.out(&record);
+        let tag = self.tag(lane, HEAD);
+        self.unacked.lock().unwrap().insert(tag);
+        let enqueued = self.parks.enqueue(self.record(&out)).ok();
+        self.table.apply(record);
+        let store = self.clone();
+        let (lane, id) = (lane.clone(), id.to_string());
+        Box::pin(async move {
+            let written = store.acknowledged(enqueued, &out).await;
+            store.unacked.lock().unwrap().remove(&tag);
+            store.acked.notify_waiters();
+            written?;
+            store.telemetry.emit(events::KeyParked {
+                route: store.table.route.clone(),
+                lane,
+                head: id,
+            });
+            Ok(())
+        })
+    }
+
+    /// Waits for the acknowledgement of `out`, enqueued as `enqueued`;
+    /// failed or not enqueued, it is written again as [`Store::deliver`]
+    /// writes.
+    async fn acknowledged(
+        &self,
+        enqueued: Option<rdkafka::producer::DeliveryFuture>,
+        out: &Out,
+    ) -> Result<(), Unwritten> {
+        let acknowledged = match enqueued {
+            Some(delivery) => tokio::select! {
+                delivered = delivery => matches!(delivered, Ok(Ok(_))),
+                () = self.stopping.cancelled() => return Err(Stopping.into()),
+            },
+            None => false,
+        };
+        if acknowledged {
+            return Ok(());
+        }
+        self.deliver(out).await
     }
 
     fn tag(&self, lane: &Lane, seq: i64) -> (u64, i64) {
@@ -751,7 +822,12 @@ impl Store {
     /// record's deletion) then comes after it. Not acknowledged when hopper
     /// begins to stop, the message is left as it is.
     pub async fn written(&self, lane: &Lane, seq: i64) -> Result<(), Stopping> {
-        let tag = self.tag(lane, seq);
+        self.acked_tag(self.tag(lane, seq)).await
+    }
+
+    /// Waits until the record of `tag` ([`Store::unacked`]) is
+    /// acknowledged, or hopper begins to stop with it not acknowledged.
+    async fn acked_tag(&self, tag: (u64, i64)) -> Result<(), Stopping> {
         loop {
             let acked = self.acked.notified();
             if !self.unacked.lock().unwrap().contains(&tag) {
@@ -813,6 +889,9 @@ impl Store {
         if !self.table.releases(lane, head, cause) {
             return Ok(());
         }
+        // The release follows the head's record, written by the other
+        // producer ([`Store::head`]), to the topic.
+        self.acked_tag(self.tag(lane, HEAD)).await?;
         let release = Record::Release {
             lane: lane.clone(),
             head: head.to_string(),

@@ -493,12 +493,12 @@ async fn call<P: Processor>(
             // Awaited by the task, which ends only once it has ended (or
             // is aborted at the drain's deadline, leaving the offset
             // uncommitted).
-            Action::After(written) => {
+            Action::After { written, failed } => {
                 let after = After {
                     written,
                     done: Some(done),
                 };
-                return (false, Some(after));
+                return (failed, Some(after));
             }
             Action::Hop(hop) => vec![(hop, done)],
             Action::Hops(hops) => {

@@ -183,7 +183,7 @@ impl Processor for RouteProcessor {
         if let Some(store) = free
             && let Some(id) = ordered::retried(&action).map(str::to_string)
         {
-            action = Box::pin(ordered::hold(self, store, message, &id, action)).await;
+            action = ordered::park_behind(self, store, message, &id, action, &mut spans);
         }
         spans.finish(self.telemetry.tracer(), &action);
         action

@@ -34,8 +34,8 @@ pub(crate) async fn process(
     match store.table.admit(&lane, seq, &message_id(message)) {
         Admission::Call => {
             let action = route::handle(shared, message, spans).await;
-            match retried(&action) {
-                Some(id) => held(shared, store.hold(&lane, id, seq).await, message, action),
+            match retried(&action).map(str::to_string) {
+                Some(id) => park_behind(shared, store, message, &id, action, spans),
                 None => action,
             }
         }
@@ -80,7 +80,7 @@ pub(crate) async fn process(
             }
             let parking = store.park(&lane, seq, waiting);
             let (store, config) = (store.clone(), shared.route.clone());
-            Action::After(Box::pin(async move {
+            let written = Box::pin(async move {
                 match parking.await {
                     Ok(()) => Written::Acknowledged,
                     Err(NotParked::Stopping(_)) => Written::GivenUp,
@@ -94,7 +94,11 @@ pub(crate) async fn process(
                         }
                     }
                 }
-            }))
+            });
+            Action::After {
+                written,
+                failed: false,
+            }
         }
         Admission::Block { head } => {
             Action::Hop(route::dead_letter_blocked(shared, message, &head))
@@ -104,8 +108,9 @@ pub(crate) async fn process(
 
 /// Whether `message`, of an input, is of a key the table surely has no
 /// entry for ([`crate::parked::ParkTable::is_free`]): it is called as on
-/// any route, and parks its key if it goes to a retry tier ([`hold`]). What [`process`] does for a key in
-/// the table needs its lane and id; a free key's message needs neither.
+/// any route, and parks its key if it goes to a retry tier
+/// ([`park_behind`]). What [`process`] does for a key in the table needs its
+/// lane and id; a free key's message needs neither.
 pub(crate) fn is_free(shared: &RouteProcessor, store: &Store, message: &OwnedMessage) -> bool {
     message.key().is_some_and(|key| {
         !shared.tiers.contains_key(message.topic()) && store.table.is_free(message.partition(), key)
@@ -113,23 +118,59 @@ pub(crate) fn is_free(shared: &RouteProcessor, store: &Store, message: &OwnedMes
 }
 
 /// Parks the key of `message`, of an input, behind it: it went to a retry
-/// tier as `id` (`action`). Refused for good (a key too large for a park
-/// record), the key is not parked and the message is dead-lettered
-/// instead, as in [`process`].
-pub(crate) async fn hold(
+/// tier as `id` (`action`). The key is parked in the table now, so its
+/// later messages park behind it, and the head's record is enqueued
+/// ([`Store::head`]); the retry is produced once the record is
+/// acknowledged, and the message's offset is done once the retry is. Both
+/// are awaited beside the partition's calls: the call slot is free at once.
+/// The call's span ends here, with the retry it planned. Refused for good
+/// (a key too large for a park record), the message is dead-lettered
+/// instead and its key released behind it, as if it had not parked it:
+/// what parked behind it meanwhile goes on in order.
+pub(crate) fn park_behind(
     shared: &RouteProcessor,
-    store: &Store,
+    store: &Arc<Store>,
     message: &OwnedMessage,
     id: &str,
     action: Action,
+    spans: &mut RouteSpans,
 ) -> Action {
+    std::mem::take(spans).finish(shared.telemetry.tracer(), &action);
     let lane = Lane {
         topic: message.topic().to_string(),
         partition: message.partition(),
         key: message.key().unwrap_or_default().to_vec(),
     };
-    let held_now = store.hold(&lane, id, message.offset()).await;
-    held(shared, held_now, message, action)
+    let head = store.head(&lane, id, message.offset());
+    let (store, config, message, id) = (
+        store.clone(),
+        shared.route.clone(),
+        message.clone(),
+        id.to_string(),
+    );
+    let written = Box::pin(async move {
+        let (hops, unparked) = match head.await {
+            Ok(()) => (hops(action), false),
+            Err(Unwritten::Stopping(_)) => return Written::GivenUp,
+            Err(Unwritten::Refused(refused)) => {
+                let dead = route::dead_letter_unparkable(&config, &message, &refused, true);
+                (vec![dead], true)
+            }
+        };
+        for hop in hops {
+            if store.send(hop).await.is_err() {
+                return Written::GivenUp;
+            }
+        }
+        if unparked && store.resolved(&lane, &id, Cause::Resolved).await.is_err() {
+            return Written::GivenUp;
+        }
+        Written::Acknowledged
+    });
+    Action::After {
+        written,
+        failed: true,
+    }
 }
 
 /// What becomes of `message`, which went to a retry tier (`action`), once
@@ -331,7 +372,7 @@ async fn from_tier(
 
 fn hops(action: Action) -> Vec<PlannedHop> {
     match action {
-        Action::Done | Action::After(_) | Action::GiveUp => Vec::new(),
+        Action::Done | Action::After { .. } | Action::GiveUp => Vec::new(),
         Action::Hop(hop) | Action::HopAt { hop, .. } => vec![hop],
         Action::Hops(hops) => hops,
     }

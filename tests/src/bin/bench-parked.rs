@@ -20,9 +20,13 @@
 //!   other message is `ok`. Contenders, each a hopper in this process with
 //!   a route (so a consumer group) of its own, in this order every round:
 //!   `key` (`ordering = "key"`, no `retry_order`, no failures), `ordered-0`
-//!   (`retry_order = "key"`, no failures), `ordered-1` and `ordered-10`.
+//!   (`retry_order = "key"`, no failures), `ordered-1` and `ordered-10`,
+//!   then `key-1` and `key-10`: `key` over the inputs of `ordered-1` and
+//!   `ordered-10`, the same heads retried but nothing parked (what the
+//!   retries cost without ordered retries; reported, not in the rows).
 //!   Each is timed (a) from its first message handled to the last `ok` of
-//!   the keys that never park (the rate of the other keys), and (b) to the
+//!   the keys that never park (the rate of the other keys; for `key-1` and
+//!   `key-10`, of every message but the heads, which all come to `ok`), and (b) to the
 //!   moment its group's committed offsets reach the input's end (every
 //!   message handled, retried or parked; commits go every 100 ms).
 //!   Medians of ROUNDS (3) rounds, and each round's ratio against `key` of
@@ -533,14 +537,20 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
     let committed = Committed::new(&format!("hopper.{name}"), &input.topic);
     let handled = || route_sum::<series::HandlerOutcomes>(&hopper, &name, |_| true);
     let ok = || route_sum::<series::HandlerOutcomes>(&hopper, &name, |l| l[0] == "ok");
+    // Without `retry_order`, the later messages of the keys whose head
+    // retries are called too: every message but the heads comes to `ok`.
+    let target = if ordered {
+        input.others
+    } else {
+        messages - input.heads
+    };
     let deadline = Instant::now() + TIME_LIMIT;
     let state = || {
         format!(
-            "route {name} (parked share {}%): {} handled, {} ok of {}, committed {} of {messages}, {} retried, {} parked",
+            "route {name} (parked share {}%): {} handled, {} ok of {target}, committed {} of {messages}, {} retried, {} parked",
             input.share,
             handled(),
             ok(),
-            input.others,
             committed.sum(),
             route_sum::<series::Retries>(&hopper, &name, |_| true),
             route_sum::<series::ParkedMessages>(&hopper, &name, |_| true),
@@ -556,7 +566,7 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
     let mut others_done = None;
     let mut last_look = Instant::now();
     let committed_s = loop {
-        if others_done.is_none() && ok() >= input.others {
+        if others_done.is_none() && ok() >= target {
             others_done = Some(started.elapsed());
         }
         if others_done.is_some() && last_look.elapsed() >= Duration::from_millis(10) {
@@ -587,7 +597,7 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
     let expected = if ordered {
         (input.others, input.heads, waiting, input.heads)
     } else {
-        (input.others, input.heads, 0, 0)
+        (target, input.heads, 0, 0)
     };
     let got = (all_ok, retried, parked, keys_parked);
     let check = if got == expected {
@@ -597,15 +607,15 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
     };
     println!(
         "  {} ok in {:.3} s = {:.0} msg/s; input committed to its end after {:.3} s ({:.0} parked/s); cpu {:.1} µs/msg; {retried} retried, {parked} parked, {keys_parked} keys parked: {check}; stop took {stop_s:.1} s",
-        input.others,
+        target,
         others_done.as_secs_f64(),
-        input.others as f64 / others_done.as_secs_f64(),
+        target as f64 / others_done.as_secs_f64(),
         committed_s.as_secs_f64(),
         parked as f64 / committed_s.as_secs_f64(),
         cpu_us,
     );
     Run {
-        rate: input.others as f64 / others_done.as_secs_f64(),
+        rate: target as f64 / others_done.as_secs_f64(),
         committed_s: committed_s.as_secs_f64(),
         cpu_us,
     }
@@ -634,6 +644,7 @@ async fn throughput(args: &Args) -> Vec<Row> {
     let names: Vec<String> = ["key".to_string(), "ordered-0".to_string()]
         .into_iter()
         .chain(SHARES.iter().map(|s| format!("ordered-{s}")))
+        .chain(SHARES.iter().map(|s| format!("key-{s}")))
         .collect();
     let mut runs: Vec<Vec<Run>> = names.iter().map(|_| Vec::new()).collect();
     for round in 1..=args.rounds {
@@ -643,7 +654,8 @@ async fn throughput(args: &Args) -> Vec<Row> {
             let run = match i {
                 0 => contender(&all_ok, n, false).await,
                 1 => contender(&all_ok, n, true).await,
-                _ => contender(&inputs[i - 2], n, true).await,
+                _ if i < 2 + SHARES.len() => contender(&inputs[i - 2], n, true).await,
+                _ => contender(&inputs[i - 2 - SHARES.len()], n, false).await,
             };
             runs[i].push(run);
         }
@@ -665,13 +677,27 @@ async fn throughput(args: &Args) -> Vec<Row> {
             rate / key_rate,
             rounds.join(", ")
         );
+        let cpus: Vec<String> = runs[i].iter().map(|r| format!("{:.1}", r.cpu_us)).collect();
         ratio_of.insert(
             name.clone(),
-            (rate, rate / key_rate, rounds.join(", "), committed),
+            (
+                rate,
+                rate / key_rate,
+                format!(
+                    "{}; CPU {} µs a message",
+                    rounds.join(", "),
+                    cpus.join(" / ")
+                ),
+                committed,
+            ),
         );
     }
     let date = today();
-    let (key_rate, _, _, key_committed) = ratio_of["key"].clone();
+    let (key_rate, _, key_rounds, key_committed) = ratio_of["key"].clone();
+    // `key`'s own rounds are all 1.00×: its CPU is what they are read against.
+    let key_rounds = key_rounds
+        .split_once("; ")
+        .map_or(key_rounds.clone(), |(_, cpu)| cpu.to_string());
     let (o0_rate, o0, o0_rounds, o0_committed) = ratio_of["ordered-0"].clone();
     let (o1_rate, o1, o1_rounds, o1_committed) = ratio_of["ordered-1"].clone();
     let (o10_rate, o10, o10_rounds, o10_committed) = ratio_of["ordered-10"].clone();
@@ -687,21 +713,21 @@ async fn throughput(args: &Args) -> Vec<Row> {
             figure: format!(
                 "ordered retries: the other keys' throughput with 1% of keys parked (`retry_order = \"key\"`, each parked key's head in a 1 h tier, its later messages parked) against `ordering = \"key\"` without `retry_order` and no failures; {scene}"
             ),
-            target: "≥ 0.9×".into(),
+            target: "≥ 0.9×; with 10% parked ≥ 0.7×, CPU per message reported".into(),
             latest: format!(
-                "{date}: **{o1:.2}×** ({o1_rate:.0} against {key_rate:.0} msg/s; rounds {o1_rounds}); with 10% parked {o10:.2}× ({o10_rate:.0} msg/s; rounds {o10_rounds})"
+                "{date}: **{o1:.2}×** ({o1_rate:.0} against {key_rate:.0} msg/s; rounds {o1_rounds}, against `key`'s {key_rounds}); with 10% parked **{o10:.2}×** ({o10_rate:.0} msg/s; rounds {o10_rounds})"
             ),
-            status: met(o1 >= 0.9),
+            status: format!("{} (1%); {} (10%)", met(o1 >= 0.9), met(o10 >= 0.7)),
         },
         Row {
             figure: format!(
                 "ordered retries on, no key parked (`retry_order = \"key\"`, every message `ok`), against `ordering = \"key\"` without it; {scene}"
             ),
-            target: "~1.0× (within the ±20% noise)".into(),
+            target: "≥ 0.97×".into(),
             latest: format!(
-                "{date}: **{o0:.2}×** ({o0_rate:.0} against {key_rate:.0} msg/s; rounds {o0_rounds})"
+                "{date}: **{o0:.2}×** ({o0_rate:.0} against {key_rate:.0} msg/s; rounds {o0_rounds}, against `key`'s {key_rounds})"
             ),
-            status: met(o0 >= 0.8),
+            status: met(o0 >= 0.97),
         },
         Row {
             figure: format!(
