@@ -918,12 +918,7 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
         assert!(r["error"].as_str().unwrap().len() <= 1024, "{r:#}");
     }
     // The export keeps every byte: the 900 KB error whole.
-    let out = hopper(&["dlq", "export", "--config", config]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let lines: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let (_, lines) = exported(config);
     assert_eq!(lines.len(), 4);
     let alpha = lines
         .iter()
@@ -937,6 +932,18 @@ async fn dlq_groups_cut_forged_errors_and_show_one_that_is_not_text() {
         .map(|h| h["value"]["text"].as_str().unwrap().to_string());
     assert_eq!(error.map(|e| e.len()), Some(errors[0].len()));
     assert!(alpha["error"].as_str().unwrap().len() <= 1024, "{alpha:#}");
+}
+
+/// Every dead letter of `config`, as `hopper dlq export` writes them to
+/// stdout, one JSON object a line; and the command's output.
+fn exported(config: &str) -> (std::process::Output, Vec<serde_json::Value>) {
+    let out = hopper(&["dlq", "export", "--config", config]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    (out, lines)
 }
 
 /// `hopper dlq export` writes every selected dead letter as one JSON line,
@@ -996,12 +1003,7 @@ async fn dlq_export_writes_each_record_as_a_json_line_byte_for_byte() {
         hopper::lag::topic_size(&Cluster::new(brokers(), Default::default()), &route.dlq).unwrap();
     let config = route.config_path.to_str().unwrap();
 
-    let out = hopper(&["dlq", "export", "--config", config]);
-    assert!(out.status.success(), "{}", stderr(&out));
-    let lines: Vec<serde_json::Value> = stdout(&out)
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let (out, lines) = exported(config);
     assert_eq!(lines.len(), 2 * EACH + 1, "{}", stdout(&out));
     assert!(
         stderr(&out).contains(&format!("exported {0} of {0} matching", 2 * EACH + 1)),

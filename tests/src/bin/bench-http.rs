@@ -351,11 +351,7 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
         println!(
             "{LIMITED}: {:.3}x the fetch row without limits (rounds {}); cpu {:+.1} µs/msg",
             median(limited_ratios.clone()),
-            limited_ratios
-                .iter()
-                .map(|r| format!("{r:.3}x"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            listed(&limited_ratios, 3),
             median(limited_cpu.clone()),
         );
         // Four times the load the rate allows: the route's partitions
@@ -390,22 +386,23 @@ async fn run(messages: u64, rounds: usize, partitions: i32, service_ms: u64, lim
             "{name}: {:.0} msg/s, {:.2}x the bare client (rounds {}); cpu {:.1} µs/msg, {:.2}x the bare client's (rounds {}), {:.2} context switches/msg, {:.1} connections per 10,000 messages",
             median(all.iter().map(|f| f.rate).collect()),
             median(ratios.clone()),
-            ratios
-                .iter()
-                .map(|r| format!("{r:.2}x"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            listed(&ratios, 2),
             median(all.iter().map(|f| f.cpu_us).collect()),
             median(cpu_ratios.clone()),
-            cpu_ratios
-                .iter()
-                .map(|r| format!("{r:.2}x"))
-                .collect::<Vec<_>>()
-                .join(" "),
+            listed(&cpu_ratios, 2),
             median(all.iter().map(|f| f.switches).collect()),
             median(all.iter().map(|f| f.connections_per_10k).collect()),
         );
     }
+}
+
+/// Each round's ratio, to `digits` decimals: `0.91x 0.85x 0.82x`.
+fn listed(ratios: &[f64], digits: usize) -> String {
+    ratios
+        .iter()
+        .map(|r| format!("{r:.digits$}x"))
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// `[route.http.hosts."ORIGIN"]` with `limits` (TOML lines), after the
