@@ -349,7 +349,8 @@ pub struct MtlsBroker {
     pub address: String,
     _broker: Nisshi,
     _dir: tempfile::TempDir,
-    /// TLS handshakes the proxy refused, with the reason.
+    /// TLS handshakes the proxy refused, with the reason; not those the
+    /// client left part way.
     pub refused: Arc<Mutex<Vec<String>>>,
 }
 
@@ -399,6 +400,10 @@ impl MtlsBroker {
                 tokio::spawn(async move {
                     let mut tls = match acceptor.accept(stream).await {
                         Ok(tls) => tls,
+                        // The client hung up part way (a process that
+                        // stopped while its client was connecting): not
+                        // a handshake the proxy refused.
+                        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return,
                         Err(e) => return seen.lock().unwrap().push(e.to_string()),
                     };
                     let Ok(mut upstream) =
