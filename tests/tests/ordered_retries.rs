@@ -649,6 +649,98 @@ async fn continue_hands_the_rest_of_a_key_on_in_order_once_its_head_is_dead_lett
     assert_eq!(records_on(std::slice::from_ref(&s.dlq)), 1, "only the head");
 }
 
+/// Park records the broker refuses for good: the park topic, made before
+/// hopper starts, takes batches of up to 8 KiB, and a key of 16 KiB makes
+/// a larger record (each park record holds the key once).
+/// - The head: the message is dead-lettered as `RECORD_TOO_LARGE` after
+///   its one call, and its key released as if it had not parked it.
+/// - A message of the key that waits meanwhile (the key's records linger
+///   after its release): dead-lettered too, without a call, and never
+///   handed on as well.
+/// - A short key's retry parks and resolves through the same topic.
+///
+/// The steps wait for each other: a batch over the topic's limit is
+/// refused whole, so a short key's record batched with one of the long
+/// key's would be refused with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn park_records_the_broker_refuses_for_good_are_dead_lettered_once_and_uncalled() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    init_tracing();
+    let recorder = KeyRecorder::start();
+    let s = Setup::new(ordered(&recorder), 1).await;
+    let parked = format!("{}.parked", s.name);
+    let admin: AdminClient<_> = client_config().create().unwrap();
+    let topic = NewTopic::new(&parked, 1, TopicReplication::Fixed(1))
+        .set("cleanup.policy", "compact")
+        .set("max.message.bytes", "8192");
+    let made = admin
+        .create_topics([&topic], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(made.iter().all(Result::is_ok), "{made:?}");
+    let (hopper, addr) = s.start().await;
+    let producer = producer();
+    let long = vec![b'k'; 16 * 1024];
+    let unparkable = format!("its key could not be parked in `{parked}`");
+    recorder.fail_until_healed("long", 0);
+    let head = Msg::get_as(&recorder, Some(&long), "long", 0);
+    produce_all(&producer, &s.input, &[head]).await;
+
+    let dead = consume(&s.dlq, 1, PATIENCE).await;
+    let (headers, _) = header_map(&dead[0]);
+    assert_eq!(headers["hopper-id"], "long/0");
+    assert_eq!(headers["hopper-reason"], "RECORD_TOO_LARGE");
+    assert!(
+        headers["hopper-last-error"].contains(&unparkable),
+        "the error names the park topic: {}",
+        headers["hopper-last-error"]
+    );
+    assert_eq!(
+        dead[0].key(),
+        Some(&long[..]),
+        "the dead letter keeps its key"
+    );
+    // Released as if it had never parked (not as dead-lettered, which
+    // would block the key under `key_dead_letter = "dead_letter_key"`).
+    parking_until(addr, &s.name, "the long key's release", |p| {
+        p.released_resolved == Some(1.0) && p.keys == Some(0.0)
+    })
+    .await;
+
+    let waiting = Msg::get_as(&recorder, Some(&long), "long", 1);
+    produce_all(&producer, &s.input, &[waiting]).await;
+    let dead = consume(&s.dlq, 2, PATIENCE).await;
+    let (headers, _) = header_map(&dead[1]);
+    assert_eq!(headers["hopper-id"], "long/1");
+    assert_eq!(headers["hopper-reason"], "RECORD_TOO_LARGE");
+    assert!(headers["hopper-last-error"].contains(&unparkable));
+
+    // The park topic takes a short key's records.
+    recorder.fail("short", 0, 1);
+    produce_all(&producer, &s.input, &[Msg::get(&recorder, "short", 0)]).await;
+    recorder
+        .wait_for("the short key's retry", PATIENCE, |r| r.has_ok("short", 0))
+        .await;
+    assert_eq!(seqs(&recorder.calls_of("short")), [(0, 503), (0, 200)]);
+    let parking = parking_until(addr, &s.name, "the short key's release", |p| {
+        p.released_resolved == Some(2.0) && p.keys == Some(0.0)
+    })
+    .await;
+    assert_eq!(parking.released_dead_lettered, Some(0.0), "{parking:?}");
+    assert_eq!(parking.blocked, Some(0.0), "{parking:?}");
+    hopper.stop().await;
+    assert_eq!(
+        seqs(&recorder.calls_of("long")),
+        [(0, 503)],
+        "the head called once, not retried; the waiting message never called"
+    );
+    assert_eq!(
+        records_on(std::slice::from_ref(&s.dlq)),
+        2,
+        "long/0 and long/1"
+    );
+}
+
 /// `hopper ARGS` to the end, within a minute: stdout, after checking it
 /// succeeded.
 fn hopper_cli(args: &[&str]) -> String {

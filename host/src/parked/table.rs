@@ -588,6 +588,17 @@ impl ParkTable {
         Some(message)
     }
 
+    /// Whether the message `seq` of `lane` still waits in the table: one
+    /// whose record the park topic refused for good was taken out
+    /// ([`ParkTable::take`]), to be dead-lettered instead.
+    pub fn waits(&self, lane: &Lane, seq: i64) -> bool {
+        let inner = self.inner.lock().unwrap();
+        inner
+            .lanes
+            .get(lane)
+            .is_some_and(|state| state.parked.contains_key(&seq))
+    }
+
     /// Whether the key `key` of input partition `partition` is surely
     /// free: the table has no entry for it, so its message is called
     /// ([`Admission::Call`]). It takes no lock and builds nothing; `false`

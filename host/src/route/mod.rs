@@ -639,7 +639,8 @@ pub(crate) fn dead_letter_unparkable(
     };
     let envelope =
         Envelope::from_input(&incoming).unwrap_or_else(|_| Envelope::fallback(&incoming));
-    let error = format!("its key could not be parked in `{}`: {refused}", route.name);
+    let topic = route.parking.as_ref().map_or(&route.name, |p| &p.topic);
+    let error = format!("its key could not be parked in `{topic}`: {refused}");
     let attempts_made = envelope.attempts_made.saturating_add(u32::from(called));
     dlq::plan(
         message,

@@ -228,6 +228,12 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
             if store.written(&lane, seq).await.is_err() {
                 return;
             }
+            if !store.table.waits(&lane, seq) {
+                // Its record refused for good while the job waited for
+                // it, it is dead-lettered instead: not handed on as well.
+                store.table.job_done(&lane);
+                return;
+            }
             let message = owned(&lane, seq, message);
             let mut spans = RouteSpans::default();
             let mut action = route::handle(shared, &message, &mut spans).await;
@@ -259,6 +265,10 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
         }
         Step::DeadLetter { seq, message, head } => {
             if store.written(&lane, seq).await.is_err() {
+                return;
+            }
+            if !store.table.waits(&lane, seq) {
+                store.table.job_done(&lane);
                 return;
             }
             let message = owned(&lane, seq, message);
