@@ -576,9 +576,10 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
     };
     let before = size();
     click_in_group(&browser, "config fixed", "button.group-replay").await;
+    // Each is a run: the console follows its status until it is done.
     let planned = until(&browser, "the dry run", async |b| {
         let text = text_of(b, "group-replay").await;
-        text.contains("dry run").then_some(text)
+        (text.contains("dry run") && text.contains(": done:")).then_some(text)
     })
     .await;
     assert!(planned.contains("would replay 3,"), "{planned}");
@@ -592,10 +593,13 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
         .unwrap();
     let done = until(&browser, "the replay", async |b| {
         let text = text_of(b, "group-replay").await;
-        text.contains("replayed 3").then_some(text)
+        (text.contains(": replay (run ") && !text.contains(": running:")).then_some(text)
     })
     .await;
-    assert!(done.contains("failed 0"), "{done}");
+    assert!(
+        done.contains(": done: replayed 3, loop guard 0, skipped 0, failed 0"),
+        "{done}"
+    );
     let mut handled = std::collections::BTreeSet::new();
     while handled.len() < 3 {
         let id = wait_for_event(&mut events, "a replayed record handled", |e| match e {

@@ -13,6 +13,7 @@ pub mod record;
 pub mod replay;
 pub mod run;
 pub mod skip;
+pub mod stream;
 
 pub use browse::{Dlq, DlqError, DlqFilter, DlqPage};
 pub use candidate::{HttpMode, TryReport, try_candidate};
