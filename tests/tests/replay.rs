@@ -834,7 +834,11 @@ async fn admin_api_replay_runs_refuse_what_they_cannot_do_and_name_it() {
     assert_eq!(status, 429, "{answer}");
     assert!(answer.contains("4 replay runs are running"), "{answer}");
     let (status, answer) = post(json!({ "filter": {}, "resume": runs[0] })).await;
-    assert!(status == 409 || status == 429, "{status}: {answer}");
+    assert_eq!(status, 409, "a run resumed while it runs: {answer}");
+    assert!(
+        answer.contains(&format!("replay run {} is running", runs[0])),
+        "{answer}"
+    );
     let running = get_json_as(addr, &format!("/api/replay/runs/{}", runs[3]), Some(TOKEN)).await;
     assert_eq!(running["state"], "running", "{running}");
     // Stopped with the server, between two batches.

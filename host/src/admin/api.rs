@@ -21,6 +21,7 @@ use std::sync::Arc;
 const MAX_PAGE: usize = 500;
 
 /// An API error: a status and a message that names the problem.
+#[derive(Debug)]
 pub(super) struct ApiError(pub(super) StatusCode, pub(super) String);
 
 impl IntoResponse for ApiError {

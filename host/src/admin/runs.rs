@@ -71,6 +71,38 @@ impl RunStatus {
     }
 }
 
+impl RunStatus {
+    /// A run just started, running.
+    fn new(run: &RunId, filter: DlqFilter, dry_run: bool, resumed: bool) -> RunStatus {
+        RunStatus {
+            run: run.to_string(),
+            state: Phase::Running,
+            dry_run,
+            resumed,
+            filter,
+            replayed: 0,
+            looped: 0,
+            skipped: 0,
+            failed: 0,
+            already: 0,
+            outcomes: Vec::new(),
+            error: None,
+            started_at_ms: crate::clock::now_ms(),
+            finished_at_ms: None,
+        }
+    }
+
+    /// Counts `outcome` in from `report`, and keeps it when it is not a
+    /// plain replay and fewer than [`MAX_OUTCOMES`] are kept.
+    fn add(&mut self, outcome: Outcome, report: &Report) {
+        self.count(report);
+        let plain = matches!(outcome.action, Action::Replay { .. }) && outcome.failed.is_none();
+        if !plain && self.outcomes.len() < MAX_OUTCOMES {
+            self.outcomes.push(outcome);
+        }
+    }
+}
+
 /// The runs this server started, oldest first.
 #[derive(Default)]
 pub(super) struct Runs {
@@ -157,22 +189,9 @@ pub(super) async fn start(
         config: &config,
     })?;
     let run = resume.clone().unwrap_or_default();
-    state.runs.begin(RunStatus {
-        run: run.to_string(),
-        state: Phase::Running,
-        dry_run,
-        resumed: resume.is_some(),
-        filter,
-        replayed: 0,
-        looped: 0,
-        skipped: 0,
-        failed: 0,
-        already: 0,
-        outcomes: Vec::new(),
-        error: None,
-        started_at_ms: crate::clock::now_ms(),
-        finished_at_ms: None,
-    })?;
+    state
+        .runs
+        .begin(RunStatus::new(&run, filter, dry_run, resume.is_some()))?;
     let past = match &resume {
         None => None,
         Some(resumed) => {
@@ -250,14 +269,9 @@ pub(super) async fn start(
                         metrics.inc(&crate::metrics::series::Replays { route, result });
                     }
                 }
-                let plain =
-                    matches!(outcome.action, Action::Replay { .. }) && outcome.failed.is_none();
-                shared.runs.update(&id, |status| {
-                    status.count(report);
-                    if !plain && status.outcomes.len() < MAX_OUTCOMES {
-                        status.outcomes.push(outcome);
-                    }
-                });
+                shared
+                    .runs
+                    .update(&id, |status| status.add(outcome, report));
             }
         };
         let ended = stream.run(each).await;
@@ -328,4 +342,94 @@ pub(super) async fn status(
             ),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dlq::RecordRef;
+
+    fn started(runs: &Runs, id: &str) -> Result<(), ApiError> {
+        let run: RunId = id.parse().unwrap();
+        runs.begin(RunStatus::new(&run, DlqFilter::default(), false, false))
+    }
+
+    fn finish(runs: &Runs, id: &str) {
+        runs.update(id, |s| s.state = Phase::Done);
+    }
+
+    #[test]
+    fn at_most_four_run_at_once_and_a_running_run_is_not_started_twice() {
+        let runs = Runs::default();
+        for n in 0..MAX_RUNNING {
+            started(&runs, &format!("r{n}")).unwrap();
+        }
+        let ApiError(status, message) = started(&runs, "r9").unwrap_err();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+        assert!(message.contains("4 replay runs are running"), "{message}");
+        let ApiError(status, message) = started(&runs, "r0").unwrap_err();
+        assert_eq!(status, StatusCode::CONFLICT);
+        assert!(message.contains("replay run r0 is running"), "{message}");
+        finish(&runs, "r0");
+        // Done, it can be resumed: the resume takes its place.
+        started(&runs, "r0").unwrap();
+        assert_eq!(runs.runs.lock().unwrap().len(), MAX_RUNNING);
+        assert_eq!(runs.get("r0").unwrap().state, Phase::Running);
+    }
+
+    #[test]
+    fn the_last_hundred_runs_are_kept() {
+        let runs = Runs::default();
+        for n in 0..MAX_KEPT + 20 {
+            let id = format!("r{n}");
+            started(&runs, &id).unwrap();
+            finish(&runs, &id);
+        }
+        assert_eq!(runs.runs.lock().unwrap().len(), MAX_KEPT);
+        assert!(runs.get("r19").is_none());
+        assert!(runs.get("r20").is_some());
+        assert!(runs.get(&format!("r{}", MAX_KEPT + 19)).is_some());
+    }
+
+    #[test]
+    fn a_status_counts_every_outcome_and_keeps_the_first_hundred_not_plain_replays() {
+        let run: RunId = "r1".parse().unwrap();
+        let mut status = RunStatus::new(&run, DlqFilter::default(), false, false);
+        let mut report = Report::default();
+        let outcome = |offset: i64, action: Action| Outcome {
+            at: RecordRef {
+                topic: "dlq".into(),
+                partition: 0,
+                offset,
+            },
+            id: None,
+            route: None,
+            action,
+            failed: None,
+        };
+        for offset in 0..1_000 {
+            let action = if offset % 2 == 0 {
+                Action::Replay {
+                    to: "in".into(),
+                    replay: 1,
+                }
+            } else {
+                Action::Skip {
+                    problem: "why".into(),
+                }
+            };
+            let o = outcome(offset, action);
+            report.count(&o);
+            status.add(o, &report);
+        }
+        assert_eq!((status.replayed, status.skipped), (500, 500));
+        assert_eq!(status.outcomes.len(), MAX_OUTCOMES);
+        assert!(
+            status
+                .outcomes
+                .iter()
+                .all(|o| matches!(o.action, Action::Skip { .. }))
+        );
+        assert_eq!(status.outcomes[0].at.offset, 1);
+    }
 }
