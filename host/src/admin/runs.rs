@@ -11,7 +11,7 @@ use super::State;
 use super::api::{ApiError, bad_request};
 use crate::dlq::replay::{Action, Outcome, Report};
 use crate::dlq::run::RunId;
-use crate::dlq::stream::{Past, Selection, Stream, StreamError};
+use crate::dlq::stream::{Past, Selection, Step, Stream, StreamError};
 use crate::dlq::{Dlq, DlqFilter};
 use axum::Json;
 use axum::extract::{Path, State as Shared};
@@ -258,7 +258,14 @@ pub(super) async fn start(
         let metrics = shared.context.telemetry.metrics().clone();
         let each = {
             let (shared, id) = (shared.clone(), id.clone());
-            move |outcome: Outcome, report: &mut Report| {
+            move |step: Step, report: &mut Report| {
+                let outcome = match step {
+                    Step::Outcome(outcome) => outcome,
+                    Step::Already(_) => {
+                        shared.runs.update(&id, |status| status.count(report));
+                        return;
+                    }
+                };
                 if let (Some(route), None, false) = (&outcome.route, &outcome.failed, dry_run) {
                     let result = match outcome.action {
                         Action::Replay { .. } => Some("replayed"),
@@ -297,8 +304,11 @@ pub(super) async fn start(
             status.finished_at_ms = Some(finished);
         });
         let status = shared.runs.get(&id);
-        let (replayed, looped, skipped, failed, already) = status
-            .map(|s| (s.replayed, s.looped, s.skipped, s.failed, s.already))
+        let (replayed, looped, skipped, failed, already, ms) = status
+            .map(|s| {
+                let ms = finished - s.started_at_ms;
+                (s.replayed, s.looped, s.skipped, s.failed, s.already, ms)
+            })
             .unwrap_or_default();
         match error {
             None => tracing::info!(
@@ -309,6 +319,7 @@ pub(super) async fn start(
                 skipped,
                 failed,
                 already,
+                ms,
                 "Replay run through the admin API done."
             ),
             Some(error) => tracing::warn!(
@@ -319,6 +330,7 @@ pub(super) async fn start(
                 skipped,
                 failed,
                 already,
+                ms,
                 error,
                 "Replay run through the admin API failed."
             ),

@@ -106,6 +106,16 @@ impl Past {
     }
 }
 
+/// One step of a run, as [`Stream::run`] reports it.
+#[derive(Debug)]
+pub enum Step {
+    /// A record replayed, copied back with REPLAY_LOOP, skipped or failed.
+    Outcome(Outcome),
+    /// A record the resumed run replayed before: skipped, counted in
+    /// `already`.
+    Already(RecordRef),
+}
+
 /// One replay run over a selection, ready to go.
 pub struct Stream {
     pub config: Arc<Config>,
@@ -124,13 +134,14 @@ pub struct Stream {
 }
 
 impl Stream {
-    /// Replays the selection: each outcome is counted into the report, then
-    /// passed to `each` with it (which may keep it in `report.outcomes`).
+    /// Replays the selection: each step is counted into the report, then
+    /// passed to `each` with it (which may keep an outcome in
+    /// `report.outcomes`).
     /// The report at the end; an error when the selection could not be
     /// read to its end or the run stopped, after the outcomes so far.
     pub async fn run(
         self,
-        mut each: impl FnMut(Outcome, &mut Report) + Send + 'static,
+        mut each: impl FnMut(Step, &mut Report) + Send + 'static,
     ) -> Result<Report, StreamError> {
         let Stream {
             config,
@@ -216,6 +227,7 @@ impl Stream {
                         };
                         if past.done.contains(&at) {
                             report.already += 1;
+                            each(Step::Already(at), &mut report);
                         } else {
                             let redo = past.redo.contains(&at);
                             items.push(Item {
@@ -233,7 +245,7 @@ impl Stream {
                     }
                     for outcome in replayer.batch(items).await {
                         report.count(&outcome);
-                        each(outcome, &mut report);
+                        each(Step::Outcome(outcome), &mut report);
                     }
                 }
                 Ok(report)

@@ -5,7 +5,7 @@
 use crate::ops::{Filter, Target, blocking, clean};
 use hopper::dlq::replay::{Action, Outcome, Report};
 use hopper::dlq::run::RunId;
-use hopper::dlq::stream::{Past, Selection, Stream, StreamError};
+use hopper::dlq::stream::{Past, Selection, Step, Stream, StreamError};
 use hopper::dlq::{Dlq, Pacer, RecordRef};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -82,12 +82,10 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
     };
     let mut progress = Progress::new();
     let report = stream
-        .run(move |outcome, report| {
-            if json {
-                report.outcomes.push(outcome);
-            } else {
-                progress.show(&outcome, report);
-            }
+        .run(move |step, report| match step {
+            Step::Outcome(outcome) if json => report.outcomes.push(outcome),
+            Step::Outcome(outcome) => progress.show(&outcome, report),
+            Step::Already(_) => {}
         })
         .await
         .map_err(|e| match e {
