@@ -468,6 +468,9 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
     let route = ConfigBuilder::new()
         .route(RouteTable::new(&plugin("scripted")).config("fixed", "no"))
         .admin(AdminTable::loopback().token(TOKEN))
+        // One replay a second: the group's replay of three runs 2 s at
+        // least, so the console shows it running before it is done.
+        .replay(3, 1)
         .test_route();
     let hopper = route.start().await;
     let producer = producer();
@@ -591,6 +594,12 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
         .click()
         .await
         .unwrap();
+    let running = until(&browser, "the replay running", async |b| {
+        let text = text_of(b, "group-replay").await;
+        text.contains(": replay (run ").then_some(text)
+    })
+    .await;
+    assert!(running.contains(": running: replayed "), "{running}");
     let done = until(&browser, "the replay", async |b| {
         let text = text_of(b, "group-replay").await;
         (text.contains(": replay (run ") && !text.contains(": running:")).then_some(text)
