@@ -111,31 +111,17 @@ pub(super) struct Runs {
 }
 
 impl Runs {
-    /// Adds `status` as running: refused when [`MAX_RUNNING`] run, or
-    /// when its run id runs already (a resume of it would replay twice).
+    /// Whether run `run` may start: refused when [`MAX_RUNNING`] run, or
+    /// when `run` runs already (a resume of it would replay twice).
+    fn check(&self, run: &str) -> Result<(), ApiError> {
+        check(&self.runs.lock().unwrap(), run)
+    }
+
+    /// Adds `status` as running, when [`Runs::check`] allows it; in place
+    /// of the run's earlier status, if any.
     fn begin(&self, status: RunStatus) -> Result<(), ApiError> {
         let mut runs = self.runs.lock().unwrap();
-        let running = runs.iter().filter(|r| r.state == Phase::Running);
-        if runs
-            .iter()
-            .any(|r| r.state == Phase::Running && r.run == status.run)
-        {
-            return Err(ApiError(
-                StatusCode::CONFLICT,
-                format!(
-                    "replay run {} is running: resume it once it is done or failed",
-                    status.run
-                ),
-            ));
-        }
-        if running.count() >= MAX_RUNNING {
-            return Err(ApiError(
-                StatusCode::TOO_MANY_REQUESTS,
-                format!(
-                    "{MAX_RUNNING} replay runs are running, the most at once; start this one when one is done"
-                ),
-            ));
-        }
+        check(&runs, &status.run)?;
         runs.retain(|r| r.run != status.run);
         while runs.len() >= MAX_KEPT {
             match runs.iter().position(|r| r.state != Phase::Running) {
@@ -156,15 +142,29 @@ impl Runs {
         }
     }
 
-    /// Forgets a run that never started.
-    fn forget(&self, run: &str) {
-        self.runs.lock().unwrap().retain(|r| r.run != run);
-    }
-
     fn get(&self, run: &str) -> Option<RunStatus> {
         let runs = self.runs.lock().unwrap();
         runs.iter().rev().find(|r| r.run == run).cloned()
     }
+}
+
+fn check(runs: &VecDeque<RunStatus>, run: &str) -> Result<(), ApiError> {
+    let running = || runs.iter().filter(|r| r.state == Phase::Running);
+    if running().any(|r| r.run == run) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            format!("replay run {run} is running: resume it once it is done or failed"),
+        ));
+    }
+    if running().count() >= MAX_RUNNING {
+        return Err(ApiError(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!(
+                "{MAX_RUNNING} replay runs are running, the most at once; start this one when one is done"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Starts a run over the matches of `filter`, or resumes run `resume`
@@ -189,9 +189,8 @@ pub(super) async fn start(
         config: &config,
     })?;
     let run = resume.clone().unwrap_or_default();
-    state
-        .runs
-        .begin(RunStatus::new(&run, filter, dry_run, resume.is_some()))?;
+    // Checked before a resume reads the journal, and again as it begins.
+    state.runs.check(run.as_str())?;
     let past = match &resume {
         None => None,
         Some(resumed) => {
@@ -204,7 +203,6 @@ pub(super) async fn start(
             match loaded {
                 Ok(past) => Some(past),
                 Err(e) => {
-                    state.runs.forget(run.as_str());
                     let status = match &e {
                         StreamError::NoSuchRun { .. } => StatusCode::NOT_FOUND,
                         StreamError::Journal(crate::dlq::run::RunError::Malformed { .. }) => {
@@ -217,6 +215,9 @@ pub(super) async fn start(
             }
         }
     };
+    state
+        .runs
+        .begin(RunStatus::new(&run, filter, dry_run, resume.is_some()))?;
     if let Some(past) = &past {
         for u in &past.unknown {
             tracing::warn!(
