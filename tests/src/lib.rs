@@ -816,3 +816,37 @@ pub fn per_template<T: Send + 'static>(root: &Path, run: fn(&'static str, PathBu
         .collect();
     runs.into_iter().map(|r| r.join().unwrap()).collect()
 }
+
+/// `POST /api/replay` with `body`, a filter's selection: a run of the
+/// admin server, answered 202. Waits until the run is no longer `running`
+/// and returns its status.
+pub async fn replay_run(
+    addr: SocketAddr,
+    token: Option<&str>,
+    body: &serde_json::Value,
+) -> serde_json::Value {
+    let (status, answer) = http(addr, "POST", "/api/replay", token, Some(&body.to_string())).await;
+    assert_eq!(status, 202, "{answer}");
+    let started: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let run = started["run"].as_str().expect("the answer names the run");
+    assert_eq!(started["status"], format!("/api/replay/runs/{run}"));
+    run_ended(addr, token, run).await
+}
+
+/// The status of replay run `run` once it is no longer `running`, read
+/// every 50 ms for at most [`PATIENCE`].
+pub async fn run_ended(addr: SocketAddr, token: Option<&str>, run: &str) -> serde_json::Value {
+    let path = format!("/api/replay/runs/{run}");
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let status = get_json_as(addr, &path, token).await;
+        if status["state"] != "running" {
+            return status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "run {run} still runs after {PATIENCE:?}: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -468,6 +468,9 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
     let route = ConfigBuilder::new()
         .route(RouteTable::new(&plugin("scripted")).config("fixed", "no"))
         .admin(AdminTable::loopback().token(TOKEN))
+        // One replay a second: the group's replay of three runs 2 s at
+        // least, so the console shows it running before it is done.
+        .replay(3, 1)
         .test_route();
     let hopper = route.start().await;
     let producer = producer();
@@ -576,9 +579,10 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
     };
     let before = size();
     click_in_group(&browser, "config fixed", "button.group-replay").await;
+    // Each is a run: the console follows its status until it is done.
     let planned = until(&browser, "the dry run", async |b| {
         let text = text_of(b, "group-replay").await;
-        text.contains("dry run").then_some(text)
+        (text.contains("dry run") && text.contains(": done:")).then_some(text)
     })
     .await;
     assert!(planned.contains("would replay 3,"), "{planned}");
@@ -590,12 +594,21 @@ async fn the_groups_view_counts_causes_as_they_come_and_replays_a_group_after_a_
         .click()
         .await
         .unwrap();
-    let done = until(&browser, "the replay", async |b| {
+    let running = until(&browser, "the replay running", async |b| {
         let text = text_of(b, "group-replay").await;
-        text.contains("replayed 3").then_some(text)
+        text.contains(": replay (run ").then_some(text)
     })
     .await;
-    assert!(done.contains("failed 0"), "{done}");
+    assert!(running.contains(": running: replayed "), "{running}");
+    let done = until(&browser, "the replay", async |b| {
+        let text = text_of(b, "group-replay").await;
+        (text.contains(": replay (run ") && !text.contains(": running:")).then_some(text)
+    })
+    .await;
+    assert!(
+        done.contains(": done: replayed 3, loop guard 0, skipped 0, failed 0"),
+        "{done}"
+    );
     let mut handled = std::collections::BTreeSet::new();
     while handled.len() < 3 {
         let id = wait_for_event(&mut events, "a replayed record handled", |e| match e {

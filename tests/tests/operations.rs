@@ -227,7 +227,7 @@ async fn every_api_call_needs_the_token_and_a_bad_request_names_the_field() {
         assert!(answer.contains("token"), "{answer}");
     }
     let (status, answer) = http(addr, "POST", "/api/replay", Some(TOKEN), Some(body)).await;
-    assert_eq!(status, 200, "{answer}");
+    assert_eq!(status, 202, "a filter's replay is a run: {answer}");
     let (status, answer) = http(
         addr,
         "POST",

@@ -375,10 +375,9 @@ async fn hostile_dead_letter_records_are_listed_and_replayed_without_a_panic() {
         !listed["histogram"].as_array().unwrap().is_empty(),
         "{listed}"
     );
-    let body = serde_json::json!({ "filter": {}, "dry_run": true }).to_string();
-    let (status, answer) = http(addr, "POST", "/api/replay", Some("t"), Some(&body)).await;
-    assert_eq!(status, 200, "{answer}");
-    let report: serde_json::Value = serde_json::from_str(&answer).unwrap();
+    let body = serde_json::json!({ "filter": {}, "dry_run": true });
+    let report = replay_run(addr, Some("t"), &body).await;
+    assert_eq!(report["state"], "done", "{report}");
     let outcomes = report["outcomes"].as_array().unwrap();
     assert_eq!(outcomes.len(), 2, "{report}");
     for outcome in outcomes {

@@ -61,7 +61,15 @@ fn forged(
     headers
 }
 
+/// A replay through the admin API: a filter's selection is a run, whose
+/// final status this returns; records named one by one are replayed before
+/// the answer, their report.
 async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
+    if body.get("filter").is_some() {
+        let status = replay_run(addr, Some(TOKEN), &body).await;
+        assert_eq!(status["state"], "done", "{status}");
+        return status;
+    }
     let (status, answer) = http(
         addr,
         "POST",
@@ -101,19 +109,15 @@ async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
     produce(&producer, &route.dlq, None, "not hopper's", &[]).await;
     let report = replay(addr, json!({ "filter": {}, "dry_run": true })).await;
     assert_eq!(report["dry_run"], true);
+    // A run's status keeps the outcomes that were not a plain replay.
     let outcomes = report["outcomes"].as_array().unwrap();
-    assert_eq!(outcomes.len(), 3, "{report}");
-    let (skipped, outcomes): (Vec<_>, Vec<_>) =
-        outcomes.iter().partition(|o| o["action"] == "skip");
+    assert_eq!(outcomes.len(), 1, "{report}");
+    assert_eq!(outcomes[0]["action"], "skip", "{report}");
     assert_eq!(
-        skipped[0]["problem"],
+        outcomes[0]["problem"],
         "not a hopper dead-letter record: header hopper-id: is missing"
     );
-    for o in outcomes {
-        assert_eq!(o["action"], "replay");
-        assert_eq!(o["to"], route.input.as_str());
-        assert_eq!(o["replay"], 1);
-    }
+    assert_eq!(report["skipped"], 1, "{report}");
     assert_eq!(report["replayed"], 2, "a dry run counts what it would do");
     assert_eq!(size(&route.dlq), 3, "the DLQ is untouched");
     let list = listing(addr, &route.name).await;
@@ -125,8 +129,9 @@ async fn a_dry_run_lists_what_would_be_replayed_and_changes_nothing() {
             .iter()
             .all(|r| r["replayed"] == 0)
     );
-    // The same request for real: its records are acknowledged before it
-    // answers, so a record the dry run had sent would be counted with them.
+    // The same request for real: its records are acknowledged before the
+    // run is done, so a record the dry run had sent would be counted with
+    // them.
     let report = replay(addr, json!({ "filter": {} })).await;
     assert_eq!(report["replayed"], 2, "{report}");
     assert_eq!(
@@ -382,18 +387,19 @@ async fn a_forged_dead_letter_is_skipped_and_never_reaches_the_topic_it_names() 
     let dry = replay(addr, json!({ "filter": {}, "dry_run": true })).await;
     let report = replay(addr, json!({ "filter": {} })).await;
     for report in [&dry, &report] {
-        let problem = |id: &str| {
+        let find = |id: &str| {
             report["outcomes"]
                 .as_array()
                 .unwrap()
                 .iter()
                 .find(|o| o["id"] == id)
-                .unwrap_or_else(|| panic!("{id} is not in {report}"))
-                .clone()
+                .cloned()
         };
-        // The positive control: the genuine record is replayed to its input.
-        assert_eq!(problem("real")["action"], "replay", "{report}");
-        assert_eq!(problem("real")["to"], route.input.as_str());
+        let problem = |id: &str| find(id).unwrap_or_else(|| panic!("{id} is not in {report}"));
+        // The positive control: the genuine record is replayed (a plain
+        // replay, which the run's status counts but does not list).
+        assert_eq!(report["replayed"], 1, "{report}");
+        assert_eq!(find("real"), None, "{report}");
         assert_eq!(report["skipped"], 3, "{report}");
         for id in ["as-other", "as-relay", "outside"] {
             assert_eq!(problem(id)["action"], "skip", "{report}");
@@ -422,7 +428,7 @@ async fn a_forged_dead_letter_is_skipped_and_never_reaches_the_topic_it_names() 
         );
     }
     assert_eq!(report["replayed"], 1, "{report}");
-    // The replay produced (and awaited) every record before it answered, so
+    // The run produced (and awaited) every record before it was done, so
     // what reached each topic is there now: the genuine record went back
     // to its input, and nothing reached another route, the relay or the
     // topic a forged header named.
@@ -537,9 +543,10 @@ async fn no_kind_of_hoppers_own_topic_is_a_replay_destination() {
                 .unwrap_or_else(|| panic!("{id} is not in {report}"))
                 .clone()
         };
-        // The positive control: the genuine record is replayed to its input.
-        assert_eq!(outcome("real")["action"], "replay", "{report}");
-        assert_eq!(outcome("real")["to"], route.input.as_str());
+        // The positive control: the genuine record is replayed (a plain
+        // replay, which the run's status counts but does not list).
+        assert_eq!(report["replayed"], 1, "{report}");
+        assert!(outcomes.iter().all(|o| o["id"] != "real"), "{report}");
         for (id, problem) in &expected {
             let got = outcome(id);
             assert_eq!(got["action"], "skip", "{id}: {got}");
@@ -642,4 +649,320 @@ async fn an_admin_api_replay_is_a_run_the_cli_resumes_without_replaying_twice() 
         2 * N as i64,
         "nothing was replayed again"
     );
+}
+
+/// The route of [`broken_route`] with `replay.max_records` at `max` and
+/// the admin server on `listen`.
+fn capped_route(rate: u32, max: usize, listen: &str) -> TestRoute {
+    ConfigBuilder::new()
+        .route(RouteTable::new(&plugin("scripted")).config("fixed", "no"))
+        .admin(AdminTable::listen(listen).token(TOKEN))
+        .replay(5, rate)
+        .key("replay", "max_records", max)
+        .test_route()
+}
+
+/// `n` messages through `route`'s broken handler, each dead-lettered once;
+/// then the handler is fixed, so that their replays are handled and stay
+/// in the input.
+async fn dead_letters(route: &TestRoute, prefix: &str, n: usize) {
+    let hopper = route.start().await;
+    let producer = producer();
+    for i in 0..n {
+        let id = format!("{prefix}-{i}");
+        produce(
+            &producer,
+            &route.input,
+            Some(&id),
+            "config:fixed=yes",
+            &[("hopper-id", &id)],
+        )
+        .await;
+    }
+    consume(&route.dlq, n, PATIENCE).await;
+    hopper.stop().await;
+    fix(route);
+}
+
+/// The replays of run `run` in `topic`: how many times each dead letter
+/// (`hopper-replayed-from`) was replayed by it.
+async fn replays_of(topic: &str, run: &str) -> std::collections::HashMap<String, usize> {
+    let mut from = std::collections::HashMap::new();
+    for m in consume(topic, size(topic) as usize, PATIENCE).await {
+        let (h, _) = header_map(&m);
+        if h.get("hopper-replay-run").map(String::as_str) == Some(run) {
+            *from.entry(h["hopper-replayed-from"].clone()).or_insert(0) += 1;
+        }
+    }
+    from
+}
+
+/// A selection larger than `replay.max_records` is replayed whole, as a
+/// run in the background whose status goes from `running` to `done`; its
+/// dry run plans all of it, and each record reaches the input once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_api_replay_of_a_filter_is_a_run_of_any_size_with_its_progress() {
+    init_tracing();
+    const N: usize = 300;
+    let route = capped_route(100, 50, "127.0.0.1:0");
+    dead_letters(&route, "big", N).await;
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let filter = json!({ "route": route.name });
+
+    let plan = replay_run(
+        addr,
+        Some(TOKEN),
+        &json!({ "filter": filter, "dry_run": true }),
+    )
+    .await;
+    assert_eq!(plan["state"], "done", "{plan}");
+    assert_eq!(plan["dry_run"], true, "{plan}");
+    assert_eq!(plan["replayed"], N, "the dry run plans all: {plan}");
+    assert_eq!(size(&route.input), N as i64, "a dry run produces nothing");
+    // Records named one by one stay bounded by replay.max_records.
+    let records: Vec<String> = (0..51).map(|o| format!("{}:0:{o}", route.dlq)).collect();
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/api/replay",
+        Some(TOKEN),
+        Some(&json!({ "records": records }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("replay.max_records allows 50"), "{answer}");
+
+    // At 100 a second, 300 records take 3 s at least: the status read at
+    // once finds the run running.
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/api/replay",
+        Some(TOKEN),
+        Some(&json!({ "filter": filter }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    let started: Value = serde_json::from_str(&answer).unwrap();
+    let run = started["run"].as_str().unwrap().to_string();
+    let path = started["status"].as_str().unwrap().to_string();
+    let first = get_json_as(addr, &path, Some(TOKEN)).await;
+    assert_eq!(first["state"], "running", "{first}");
+    assert_eq!(first["run"], run.as_str());
+    assert!(first["finished_at_ms"].is_null(), "{first}");
+    let done = run_ended(addr, Some(TOKEN), &run).await;
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["replayed"], N, "{done}");
+    for count in ["looped", "skipped", "failed", "already"] {
+        assert_eq!(done[count], 0, "{count}: {done}");
+    }
+    assert_eq!(
+        done["outcomes"],
+        json!([]),
+        "plain replays are counted, not listed"
+    );
+    assert!(done["error"].is_null(), "{done}");
+    assert!(
+        done["finished_at_ms"].as_i64().unwrap() >= done["started_at_ms"].as_i64().unwrap(),
+        "{done}"
+    );
+    let replays = replays_of(&route.input, &run).await;
+    assert_eq!(replays.len(), N, "every record replayed");
+    assert!(replays.values().all(|n| *n == 1), "{replays:?}");
+    hopper.stop().await;
+}
+
+/// What a run refuses, each named: an unknown run, a malformed run id to
+/// resume, a fifth run at once, a resume of a run still running, and
+/// records with a filter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_api_replay_runs_refuse_what_they_cannot_do_and_name_it() {
+    init_tracing();
+    // One record a second: three dead letters keep each run running.
+    let route = capped_route(1, 50, "127.0.0.1:0");
+    dead_letters(&route, "bound", 3).await;
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let post = |body: Value| async move {
+        http(
+            addr,
+            "POST",
+            "/api/replay",
+            Some(TOKEN),
+            Some(&body.to_string()),
+        )
+        .await
+    };
+
+    let (status, answer) = http(addr, "GET", "/api/replay/runs/r-nope", Some(TOKEN), None).await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer.contains("replay run `r-nope` is not one of"),
+        "{answer}"
+    );
+    let (status, answer) = http(addr, "GET", "/api/replay/runs/r-nope", None, None).await;
+    assert_eq!(
+        status, 401,
+        "a run's status is a read, with the token: {answer}"
+    );
+    let (status, answer) = post(json!({ "filter": {}, "resume": "x;y" })).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("`x;y` is not a replay run id"), "{answer}");
+    let (status, answer) = post(json!({ "filter": {}, "resume": "r-nope" })).await;
+    assert_eq!(status, 404, "{answer}");
+    assert!(
+        answer.contains(&format!(
+            "replay run `r-nope` is not in `{}.replays`",
+            route.dlq
+        )),
+        "{answer}"
+    );
+    let (status, answer) =
+        post(json!({ "records": [format!("{}:0:0", route.dlq)], "filter": {} })).await;
+    assert_eq!(status, 400, "{answer}");
+    assert!(answer.contains("either records or filter"), "{answer}");
+
+    let mut runs = Vec::new();
+    for _ in 0..4 {
+        let (status, answer) = post(json!({ "filter": {} })).await;
+        assert_eq!(status, 202, "{answer}");
+        let started: Value = serde_json::from_str(&answer).unwrap();
+        runs.push(started["run"].as_str().unwrap().to_string());
+    }
+    let (status, answer) = post(json!({ "filter": {} })).await;
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains("4 replay runs are running"), "{answer}");
+    let (status, answer) = post(json!({ "filter": {}, "resume": runs[0] })).await;
+    assert_eq!(status, 409, "a run resumed while it runs: {answer}");
+    assert!(
+        answer.contains(&format!("replay run {} is running", runs[0])),
+        "{answer}"
+    );
+    let running = get_json_as(addr, &format!("/api/replay/runs/{}", runs[3]), Some(TOKEN)).await;
+    assert_eq!(running["state"], "running", "{running}");
+    // Stopped with the server, between two batches.
+    hopper.stop().await;
+}
+
+/// A server killed (SIGKILL) in the middle of a run: a new server's
+/// `POST /api/replay` with `resume` replays the rest, none twice, and
+/// counts the ones replayed before; the CLI's `--resume` then finds all
+/// of it done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_api_run_killed_part_way_is_resumed_by_the_api_none_twice() {
+    init_tracing();
+    const N: usize = 300;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let addr: std::net::SocketAddr = listen.parse().unwrap();
+    let route = capped_route(50, 50, &listen);
+    dead_letters(&route, "kill", N).await;
+
+    let mut child = std::process::Command::new(hopper_bin())
+        .args(["run", "--config"])
+        .arg(&route.config_path)
+        .env("HOPPER_CACHE_DIR", cache_dir())
+        .env_remove("HOPPER_BROKERS")
+        .env_remove("HOPPER_LOG_FORMAT")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        let up = tokio::net::TcpStream::connect(addr).await.is_ok()
+            && http(addr, "GET", "/health", None, None).await.0 == 200;
+        if up {
+            break;
+        }
+        assert!(Instant::now() < deadline, "hopper run serves no admin API");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let filter = json!({ "route": route.name });
+    let (status, answer) = http(
+        addr,
+        "POST",
+        "/api/replay",
+        Some(TOKEN),
+        Some(&json!({ "filter": filter }).to_string()),
+    )
+    .await;
+    assert_eq!(status, 202, "{answer}");
+    let started: Value = serde_json::from_str(&answer).unwrap();
+    let run = started["run"].as_str().unwrap().to_string();
+    // Killed once its status shows some replayed: at 50 a second, the
+    // 300 take 6 s.
+    loop {
+        let status = get_json_as(addr, &format!("/api/replay/runs/{run}"), Some(TOKEN)).await;
+        assert_eq!(
+            status["state"], "running",
+            "killed before the end: {status}"
+        );
+        if status["replayed"].as_u64().unwrap() >= 30 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = replays_of(&route.input, &run).await;
+    assert!(
+        before.len() >= 30 && before.len() < N,
+        "{} replayed before the kill",
+        before.len()
+    );
+    assert!(before.values().all(|n| *n == 1), "{before:?}");
+
+    // A new server resumes it: the rest, none twice.
+    let hopper = route.start().await;
+    let addr = hopper.admin_addr().unwrap();
+    let resumed = replay_run(
+        addr,
+        Some(TOKEN),
+        &json!({ "filter": filter, "resume": run }),
+    )
+    .await;
+    assert_eq!(resumed["state"], "done", "{resumed}");
+    assert_eq!(resumed["run"], run.as_str());
+    assert_eq!(resumed["resumed"], true);
+    let already = resumed["already"].as_u64().unwrap() as usize;
+    let replayed = resumed["replayed"].as_u64().unwrap() as usize;
+    assert_eq!(already + replayed, N, "{resumed}");
+    let all = replays_of(&route.input, &run).await;
+    assert_eq!(all.len(), N, "every record replayed");
+    let twice: Vec<_> = all.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "replayed more than once: {twice:?}");
+    assert_eq!(
+        already,
+        before.len(),
+        "already counts those replayed before the kill"
+    );
+    hopper.stop().await;
+
+    // The CLI's resume of the same run finds every record replayed.
+    let out = std::process::Command::new(hopper_bin())
+        .args(["dlq", "replay", "--config"])
+        .arg(&route.config_path)
+        .args(["--route", &route.name, "--resume", &run])
+        .env_remove("HOPPER_BROKERS")
+        .env_remove("HOPPER_LOG_FORMAT")
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("Replayed 0 of 0 record(s)")
+            && stdout.contains(&format!("{N} more were replayed by run {run} before")),
+        "{stdout}"
+    );
+    assert_eq!(replays_of(&route.input, &run).await.len(), N);
 }

@@ -58,17 +58,12 @@ fn id_of(m: &OwnedMessage) -> String {
         .unwrap_or_default()
 }
 
+/// A replay of a filter's selection through the admin API, a run: its
+/// status once done.
 async fn replay(addr: std::net::SocketAddr, body: Value) -> Value {
-    let (status, answer) = http(
-        addr,
-        "POST",
-        "/api/replay",
-        Some(TOKEN),
-        Some(&body.to_string()),
-    )
-    .await;
-    assert_eq!(status, 200, "{answer}");
-    serde_json::from_str(&answer).unwrap()
+    let status = replay_run(addr, Some(TOKEN), &body).await;
+    assert_eq!(status["state"], "done", "{status}");
+    status
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -4,7 +4,7 @@
 use super::State;
 use crate::breaker::BreakerState;
 use crate::config::{Config, RELAY_ROUTE};
-use crate::dlq::{Dlq, DlqError, DlqFilter, DlqPage, DlqRecord, RecordRef, ReplayReport};
+use crate::dlq::{Dlq, DlqError, DlqFilter, DlqPage, DlqRecord, RecordRef};
 use crate::health::{HandlerInfo, Pending, PipelineState};
 use crate::kafka::Cluster;
 use crate::metrics::Format;
@@ -21,6 +21,7 @@ use std::sync::Arc;
 const MAX_PAGE: usize = 500;
 
 /// An API error: a status and a message that names the problem.
+#[derive(Debug)]
 pub(super) struct ApiError(pub(super) StatusCode, pub(super) String);
 
 impl IntoResponse for ApiError {
@@ -381,7 +382,7 @@ pub(super) async fn dlq_show(
 }
 
 /// `POST /api/replay`: `records` (as `topic:partition:offset`) or a
-/// `filter`, and `dry_run`.
+/// `filter`, `dry_run`, and with a filter, `resume` (a run's id).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct ReplayBody {
@@ -389,22 +390,32 @@ pub(super) struct ReplayBody {
     filter: Option<DlqFilter>,
     #[serde(default)]
     dry_run: bool,
+    resume: Option<String>,
 }
 
+/// A filter's selection, of any size, is a run in the background: 202
+/// with its id and status path ([`super::runs`]). Records named one by one
+/// (at most `replay.max_records`) are replayed before the answer, which is
+/// their report.
 pub(super) async fn replay(
     Shared(state): Shared<Arc<State>>,
     body: Result<Json<ReplayBody>, JsonRejection>,
-) -> Result<Json<ReplayReport>, ApiError> {
+) -> Result<Response, ApiError> {
     let Json(body) = body.map_err(|e| bad_request(e.body_text()))?;
     let max = state.context.config.replay.max_records;
-    let selected = match (body.records, body.filter) {
+    let selected: Vec<rdkafka::message::OwnedMessage> = match (body.records, body.filter) {
+        (Some(_), None) if body.resume.is_some() => {
+            return Err(bad_request(
+                "resume goes with the filter of the run it resumes, not with records",
+            ));
+        }
         (Some(records), None) => {
             if records.is_empty() {
                 return Err(bad_request("records is empty: select at least one"));
             }
             if records.len() > max {
                 return Err(bad_request(format!(
-                    "{} records selected; replay.max_records allows {max}",
+                    "{} records selected; replay.max_records allows {max}; a filter selects any number, as a run",
                     records.len()
                 )));
             }
@@ -418,8 +429,10 @@ pub(super) async fn replay(
             .await?
         }
         (None, Some(filter)) => {
-            filter.check().map_err(bad_request)?;
-            with_dlq(&state, move |dlq| dlq.select(&filter, max)).await?
+            let run = super::runs::start(&state, filter, body.dry_run, body.resume).await?;
+            let answer =
+                json!({ "run": run.as_str(), "status": format!("/api/replay/runs/{run}") });
+            return Ok((StatusCode::ACCEPTED, Json(answer)).into_response());
         }
         _ => return Err(bad_request("give either records or filter")),
     };
@@ -473,7 +486,7 @@ pub(super) async fn replay(
         failed = report.failed,
         "Replay through the admin API."
     );
-    Ok(Json(report))
+    Ok(Json(report).into_response())
 }
 
 /// The body of `POST /api/delay/cancel`.

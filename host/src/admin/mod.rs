@@ -27,6 +27,7 @@ mod auth;
 mod candidate;
 mod console;
 mod parked;
+mod runs;
 
 use crate::config::{Admin, Config};
 use crate::dlq::Pacer;
@@ -68,7 +69,14 @@ struct State {
     admin: Admin,
     token: auth::Token,
     /// Paces every replay this process makes, together.
-    pacer: Pacer,
+    pacer: Arc<Pacer>,
+    /// The replay runs started through the API, and their status.
+    runs: runs::Runs,
+    /// The runs' tasks: [`Server::stop`] waits for them.
+    tasks: tokio_util::task::TaskTracker,
+    /// Cancelled when the server stops: the server, its readers and its
+    /// runs (between two batches) stop.
+    stop: CancellationToken,
     /// Bounds the reads of dead-letter topics in flight
     /// ([`api::MAX_DLQ_READS`]).
     dlq_reads: Arc<tokio::sync::Semaphore>,
@@ -85,6 +93,8 @@ pub struct Server {
     task: tokio::task::JoinHandle<()>,
     /// The readers of the dead-letter topics for the live groups.
     readers: Vec<tokio::task::JoinHandle<()>>,
+    /// The replay runs' tasks.
+    runs: tokio_util::task::TaskTracker,
 }
 
 /// An admin server bound to its address that serves nothing yet: hopper
@@ -106,7 +116,8 @@ impl Bound {
             session,
             state,
         } = self;
-        let stop = CancellationToken::new();
+        let stop = state.stop.clone();
+        let runs = state.tasks.clone();
         let readers = state.live.follow(
             &state.context.cluster,
             state.context.config.dead_letter_topics(),
@@ -128,6 +139,7 @@ impl Bound {
             stop,
             task,
             readers,
+            runs,
         }
     }
 }
@@ -151,7 +163,10 @@ impl Server {
         let (token, session) =
             auth::Token::new(admin.token.as_deref()).map_err(AdminError::Random)?;
         let state = Arc::new(State {
-            pacer: Pacer::new(context.config.replay.rate),
+            pacer: Arc::new(Pacer::new(context.config.replay.rate)),
+            runs: runs::Runs::default(),
+            tasks: tokio_util::task::TaskTracker::new(),
+            stop: CancellationToken::new(),
             dlq_reads: Arc::new(tokio::sync::Semaphore::new(api::MAX_DLQ_READS)),
             live: LiveGroups::new(),
             token,
@@ -190,8 +205,23 @@ impl Server {
             }
         };
         let _ = tokio::time::timeout(std::time::Duration::from_secs(1), readers).await;
+        // A run stops after its batch in flight, whose produces are
+        // bounded by their timeout; stopped, it is resumed with its id.
+        self.runs.close();
+        if tokio::time::timeout(RUNS_STOP, self.runs.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                waited = ?RUNS_STOP,
+                "A replay run did not stop in time; its batch in flight goes on, and a resume of the run finds what it replayed."
+            );
+        }
     }
 }
+
+/// How long [`Server::stop`] waits for the replay runs to stop.
+const RUNS_STOP: std::time::Duration = std::time::Duration::from_secs(10);
 
 fn router(state: Arc<State>) -> Router {
     let api = Router::new()
@@ -208,6 +238,7 @@ fn router(state: Arc<State>) -> Router {
                 auth::require_token,
             )),
         )
+        .route("/replay/runs/{run}", get(runs::status))
         .route(
             "/dlq/try",
             post(candidate::dlq_try)

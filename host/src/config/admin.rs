@@ -146,7 +146,8 @@ pub struct ReplayConfig {
     /// Records replayed per second, at most.
     #[serde(default = "default_rate")]
     pub rate: u32,
-    /// Records one replay may select, at most.
+    /// Records one admin API replay may name one by one, at most; a
+    /// filter's selection is of any size, streamed as a run.
     #[serde(default = "default_max_records")]
     pub max_records: usize,
 }

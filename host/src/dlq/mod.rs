@@ -1,7 +1,8 @@
 //! Dead-lettering: every record hopper writes to a dead-letter topic is
 //! built here, by routes and by the delay relay alike, so every DLQ record
 //! carries the same context headers (docs/headers.md). Reading them back
-//! ([`browse`]), replaying them ([`replay`], resumably: [`run`]), trying a new handler on them
+//! ([`browse`]), replaying them ([`replay`], resumably: [`run`], a selection
+//! of any size: [`stream`]), trying a new handler on them
 //! ([`candidate`]) and exporting them ([`export`]) live beside it.
 
 pub mod browse;
@@ -13,6 +14,7 @@ pub mod record;
 pub mod replay;
 pub mod run;
 pub mod skip;
+pub mod stream;
 
 pub use browse::{Dlq, DlqError, DlqFilter, DlqPage};
 pub use candidate::{HttpMode, TryReport, try_candidate};

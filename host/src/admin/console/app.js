@@ -211,22 +211,38 @@ function selectGroup(g) {
   loadDeadLetters().catch((e) => showError(e.message));
 }
 
-/** Replays every record of a group: a dry run first, then on a second click. */
+/** How often a replay run's status is read while it runs. */
+const RUN_POLL_MS = 500;
+
+/**
+ * Follows a replay run until it is done or failed: its counts so far,
+ * then `done` or `failed`, shown in `result`. Its final status.
+ */
+async function followRun(started, result, what) {
+  for (;;) {
+    const s = await call(started.status);
+    const counts = `${s.dry_run ? "would replay" : "replayed"} ${s.replayed}, loop guard ${s.looped}, `
+      + `skipped ${s.skipped}, failed ${s.failed}` + (s.already ? `, ${s.already} replayed before` : "");
+    result.replaceChildren(`${what} (run ${s.run}): ${s.state}: ${counts}` + (s.error ? ` — ${s.error}` : ""));
+    if (s.state !== "running") return s;
+    await new Promise((resolve) => setTimeout(resolve, RUN_POLL_MS));
+  }
+}
+
+/** Replays every record of a group as a run: a dry run first, then on a second click. */
 async function replayGroup(g, dryRun) {
   const result = $("group-replay");
   result.replaceChildren(dryRun ? "Planning…" : "Replaying…");
   try {
-    const report = await call("/api/replay", {
+    const started = await call("/api/replay", {
       method: "POST",
       headers: { "Content-Type": "application/json", "Authorization": "Bearer " + $("token").value },
       body: JSON.stringify({ filter: { group: g.group, route: g.route || null }, dry_run: dryRun }),
     });
-    const count = (action) => report.outcomes.filter((o) => o.action === action && !o.failed).length;
-    const said = `group ${g.group}: ${dryRun ? "dry run: would replay" : "replayed"} ${count("replay")}, `
-      + `loop guard ${count("loop")}, skipped ${count("skip")}, failed ${report.failed}`;
-    result.replaceChildren(said);
-    if (dryRun && count("replay") + count("loop") > 0) {
-      const confirm = el("button", `Replay ${count("replay") + count("loop")} now`, { type: "button", id: "group-replay-confirm" });
+    const what = `group ${g.group}: ${dryRun ? "dry run" : "replay"}`;
+    const s = await followRun(started, result, what);
+    if (dryRun && s.state === "done" && s.replayed + s.looped > 0) {
+      const confirm = el("button", `Replay ${s.replayed + s.looped} now`, { type: "button", id: "group-replay-confirm" });
       confirm.addEventListener("click", () => replayGroup(g, false));
       result.append(" ", confirm);
     }

@@ -3,23 +3,19 @@
 //! resumable run (`hopper::dlq::run`).
 
 use crate::ops::{Filter, Target, blocking, clean};
-use anyhow::Context as _;
-use hopper::dlq::replay::{Action, Item, Outcome, Replayer, Report};
-use hopper::dlq::run::{self, RunId, RunState};
-use hopper::dlq::{Dlq, DlqError, Pacer, RecordRef};
-use rdkafka::Message;
-use rdkafka::message::OwnedMessage;
-use std::collections::{HashMap, HashSet};
+use hopper::dlq::replay::{Action, Outcome, Report};
+use hopper::dlq::run::RunId;
+use hopper::dlq::stream::{Past, Selection, Step, Stream, StreamError};
+use hopper::dlq::{Dlq, Pacer, RecordRef};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
 
 /// Records a replay lists one line each; past them, a progress line a
 /// second.
 const LINES: usize = 100;
 /// How often the progress line comes.
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
-/// Matches read ahead of the producer: the memory a replay of any size
-/// holds.
-const READ_AHEAD: usize = 1_000;
 
 pub struct Replay {
     pub target: Target,
@@ -29,15 +25,6 @@ pub struct Replay {
     pub dry_run: bool,
     pub rate: Option<u32>,
     pub resume: Option<RunId>,
-}
-
-/// What a resumed run skips and replays again, from its journal entries.
-#[derive(Default)]
-struct Past {
-    /// Replayed by the run: skipped.
-    done: HashSet<RecordRef>,
-    /// Recorded by the run, but their replay is not in the destination.
-    redo: HashSet<RecordRef>,
 }
 
 pub async fn run(args: Replay) -> anyhow::Result<()> {
@@ -57,23 +44,21 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
     }
     let (config, cluster) = target.load()?;
     let filter = filter.resolve()?;
-    let topics: Vec<String> = if records.is_empty() {
-        Dlq {
-            cluster: &cluster,
-            config: &config,
-        }
-        .topics(filter.route.as_deref())?
+    let selection = if records.is_empty() {
+        Selection::Filter(filter)
     } else {
-        let set: std::collections::BTreeSet<String> =
-            records.iter().map(|r| r.topic.clone()).collect();
-        set.into_iter().collect()
+        Selection::Records(records)
     };
+    let topics = selection.topics(&Dlq {
+        cluster: &cluster,
+        config: &config,
+    })?;
     let run = resume.clone().unwrap_or_default();
     let past = match &resume {
-        None => Past::default(),
+        None => None,
         Some(run) => {
             let (cluster, topics, run) = (cluster.clone(), topics.clone(), run.clone());
-            blocking(move || past(&cluster, &topics, &run)).await?
+            Some(blocking(move || past(&cluster, &topics, &run)).await?)
         }
     };
     let json = target.json;
@@ -83,110 +68,32 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
             resume_command(&run)
         );
     }
-
-    // The reader: matches, as they are read, into a bounded channel.
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(u32, OwnedMessage)>(READ_AHEAD);
-    let reader = {
-        let (config, cluster, except) = (config.clone(), cluster.clone(), resume.clone());
-        tokio::task::spawn_blocking(move || -> Result<(), DlqError> {
-            let dlq = Dlq {
-                cluster: &cluster,
-                config: &config,
-            };
-            if records.is_empty() {
-                // A closed channel: the producer side failed, and says why.
-                dlq.for_each_match_but(&filter, usize::MAX, except.as_ref(), |s, m| {
-                    tx.blocking_send((s.replayed, m)).is_ok()
-                })?;
-            } else {
-                let mut counts = HashMap::new();
-                for at in &records {
-                    let message = dlq.fetch(at)?;
-                    if !counts.contains_key(&at.topic) {
-                        let c = hopper::dlq::browse::replay_counts_but(
-                            &cluster,
-                            &at.topic,
-                            except.as_ref(),
-                        )?;
-                        counts.insert(at.topic.clone(), c);
-                    }
-                    let replayed = counts[&at.topic].get(at).copied().unwrap_or(0);
-                    if tx.blocking_send((replayed, message)).is_err() {
-                        break;
-                    }
-                }
-            }
-            Ok(())
-        })
-    };
-
-    // The producer: each match, paced, as one run.
-    let pacer = Pacer::new(rate.unwrap_or(config.replay.rate));
-    let run2 = run.clone();
-    let producer = tokio::task::spawn_blocking(move || {
-        let dlq = Dlq {
-            cluster: &cluster,
-            config: &config,
-        };
+    let stream = Stream {
+        pacer: Arc::new(Pacer::new(rate.unwrap_or(config.replay.rate))),
+        config: Arc::new(config),
+        cluster,
+        selection,
+        run: run.clone(),
+        past,
+        dry_run,
         // The command exits once done: its spans would not be sent.
-        let tracer = hopper::trace::Tracer::default();
-        tokio::runtime::Handle::current().block_on(async {
-            let mut replayer = Replayer::new(
-                &dlq,
-                run2,
-                config.replay.max_replays,
-                dry_run,
-                &pacer,
-                &tracer,
-            )?;
-            let mut report = replayer.report();
-            let mut progress = Progress::new();
-            let size = pacer.batch();
-            // A batch: what the channel has ready, up to `size`; never
-            // waits for more than the first.
-            while let Some(first) = rx.recv().await {
-                let mut items = Vec::with_capacity(size);
-                let mut next = Some(first);
-                while let Some((replayed, message)) = next.take() {
-                    let at = RecordRef {
-                        topic: message.topic().to_string(),
-                        partition: message.partition(),
-                        offset: message.offset(),
-                    };
-                    if past.done.contains(&at) {
-                        report.already += 1;
-                    } else {
-                        let redo = past.redo.contains(&at);
-                        items.push(Item {
-                            message,
-                            replayed,
-                            redo,
-                        });
-                    }
-                    if items.len() < size {
-                        next = rx.try_recv().ok();
-                    }
-                }
-                if items.is_empty() {
-                    continue;
-                }
-                for outcome in replayer.batch(items).await {
-                    report.count(&outcome);
-                    if !json {
-                        progress.show(&outcome, &report);
-                    }
-                    if json {
-                        report.outcomes.push(outcome);
-                    }
-                }
-            }
-            Ok::<Report, DlqError>(report)
+        tracer: hopper::trace::Tracer::default(),
+        stop: CancellationToken::new(),
+    };
+    let mut progress = Progress::new();
+    let report = stream
+        .run(move |step, report| match step {
+            Step::Outcome(outcome) if json => report.outcomes.push(outcome),
+            Step::Outcome(outcome) => progress.show(&outcome, report),
+            Step::Already(_) => {}
         })
-    });
-    let report = producer.await??;
-    reader
-        .await?
-        .with_context(|| format!("reading the selection; to go on: {}", resume_command(&run)))?;
+        .await
+        .map_err(|e| match e {
+            StreamError::Read(_) => {
+                anyhow::anyhow!("{e}; to go on: {}", resume_command(&run))
+            }
+            e => e.into(),
+        })?;
     let total = report.replayed + report.looped + report.skipped + report.failed;
     let already = match report.already {
         0 => String::new(),
@@ -215,39 +122,21 @@ pub async fn run(args: Replay) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What run `run` did in the journals of `topics`: the records it
-/// replayed, and those it recorded without producing their replay.
+/// What run `run` did in the journals of `topics`, said on stderr.
 fn past(cluster: &hopper::kafka::Cluster, topics: &[String], run: &RunId) -> anyhow::Result<Past> {
-    let state = RunState::load(cluster, topics, run)?;
-    if state.entries == 0 {
-        let journals: Vec<String> = topics
-            .iter()
-            .map(|t| format!("`{}`", hopper::config::replay_journal(t)))
-            .collect();
-        anyhow::bail!(
-            "replay run `{run}` is not in {}: it replayed nothing there. Check the run id and the selection; a replay that stopped before its first record is run again without --resume",
-            journals.join(", ")
-        );
-    }
-    let checked = run::check(cluster, run, state.unsure)?;
-    let mut done = state.done;
-    done.extend(checked.replayed);
-    for u in checked.unknown {
+    let past = Past::load(cluster, topics, run)?;
+    for u in &past.unknown {
         eprintln!(
             "Run {run} stopped while replaying {} to `{}`, which has too many records since to find it: left out, so as never to replay it twice. If `{}` lacks it, replay it with --record {}.",
             u.at, u.to, u.to, u.at
         );
-        done.insert(u.at);
     }
     eprintln!(
         "Resuming run {run}: {} record(s) replayed before; {} recorded but not produced, replayed again.",
-        done.len(),
-        checked.missing.len()
+        past.done.len(),
+        past.redo.len()
     );
-    Ok(Past {
-        done,
-        redo: checked.missing,
-    })
+    Ok(past)
 }
 
 /// The command line of this process, with `--resume RUN`, quoted for a
