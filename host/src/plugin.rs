@@ -8,6 +8,7 @@
 
 mod cache;
 pub mod canned;
+mod compiler;
 mod emit;
 mod fetch;
 mod fit;
@@ -20,6 +21,7 @@ mod output;
 mod state;
 
 pub use cache::{ArtifactCache, CacheError};
+pub use compiler::Compiler;
 pub use emit::Emitted;
 pub use fit::{Fit, Grant};
 pub use functions::{FunctionCache, FunctionStats};
@@ -204,6 +206,7 @@ pub struct Runtime {
     grants: Arc<grants::Registry>,
     /// Where handlers' HTTP requests and refused emits are reported.
     telemetry: Telemetry,
+    compiler: Compiler,
 }
 
 /// Instance slots of a runtime that no config sized (tools, tests, the
@@ -228,9 +231,14 @@ impl Runtime {
     /// versions of a handler side by side for a while (the calls still on
     /// the old version, and its idle instances until the last of them ends).
     pub fn for_routes(routes: &[Route]) -> Result<Runtime, RuntimeError> {
+        Runtime::for_routes_with(routes, Compiler::default())
+    }
+
+    /// [`Runtime::for_routes`], its handlers compiled by `compiler`.
+    pub fn for_routes_with(routes: &[Route], compiler: Compiler) -> Result<Runtime, RuntimeError> {
         let memory = routes.iter().map(|r| r.memory_bytes).max();
         let instances: usize = routes.iter().map(|r| r.max_instances).sum();
-        Runtime::sized(memory.unwrap_or(64 << 20), (2 * instances).max(1))
+        Runtime::built(memory.unwrap_or(64 << 20), (2 * instances).max(1), compiler)
     }
 
     /// A runtime with [`STANDALONE_INSTANCES`] instance slots and linear
@@ -247,6 +255,22 @@ impl Runtime {
     /// its guard, so the pool is sized from the config, not for the most any
     /// config could ask: a fixed 2,000 slots reserved 8 TiB per engine.
     pub fn sized(max_memory_bytes: usize, instances: usize) -> Result<Runtime, RuntimeError> {
+        Runtime::built(max_memory_bytes, instances, Compiler::default())
+    }
+
+    /// [`Runtime::new`], its handlers compiled by `compiler`.
+    pub fn with_compiler(
+        max_memory_bytes: usize,
+        compiler: Compiler,
+    ) -> Result<Runtime, RuntimeError> {
+        Runtime::built(max_memory_bytes, STANDALONE_INSTANCES, compiler)
+    }
+
+    fn built(
+        max_memory_bytes: usize,
+        instances: usize,
+        compiler: Compiler,
+    ) -> Result<Runtime, RuntimeError> {
         let instances = u32::try_from(instances).unwrap_or(u32::MAX);
         let mut pool = PoolingAllocationConfig::default();
         pool.total_component_instances(instances)
@@ -269,9 +293,19 @@ impl Runtime {
             .allocation_strategy(pool)
             .epoch_interruption(true)
             .memory_init_cow(true)
-            .max_wasm_stack(1 << 20)
-            .enable_incremental_compilation(functions.clone())
-            .map_err(wasm_error)?;
+            .max_wasm_stack(1 << 20);
+        match compiler {
+            // Incremental compilation is Cranelift's.
+            Compiler::Cranelift => {
+                config
+                    .strategy(wasmtime::Strategy::Cranelift)
+                    .enable_incremental_compilation(functions.clone())
+                    .map_err(wasm_error)?;
+            }
+            Compiler::Winch => {
+                config.strategy(wasmtime::Strategy::Winch);
+            }
+        }
         let engine = Engine::new(&config).map_err(wasm_error)?;
 
         let mut linker: Linker<GuestState> = Linker::new(&engine);
@@ -332,7 +366,13 @@ impl Runtime {
             functions,
             grants: Arc::default(),
             telemetry: Telemetry::new(),
+            compiler,
         })
+    }
+
+    /// The compiler of this runtime's handlers.
+    pub fn compiler(&self) -> Compiler {
+        self.compiler
     }
 
     /// Tells whether this runtime's engine, and with it its pooling

@@ -130,8 +130,10 @@ fn dev_loop(lang: &'static str, root: PathBuf) -> Result<(), String> {
     let (file, broken) = source(lang);
     let file = dir.join(file);
 
+    // Compiled by Winch, `hopper dev`'s default, and said so.
+    let at = lines.wait(0, &["Compiled by winch (quick to compile"], lang)?;
     // Version 1 serves a message.
-    let at = lines.wait(0, &["v1 (", "serving: build"], lang)?;
+    let at = lines.wait(at, &["v1 (", "serving: build"], lang)?;
     send(&mut stdin, "k-1: hello");
     lines.wait(at, &["Handled message dev-1 (5 bytes)"], lang)?;
     let at = lines.wait(at, &["dev-1 attempt 1: ok, by v1 ("], lang)?;

@@ -2,7 +2,8 @@
 //! components and cases files, no broker. The scripted fixture covers every
 //! verdict, a trap, a timeout, running out of memory, canned HTTP (an
 //! answer, an error, a slow answer), a denied host, an emit, a schedule and
-//! a cancel; the four order-timeout builds pass the same contract's cases;
+//! a cancel; the four order-timeout builds pass the same contract's cases,
+//! compiled by Cranelift and by Winch;
 //! a wrong expectation fails with a diff; hostile cases files get an error
 //! that names the problem.
 
@@ -39,6 +40,7 @@ fn the_scripted_fixture_passes_every_case_and_writes_junit() {
         &["--junit", junit.to_str().unwrap()],
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(", compiled by cranelift) on 22 cases"), "{stdout}");
     for line in [
         "ok   ok commits  (ok,",
         "ok   fatal is dead-lettered  (fatal: told to fail,",
@@ -145,24 +147,66 @@ verdict = "ok"
     );
 }
 
+/// Each build, compiled by each compiler: Cranelift (the default) and
+/// Winch (`hopper dev`'s).
 #[test]
-fn every_order_timeout_build_passes_the_contracts_cases() {
-    let failures: Vec<String> = ORDER_TIMEOUT_BUILDS
-        .iter()
-        .zip([
-            "order-timeout",
-            "order-timeout-py",
-            "order-timeout-js",
-            "order-timeout-c",
-        ])
-        .filter_map(|(build, dir)| {
+fn every_order_timeout_build_passes_the_contracts_cases_with_either_compiler() {
+    let failures: Vec<String> = ["cranelift", "winch"]
+        .into_iter()
+        .flat_map(|compiler| {
+            ORDER_TIMEOUT_BUILDS
+                .iter()
+                .zip([
+                    "order-timeout",
+                    "order-timeout-py",
+                    "order-timeout-js",
+                    "order-timeout-c",
+                ])
+                .map(move |(build, dir)| (compiler, build, dir))
+        })
+        .filter_map(|(compiler, build, dir)| {
             let cases = repo(&format!("plugins/{dir}/cases.toml"));
-            let (out, stdout, stderr) = plugin_test(&plugin(build), &cases, &[]);
-            let all = stdout.contains("9 cases: 9 passed, 0 failed.");
-            (!out.status.success() || !all).then(|| format!("{build}:\n{stdout}\n{stderr}"))
+            let (out, stdout, stderr) =
+                plugin_test(&plugin(build), &cases, &["--compiler", compiler]);
+            let all = stdout.contains("9 cases: 9 passed, 0 failed.")
+                && stdout.contains(&format!(", compiled by {compiler}) on 9 cases"));
+            (!out.status.success() || !all)
+                .then(|| format!("{build}, {compiler}:\n{stdout}\n{stderr}"))
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Under Winch, the guards that compiled code must keep hold as under
+/// Cranelift: the epoch deadline stops an endless loop, a trap and running
+/// out of memory are named, canned HTTP and the grants answer. A compiler
+/// hopper does not have is refused by name.
+#[test]
+fn the_scripted_fixture_passes_every_case_compiled_by_winch() {
+    let cases = repo("plugins/fixtures/scripted/cases.toml");
+    let (out, stdout, stderr) = plugin_test(&plugin("scripted"), &cases, &["--compiler", "winch"]);
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    assert!(stdout.contains(", compiled by winch) on 22 cases"), "{stdout}");
+    for line in [
+        "ok   a trap  (HANDLER_TRAP: trap:",
+        "ok   a timeout  (HANDLER_TIMEOUT: handler ran past its 300ms limit,",
+        "ok   out of memory  (HANDLER_MEMORY:",
+        "ok   a host the route does not grant is denied  (retryable: unreachable:",
+    ] {
+        assert!(stdout.contains(line), "no `{line}` in:\n{stdout}");
+    }
+    assert!(
+        stdout.contains("22 cases: 22 passed, 0 failed."),
+        "{stdout}"
+    );
+
+    let (out, stdout, stderr) = plugin_test(&plugin("scripted"), &cases, &["--compiler", "llvm"]);
+    assert_eq!(out.status.code(), Some(2), "{stdout}\n{stderr}");
+    assert!(
+        stderr.contains("unknown compiler `llvm`: use `cranelift` or `winch`"),
+        "{stderr}"
+    );
+    assert!(stdout.is_empty(), "{stdout}");
 }
 
 /// Runs `plugin test` on a cases file that cannot run: exit code 2, the

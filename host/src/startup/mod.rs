@@ -36,6 +36,9 @@ pub struct Options {
     /// in flight, have their hops acknowledged and commit. Default 30 s, at
     /// most [`MAX_SHUTDOWN_TIMEOUT`].
     pub shutdown_timeout: std::time::Duration,
+    /// What compiles the handlers (`plugin/compiler.rs`): Cranelift, or
+    /// Winch for the development loop.
+    pub compiler: plugin::Compiler,
 }
 
 /// The longest drain [`Options::shutdown_timeout`] may ask for: a day, far
@@ -62,6 +65,7 @@ impl Default for Options {
         Options {
             cache_dir: None,
             shutdown_timeout: std::time::Duration::from_secs(30),
+            compiler: plugin::Compiler::default(),
         }
     }
 }
@@ -161,9 +165,15 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
     let telemetry =
         Telemetry::for_config(&config, metrics_on).with_tracing(config.tracing.as_ref())?;
     telemetry.health().set_connection(cluster.watch().clone());
-    let mut runtime = plugin::Runtime::for_routes(&config.routes)
+    let mut runtime = plugin::Runtime::for_routes_with(&config.routes, options.compiler)
         .map_err(HandlerError::Runtime)?
         .with_telemetry(telemetry.clone());
+    if options.compiler == plugin::Compiler::Winch {
+        tracing::warn!(
+            compiler = %options.compiler,
+            "Handlers are compiled by Winch: quick to compile, slower to run. Use it to develop, not in production."
+        );
+    }
     if let Some(dir) = &options.cache_dir {
         runtime = runtime
             .with_cache(dir.clone())?

@@ -17,7 +17,7 @@ pub use cases::{Case, CasesError, Suite, load};
 
 use crate::config::Route;
 use crate::plugin::canned::{CannedHttp, Seen, SeenRequest};
-use crate::plugin::{Answer, Emitted, Handler, LoadError, Runtime, Verdict};
+use crate::plugin::{Answer, Compiler, Emitted, Handler, LoadError, Runtime, Verdict};
 use crate::retry::{Decision, decide};
 use crate::types::EmitKind;
 use cases::EmitSpec;
@@ -62,13 +62,18 @@ pub struct Actual {
 }
 
 impl Trial {
-    /// Compiles `handler` (through the artifact cache in `cache`, when
-    /// given) for `route`.
-    pub fn new(handler: &Path, route: Route, cache: Option<PathBuf>) -> anyhow::Result<Trial> {
+    /// Compiles `handler` with `compiler` (through the artifact cache in
+    /// `cache`, when given) for `route`.
+    pub fn new(
+        handler: &Path,
+        route: Route,
+        cache: Option<PathBuf>,
+        compiler: Compiler,
+    ) -> anyhow::Result<Trial> {
         let started = Instant::now();
         let canned = Arc::new(CannedHttp::default());
-        let mut runtime =
-            Runtime::for_routes(std::slice::from_ref(&route))?.with_canned_http(canned.clone());
+        let mut runtime = Runtime::for_routes_with(std::slice::from_ref(&route), compiler)?
+            .with_canned_http(canned.clone());
         if let Some(dir) = cache {
             runtime = runtime.with_cache(dir)?;
         }
@@ -84,6 +89,11 @@ impl Trial {
 
     pub fn handler(&self) -> &Handler {
         &self.handler
+    }
+
+    /// What compiled the handler.
+    pub fn compiler(&self) -> Compiler {
+        self.runtime.compiler()
     }
 
     /// Runs one case and checks it.

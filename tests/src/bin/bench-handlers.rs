@@ -1,7 +1,8 @@
 //! Handler benchmark: the order-timeout handler in Rust, Python, JavaScript
-//! and C, side by side in one process. For each: the component's size, the
-//! first load (compile and validate), and the time of one call in a fresh
-//! instance (the host's only policy), p50 and p99.
+//! and C, side by side in one process. For each, and for each compiler
+//! (Cranelift, then Winch): the component's size, the first load (compile
+//! and validate), and the time of one call in a fresh instance, p50 and
+//! p99.
 //!
 //! ```text
 //! bench-handlers [CALLS]    # default 1000 calls per handler
@@ -15,7 +16,7 @@
 //! neighbour slows all four alike. No broker is involved: this calls
 //! `hopper::plugin` directly.
 
-use hopper::plugin::{Delivery, Runtime, Verdict};
+use hopper::plugin::{Compiler, Delivery, Runtime, Verdict};
 use hopper_tests::{RouteTable, plugin, resolve_route};
 use order_service::{Order, OrderService, Status};
 use std::time::{Duration, Instant};
@@ -54,7 +55,6 @@ async fn main() -> anyhow::Result<()> {
                 .config("order-service", orders.url()),
         )
     };
-    let runtime = Runtime::new(256 << 20)?;
     let delivery = Delivery {
         id: "bench-1".into(),
         topic: "bench.in".into(),
@@ -69,43 +69,47 @@ async fn main() -> anyhow::Result<()> {
         route: "direct".into(),
     };
 
-    let mut loaded = Vec::new();
-    for (lang, stem) in HANDLERS {
-        let path = plugin(stem);
-        let size = std::fs::metadata(&path)?.len();
-        let route = route_for(&path);
-        let started = Instant::now();
-        let handler = runtime.load(&path, &route)?;
-        let load = started.elapsed();
-        for _ in 0..WARM_UP {
-            let verdict = handler.call(delivery.clone()).await;
-            anyhow::ensure!(verdict == Verdict::Ok, "{lang}: {verdict:?}");
-        }
-        loaded.push((lang, size, load, handler, Vec::with_capacity(calls)));
-    }
-    for _ in 0..calls {
-        for (_, _, _, handler, times) in &mut loaded {
+    println!("| handler | compiler | component | first load (compile) | call p50 | call p99 |");
+    println!("|---|---|---|---|---|---|");
+    // Each compiler's runtime in turn: Cranelift (production), then Winch
+    // (`hopper dev`).
+    for compiler in Compiler::ALL {
+        let runtime = Runtime::with_compiler(256 << 20, compiler)?;
+        let mut loaded = Vec::new();
+        for (lang, stem) in HANDLERS {
+            let path = plugin(stem);
+            let size = std::fs::metadata(&path)?.len();
+            let route = route_for(&path);
             let started = Instant::now();
-            let verdict = handler.call(delivery.clone()).await;
-            times.push(started.elapsed());
-            assert_eq!(verdict, Verdict::Ok);
+            let handler = runtime.load(&path, &route)?;
+            let load = started.elapsed();
+            for _ in 0..WARM_UP {
+                let verdict = handler.call(delivery.clone()).await;
+                anyhow::ensure!(verdict == Verdict::Ok, "{lang}, {compiler}: {verdict:?}");
+            }
+            loaded.push((lang, size, load, handler, Vec::with_capacity(calls)));
+        }
+        for _ in 0..calls {
+            for (_, _, _, handler, times) in &mut loaded {
+                let started = Instant::now();
+                let verdict = handler.call(delivery.clone()).await;
+                times.push(started.elapsed());
+                assert_eq!(verdict, Verdict::Ok);
+            }
+        }
+        for (lang, size, load, _, mut times) in loaded {
+            times.sort();
+            let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
+            println!(
+                "| {lang} | {compiler} | {} | {:.2} s | {} | {} |",
+                bytes(size),
+                load.as_secs_f64(),
+                micros(at(0.5)),
+                micros(at(0.99)),
+            );
         }
     }
-
-    println!("| handler | component | first load (compile) | call p50 | call p99 |");
-    println!("|---|---|---|---|---|");
-    for (lang, size, load, _, mut times) in loaded {
-        times.sort();
-        let at = |q: f64| times[((times.len() - 1) as f64 * q) as usize];
-        println!(
-            "| {lang} | {} | {:.2} s | {} | {} |",
-            bytes(size),
-            load.as_secs_f64(),
-            micros(at(0.5)),
-            micros(at(0.99)),
-        );
-    }
-    println!("({calls} calls per handler, fresh instance per call)");
+    println!("({calls} calls per handler and compiler, fresh instance per call)");
 
     if let Some(edits) = std::env::var_os("HOPPER_BENCH_EDITS") {
         edit_to_serving(std::path::Path::new(&edits), &route_for)?;
@@ -124,9 +128,9 @@ fn edit_to_serving(
 ) -> anyhow::Result<()> {
     println!();
     println!(
-        "| handler | first load, cold cache | edit, compiled whole (before) | edit, with the function cache | functions reused / compiled | cache on disk |"
+        "| handler | first load, cold cache | edit, compiled whole (before) | edit, with the function cache | functions reused / compiled | cache on disk | edit, Winch (`hopper dev`) |"
     );
-    println!("|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|");
     for (lang, stem) in HANDLERS {
         let first = plugin(stem);
         let edited = if lang == "Rust" {
@@ -150,18 +154,23 @@ fn edit_to_serving(
         cached.load(&edited, &route_for(&edited))?;
         let edit = started.elapsed();
         let after = cached.function_stats();
+        let winch = Runtime::with_compiler(256 << 20, Compiler::Winch)?;
+        let started = Instant::now();
+        winch.load(&edited, &route_for(&edited))?;
+        let winched = started.elapsed();
         let on_disk: u64 = std::fs::read_dir(dir.path().join("cache"))?
             .filter_map(|e| e.ok()?.metadata().ok())
             .map(|m| m.len())
             .sum();
         println!(
-            "| {lang} | {:.2} s | {:.2} s | {:.3} s | {} / {} | {} |",
+            "| {lang} | {:.2} s | {:.2} s | {:.3} s | {} / {} | {} | {:.3} s |",
             cold.as_secs_f64(),
             before.as_secs_f64(),
             edit.as_secs_f64(),
             after.hits - filled.hits,
             after.misses - filled.misses,
             bytes(on_disk),
+            winched.as_secs_f64(),
         );
     }
     println!(

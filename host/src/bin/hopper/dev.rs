@@ -16,6 +16,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use hopper::events::{self, Event};
 use hopper::kafka::Cluster;
+use hopper::plugin::Compiler;
 use hopper::{Hopper, Options, headers, hop};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use std::collections::HashMap;
@@ -329,6 +330,7 @@ async fn pass(
     project: std::sync::Arc<Project>,
     next: PathBuf,
     cache_dir: Option<PathBuf>,
+    compiler: Compiler,
 ) -> Result<Passed, ()> {
     let build = build(&project).await?;
     println!("  built in {}; running the cases", millis(build));
@@ -339,6 +341,7 @@ async fn pass(
         filter: None,
         junit: None,
         cache_dir,
+        compiler,
     };
     let started = Instant::now();
     // Only failures are shown, as `hopper plugin test` shows them.
@@ -400,7 +403,11 @@ struct Serving {
 }
 
 impl Serving {
-    async fn start(config: &Path, cache_dir: Option<PathBuf>) -> anyhow::Result<Serving> {
+    async fn start(
+        config: &Path,
+        cache_dir: Option<PathBuf>,
+        compiler: Compiler,
+    ) -> anyhow::Result<Serving> {
         let (settings, broker) =
             prepare(config, None, true).with_context(|| format!("loading {}", config.display()))?;
         let route = settings
@@ -414,6 +421,7 @@ impl Serving {
             settings,
             Options {
                 cache_dir,
+                compiler,
                 ..Options::default()
             },
         )
@@ -506,7 +514,11 @@ where
     }
 }
 
-pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
+pub async fn run(
+    args: DevArgs,
+    cache_dir: Option<PathBuf>,
+    compiler: Compiler,
+) -> anyhow::Result<()> {
     let project = std::sync::Arc::new(Project::find(&args.dir)?);
     let mut feed = match &args.messages {
         Some(path) => Some(read_messages(path)?),
@@ -525,9 +537,14 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
     let started = Instant::now();
     let stamp = move || format!("[{:>7.2}s]", started.elapsed().as_secs_f64());
     println!(
-        "Developing {} in {}: on each change to its sources, build.sh, then the cases of cases.toml, then the new version serves. Ctrl-C stops.",
+        "Developing {} in {}: on each change to its sources, build.sh, then the cases of cases.toml, then the new version serves. Compiled by {compiler}{}. Ctrl-C stops.",
         project.name,
-        project.dir.display()
+        project.dir.display(),
+        match compiler {
+            Compiler::Winch =>
+                " (quick to compile; `--compiler cranelift` for the code production runs)",
+            Compiler::Cranelift => "",
+        }
     );
     // Watching starts before the first build, so that no edit is missed.
     let (changes_tx, mut changes) = mpsc::unbounded_channel();
@@ -554,6 +571,7 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
         project.clone(),
         next.clone(),
         cache_dir.clone(),
+        compiler,
     ))));
 
     let version_of = |versions: &HashMap<String, usize>, sha: &str| match versions.get(sha) {
@@ -593,7 +611,7 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                 quiet = None;
                 change += 1;
                 println!("{} change {change}: building", stamp());
-                running = Some(Box::pin(tokio::spawn(pass(project.clone(), next.clone(), cache_dir.clone()))));
+                running = Some(Box::pin(tokio::spawn(pass(project.clone(), next.clone(), cache_dir.clone(), compiler))));
             }
             done = maybe(running.as_mut()) => {
                 running = None;
@@ -621,7 +639,7 @@ pub async fn run(args: DevArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<()
                     continue;
                 }
                 if serving.is_none() {
-                    match Serving::start(&config, cache_dir.clone()).await {
+                    match Serving::start(&config, cache_dir.clone(), compiler).await {
                         Ok(started) => serving = Some(started),
                         Err(e) => return Err(e.context("starting the route")),
                     }

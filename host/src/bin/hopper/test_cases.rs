@@ -9,6 +9,7 @@ use crate::capture::Capture;
 use anyhow::Context as _;
 use clap::Args;
 use hopper::config::{Config, Route};
+use hopper::plugin::Compiler;
 use hopper::trial::{self, Trial};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,6 +50,7 @@ pub struct Suite {
     pub filter: Option<String>,
     pub junit: Option<PathBuf>,
     pub cache_dir: Option<PathBuf>,
+    pub compiler: Compiler,
 }
 
 /// A piece of a suite's output, as it comes.
@@ -73,7 +75,11 @@ pub struct Ran {
 /// The indent of a case's diff and log lines under its result line.
 const INDENT: &str = "       ";
 
-pub async fn run(args: TestArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    args: TestArgs,
+    cache_dir: Option<PathBuf>,
+    compiler: Compiler,
+) -> anyhow::Result<ExitCode> {
     // Named first: a cases file is checked against the handler's path.
     std::fs::metadata(&args.handler)
         .with_context(|| format!("cannot read handler {}", args.handler.display()))?;
@@ -105,6 +111,7 @@ pub async fn run(args: TestArgs, cache_dir: Option<PathBuf>) -> anyhow::Result<E
         filter: args.filter,
         junit: args.junit,
         cache_dir,
+        compiler,
     };
     let ran = suite
         .run_apart(|piece| match piece {
@@ -145,14 +152,20 @@ impl Suite {
         if let Some(text) = &self.filter {
             suite.cases.retain(|c| c.name.contains(text.as_str()));
         }
-        let trial = Trial::new(&self.handler, suite.route.clone(), self.cache_dir)
-            .with_context(|| format!("loading handler {}", self.handler.display()))?;
+        let trial = Trial::new(
+            &self.handler,
+            suite.route.clone(),
+            self.cache_dir,
+            self.compiler,
+        )
+        .with_context(|| format!("loading handler {}", self.handler.display()))?;
         let handler = trial.handler();
         out(Piece::Line(format!(
-            "Testing {} ({} {}) on {} cases of {}, route `{}`.",
+            "Testing {} ({} {}, compiled by {}) on {} cases of {}, route `{}`.",
             self.handler.display(),
             handler.name(),
             &handler.version()[..12],
+            trial.compiler(),
             suite.cases.len(),
             suite.path.display(),
             suite.route.name,
