@@ -40,7 +40,10 @@ fn the_scripted_fixture_passes_every_case_and_writes_junit() {
         &["--junit", junit.to_str().unwrap()],
     );
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains(", compiled by cranelift) on 22 cases"), "{stdout}");
+    assert!(
+        stdout.contains(", compiled by cranelift) on 22 cases"),
+        "{stdout}"
+    );
     for line in [
         "ok   ok commits  (ok,",
         "ok   fatal is dead-lettered  (fatal: told to fail,",
@@ -186,7 +189,10 @@ fn the_scripted_fixture_passes_every_case_compiled_by_winch() {
     let cases = repo("plugins/fixtures/scripted/cases.toml");
     let (out, stdout, stderr) = plugin_test(&plugin("scripted"), &cases, &["--compiler", "winch"]);
     assert!(out.status.success(), "{stdout}\n{stderr}");
-    assert!(stdout.contains(", compiled by winch) on 22 cases"), "{stdout}");
+    assert!(
+        stdout.contains(", compiled by winch) on 22 cases"),
+        "{stdout}"
+    );
     for line in [
         "ok   a trap  (HANDLER_TRAP: trap:",
         "ok   a timeout  (HANDLER_TIMEOUT: handler ran past its 300ms limit,",
