@@ -609,18 +609,7 @@ async fn an_admin_api_replay_is_a_run_the_cli_resumes_without_replaying_twice() 
         .to_string();
     hopper.stop().await;
 
-    let out = std::process::Command::new(hopper_bin())
-        .args(["dlq", "replay", "--config"])
-        .arg(&route.config_path)
-        .args(["--route", &route.name, "--resume", &run])
-        .env_remove("HOPPER_BROKERS")
-        .env_remove("HOPPER_LOG_FORMAT")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    let (out, stdout, stderr) = resume_by_cli(&route, &run);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stderr.contains(&format!(
@@ -946,18 +935,7 @@ async fn an_admin_api_run_killed_part_way_is_resumed_by_the_api_none_twice() {
     hopper.stop().await;
 
     // The CLI's resume of the same run finds every record replayed.
-    let out = std::process::Command::new(hopper_bin())
-        .args(["dlq", "replay", "--config"])
-        .arg(&route.config_path)
-        .args(["--route", &route.name, "--resume", &run])
-        .env_remove("HOPPER_BROKERS")
-        .env_remove("HOPPER_LOG_FORMAT")
-        .output()
-        .unwrap();
-    let (stdout, stderr) = (
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-    );
+    let (out, stdout, stderr) = resume_by_cli(&route, &run);
     assert!(out.status.success(), "{stdout}\n{stderr}");
     assert!(
         stdout.contains("Replayed 0 of 0 record(s)")
@@ -965,4 +943,20 @@ async fn an_admin_api_run_killed_part_way_is_resumed_by_the_api_none_twice() {
         "{stdout}"
     );
     assert_eq!(replays_of(&route.input, &run).await.len(), N);
+}
+
+/// `hopper dlq replay --route ROUTE --resume RUN` on `route`'s config, to
+/// its end: its output, stdout and stderr.
+fn resume_by_cli(route: &TestRoute, run: &str) -> (std::process::Output, String, String) {
+    let out = std::process::Command::new(hopper_bin())
+        .args(["dlq", "replay", "--config"])
+        .arg(&route.config_path)
+        .args(["--route", &route.name, "--resume", run])
+        .env_remove("HOPPER_BROKERS")
+        .env_remove("HOPPER_LOG_FORMAT")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    (out, stdout, stderr)
 }
