@@ -302,8 +302,16 @@ impl Runtime {
                     .enable_incremental_compilation(functions.clone())
                     .map_err(wasm_error)?;
             }
+            // Winch compiles the wasm functions; the component's adapters
+            // and the trampolines into every function a table holds (tens
+            // of thousands for an interpreter) are Cranelift's, and took a
+            // third of a Python handler's compile. Compiled for speed of
+            // compiling, as Winch's own code is.
             Compiler::Winch => {
-                config.strategy(wasmtime::Strategy::Winch);
+                config
+                    .strategy(wasmtime::Strategy::Winch)
+                    .cranelift_opt_level(wasmtime::OptLevel::None)
+                    .cranelift_regalloc_algorithm(wasmtime::RegallocAlgorithm::SinglePass);
             }
         }
         let engine = Engine::new(&config).map_err(wasm_error)?;
