@@ -24,6 +24,24 @@ pub fn tune_allocator() {
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 1000) };
 }
 
+/// For the commands that compile handlers while a developer waits (`hopper
+/// dev`, `hopper plugin test`): no transparent huge pages for this process.
+///
+/// mimalloc asks for huge pages on its arenas. A compile allocates and frees
+/// hundreds of MiB in a second, and each first touch of a huge page zeroes
+/// 2 MiB: with them, a Python handler's Winch compile spent a third of its
+/// time in the kernel clearing pages, and took 1.6 s against 1.3 s without
+/// (BENCHMARKS.md). `hopper run` keeps them: its compiles are Cranelift's,
+/// which they do not slow, and its hot path was measured with them.
+///
+/// Affects every mapping of the process, those made before included.
+/// Returns whether the kernel took the setting.
+pub fn without_huge_pages() -> bool {
+    // SAFETY: PR_SET_THP_DISABLE takes integers only and changes only this
+    // process's paging policy.
+    unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) == 0 }
+}
+
 /// `mi_option_purge_delay` in mimalloc's `mi_option_e`, for which the sys
 /// crate names no constant. `purge_delay_is_the_option_mimalloc_reads_from_its_env`
 /// proves the number against the name mimalloc itself gives it.
@@ -35,6 +53,36 @@ mod tests {
     /// when it first reads the option. So a process started with
     /// `MIMALLOC_PURGE_DELAY` set reads that value back from option 15 only
     /// if option 15 is the purge delay.
+    /// Run in a child process, as it changes the whole process's paging.
+    #[test]
+    fn without_huge_pages_turns_them_off_for_the_process() {
+        const PROBE: &str = "HOPPER_THP_PROBE";
+        // SAFETY: PR_GET_THP_DISABLE reads the process's setting.
+        let disabled = || unsafe { libc::prctl(libc::PR_GET_THP_DISABLE, 0, 0, 0, 0) };
+        if std::env::var_os(PROBE).is_some() {
+            // A parent's setting is inherited: start from huge pages on.
+            // SAFETY: PR_SET_THP_DISABLE takes integers only.
+            let on = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) };
+            assert_eq!(on, 0, "huge pages cannot be turned on");
+            assert_eq!(disabled(), 0, "huge pages cannot be turned on");
+            assert!(
+                super::without_huge_pages(),
+                "the kernel refused the setting"
+            );
+            assert_eq!(disabled(), 1, "huge pages are still on");
+            return;
+        }
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "allocator::tests::without_huge_pages_turns_them_off_for_the_process",
+            ])
+            .env(PROBE, "1")
+            .status()
+            .unwrap();
+        assert!(status.success(), "the probe process failed: {status}");
+    }
+
     #[test]
     fn purge_delay_is_the_option_mimalloc_reads_from_its_env() {
         const PROBE: &str = "HOPPER_PURGE_DELAY_PROBE";

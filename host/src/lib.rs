@@ -48,7 +48,7 @@ pub mod traceparent;
 pub mod trial;
 pub mod types;
 
-pub use allocator::{Allocator, tune_allocator};
+pub use allocator::{Allocator, tune_allocator, without_huge_pages};
 pub use error::{Error, HandlerError, IoError};
 pub use startup::{MAX_SHUTDOWN_TIMEOUT, Options, Stopped};
 

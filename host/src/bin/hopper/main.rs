@@ -294,6 +294,7 @@ async fn main() -> ExitCode {
             logs: _,
         } => demo::run(config, linger, handler, cache_dir).await,
         Command::Dev(args) => {
+            hopper::without_huge_pages();
             let compiler = cli.compiler.unwrap_or(hopper::plugin::Compiler::Winch);
             dev::run(args, cache_dir, compiler).await
         }
@@ -311,10 +312,13 @@ async fn main() -> ExitCode {
         } => plugin_new(lang, name, dir),
         Command::Plugin {
             command: PluginCommand::Test(args),
-        } => match test_cases::run(args, cache_dir, cli.compiler.unwrap_or_default()).await {
-            Ok(code) => return code,
-            Err(e) => Err(e),
-        },
+        } => {
+            hopper::without_huge_pages();
+            match test_cases::run(args, cache_dir, cli.compiler.unwrap_or_default()).await {
+                Ok(code) => return code,
+                Err(e) => Err(e),
+            }
+        }
         Command::Send(args) => send(args).await,
         Command::Dlq { command } => ops::dlq(command, cache_dir).await,
         Command::Delay { command } => ops::delay(command).await,
