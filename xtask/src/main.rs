@@ -240,7 +240,11 @@ fn build_rust_plugins(crates: &[&str]) -> Result<()> {
 /// to `$CARGO_HOME` (the workspace's own are relative already, and the
 /// standard library's are remapped by its build). So the demo components
 /// committed in host/demo/ can be checked against a fresh build.
+///
+/// A workspace wrapper of rustc that the caller's shell exports is dropped
+/// too: built through clippy-driver, the same source gave other bytes.
 fn reproducible(command: &mut Command) {
+    command.env_remove("RUSTC_WORKSPACE_WRAPPER");
     let home = std::env::var_os("CARGO_HOME")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cargo")));
