@@ -54,7 +54,7 @@ pub enum DlqError {
         expected: i64,
     },
     #[error(
-        "{matched} records match; replay.max_records allows {max} in one request: narrow the selection, or run `hopper dlq replay` with it, which streams a selection of any size as a run it can resume"
+        "{matched} records match, more than the {max} one request takes (replay.max_records, or `--max` of `hopper dlq try`): narrow the selection. A replay of a filter alone (`hopper dlq replay`, or `POST /api/replay` with only a `filter`) is a run of any size, which can resume"
     )]
     TooMany { matched: usize, max: usize },
     #[error("cannot create the replay producer: {0}")]
