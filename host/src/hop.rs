@@ -283,7 +283,7 @@ pub struct Forward {
     pub inbox: Option<InboxPosition>,
     /// The forward's trace context: its span is reported on the
     /// acknowledgement, with the lateness.
-    pub trace: Option<crate::trace::Context>,
+    pub trace: Option<crate::traceparent::Context>,
 }
 
 /// A delayed message moved down to a delay tier.

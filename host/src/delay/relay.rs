@@ -12,7 +12,7 @@ use crate::headers;
 use crate::hold;
 use crate::hop::{self, Action, OutRecord, Outcome, PlannedHop, Processor};
 use crate::renewable::AwaitedProducer;
-use crate::trace;
+use crate::traceparent;
 use crate::types::{CancelKind, InboxPosition};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
@@ -265,7 +265,7 @@ impl DelayProcessor {
     /// the scheduling headers as the producer sent them, so once the cause is
     /// fixed it can be produced to the inbox again. Its id follows
     /// [`headers::Envelope::fallback`], as a route's does.
-    fn reject(&self, message: &OwnedMessage, trace: &trace::Context, rejected: Rejected) -> Action {
+    fn reject(&self, message: &OwnedMessage, trace: &traceparent::Context, rejected: Rejected) -> Action {
         let mut envelope = headers::Envelope::fallback(&headers::Incoming {
             topic: message.topic(),
             partition: message.partition(),
@@ -304,7 +304,7 @@ impl DelayProcessor {
         id: &str,
         kind: CancelKind,
         at: InboxPosition,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
     ) -> PlannedHop {
         PlannedHop {
             record: OutRecord {
@@ -332,7 +332,7 @@ impl DelayProcessor {
         kind: CancelKind,
         at: InboxPosition,
         entries: usize,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
     ) -> Action {
         let max = self.table.max();
         self.telemetry.emit(events::CancelRefused {
@@ -361,7 +361,7 @@ impl DelayProcessor {
         &self,
         id: &str,
         at: InboxPosition,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
     ) -> Result<(), String> {
         let hop = self.entry(id, CancelKind::Replace, at, trace);
         let record = FutureRecord::<[u8], [u8]>::to(&hop.record.topic)
@@ -401,7 +401,7 @@ impl Processor for DelayProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
-        let mut trace = trace::Context::continue_from(message.headers());
+        let mut trace = traceparent::Context::continue_from(message.headers());
         self.telemetry.tracer().decide(&mut trace);
         let action = self.relay(message, &trace).await;
         crate::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
@@ -411,7 +411,7 @@ impl Processor for DelayProcessor {
 
 impl DelayProcessor {
     /// Plans the next hop of `message`, in `trace`.
-    async fn relay(&self, message: &OwnedMessage, trace: &trace::Context) -> Action {
+    async fn relay(&self, message: &OwnedMessage, trace: &traceparent::Context) -> Action {
         let now = now_ms();
         let from_inbox = !self.tier_of.contains_key(message.topic());
         // Where the inbox read the schedule: this record, or the stamp its
@@ -580,7 +580,7 @@ fn forward(
     message: &OwnedMessage,
     schedule: &Schedule,
     inbox: Option<InboxPosition>,
-    trace: &trace::Context,
+    trace: &traceparent::Context,
 ) -> PlannedHop {
     let record = OutRecord::like(
         message,

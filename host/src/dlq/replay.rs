@@ -564,7 +564,7 @@ impl<'a> Replayer<'a> {
         self.written += 1;
         let headers = OwnedHeaders::new()
             .insert(Header {
-                key: crate::trace::TRACEPARENT,
+                key: crate::traceparent::TRACEPARENT,
                 value: Some(&envelope.trace.traceparent()),
             })
             .insert(text_header(headers::ID, &envelope.id))

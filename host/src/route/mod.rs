@@ -472,7 +472,7 @@ fn decide(
 /// `traceparent`, `hopper-id` and `hopper-route`; a delayed one goes to the delay relay's inbox with
 /// `hopper-target` and `hopper-deliver-at` (and `hopper-replace` for a
 /// replacing schedule), a cancel with `hopper-cancel` (docs/headers.md).
-fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -> PlannedHop {
+fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::traceparent::Context) -> PlannedHop {
     let Emitted {
         id,
         topic,
@@ -485,10 +485,10 @@ fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -
     let mut out = Vec::with_capacity(own.len() + 6);
     out.extend(
         own.into_iter()
-            .filter(|(key, _)| !key.eq_ignore_ascii_case(crate::trace::TRACEPARENT)),
+            .filter(|(key, _)| !key.eq_ignore_ascii_case(crate::traceparent::TRACEPARENT)),
     );
     out.push((
-        crate::trace::TRACEPARENT.to_string(),
+        crate::traceparent::TRACEPARENT.to_string(),
         trace.traceparent().to_vec(),
     ));
     out.push((headers::ID.to_string(), id.clone().into_bytes()));
