@@ -649,7 +649,8 @@ impl HeaderWriter {
         if let Some(original) = original {
             for header in original.iter() {
                 if traceparent::is_trace_header(header.key) {
-                    if trace.continued() && header.key.eq_ignore_ascii_case(traceparent::TRACESTATE) {
+                    if trace.continued() && header.key.eq_ignore_ascii_case(traceparent::TRACESTATE)
+                    {
                         self.raw(header.key, header.value);
                     }
                 } else if !header.key.starts_with(PREFIX) || keep.contains(&header.key) {

@@ -16,7 +16,7 @@
 //! an event to decide anything.
 
 use crate::clock::now_ms;
-pub use crate::config::Concurrency;
+use crate::config::Concurrency;
 use crate::headers::Reason;
 use crate::offsets::OffsetTracker;
 use crate::types::{CancelKind, EmitKind, InboxPosition, TopicPartition};

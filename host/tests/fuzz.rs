@@ -353,7 +353,8 @@ fn one_traceparent(out: &OwnedHeaders, envelope: &Envelope) {
         .filter(|h| h.key.eq_ignore_ascii_case(traceparent::TRACEPARENT))
         .collect();
     assert_eq!(values.len(), 1, "{:?}", values.len());
-    let written = traceparent::parse_traceparent(values[0].value.unwrap()).expect("a valid traceparent");
+    let written =
+        traceparent::parse_traceparent(values[0].value.unwrap()).expect("a valid traceparent");
     assert_eq!(written.trace_id, envelope.trace.trace_id);
     assert_eq!(written.span_id, envelope.trace.span_id);
 }

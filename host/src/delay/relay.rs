@@ -265,7 +265,12 @@ impl DelayProcessor {
     /// the scheduling headers as the producer sent them, so once the cause is
     /// fixed it can be produced to the inbox again. Its id follows
     /// [`headers::Envelope::fallback`], as a route's does.
-    fn reject(&self, message: &OwnedMessage, trace: &traceparent::Context, rejected: Rejected) -> Action {
+    fn reject(
+        &self,
+        message: &OwnedMessage,
+        trace: &traceparent::Context,
+        rejected: Rejected,
+    ) -> Action {
         let mut envelope = headers::Envelope::fallback(&headers::Incoming {
             topic: message.topic(),
             partition: message.partition(),

@@ -253,7 +253,11 @@ impl DlqRecord {
                     .filter(|h| h.key.eq_ignore_ascii_case(crate::traceparent::TRACEPARENT))
                     .last()?
                     .value?;
-                Some(crate::traceparent::parse_traceparent(value)?.trace_id.to_string())
+                Some(
+                    crate::traceparent::parse_traceparent(value)?
+                        .trace_id
+                        .to_string(),
+                )
             }),
             trace_url: None,
         }

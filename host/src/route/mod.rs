@@ -3,12 +3,12 @@
 
 use crate::breaker::{Admit, Breaker, Suspended, Transition};
 use crate::clock::now_ms;
-use crate::config::{Route, TrapPolicy};
+use crate::config::{Concurrency, Route, TrapPolicy};
 use crate::dlq;
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
-use crate::hop::{self, Action, Concurrency, OutRecord, Outcome, PlannedHop, Processor};
+use crate::hop::{self, Action, OutRecord, Outcome, PlannedHop, Processor};
 use crate::parked;
 
 mod ordered;

@@ -5,8 +5,9 @@
 use super::{self as route, RouteProcessor};
 use crate::headers;
 use crate::hop::{Action, Outcome, PlannedHop, Written};
-use crate::parked::{Admission, Cause, Lane, NotParked, Parked, Step, Stopping, Store, Unwritten};
+use crate::parked::{Admission, Lane, NotParked, Parked, Step, Stopping, Store, Unwritten};
 use crate::spans::RouteSpans;
+use crate::types::ReleaseCause;
 use rdkafka::Timestamp;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::sync::Arc;
@@ -50,7 +51,7 @@ pub(crate) async fn process(
                         let dead =
                             route::dead_letter_unparkable(&shared.route, message, &refused, true);
                         let id = message_id(message);
-                        settle(store, &lane, &id, vec![dead], Cause::DeadLettered).await
+                        settle(store, &lane, &id, vec![dead], ReleaseCause::DeadLettered).await
                     }
                 },
                 // As from its tier: its hops acknowledged, then its release.
@@ -162,7 +163,12 @@ pub(crate) fn park_behind(
                 return Written::GivenUp;
             }
         }
-        if unparked && store.resolved(&lane, &id, Cause::Resolved).await.is_err() {
+        if unparked
+            && store
+                .resolved(&lane, &id, ReleaseCause::Resolved)
+                .await
+                .is_err()
+        {
             return Written::GivenUp;
         }
         Written::Acknowledged
@@ -202,7 +208,7 @@ async fn settle(
     lane: &Lane,
     id: &str,
     hops: Vec<PlannedHop>,
-    cause: Cause,
+    cause: ReleaseCause,
 ) -> Action {
     for hop in hops {
         if store.send(hop).await.is_err() {
@@ -310,14 +316,14 @@ pub(crate) fn retried(action: &Action) -> Option<&str> {
 
 /// Whether an action resolves its message, and how: `None` while it waits
 /// in a tier (a retry, or a deferral by an open breaker).
-fn resolution(action: &Action) -> Option<Cause> {
+fn resolution(action: &Action) -> Option<ReleaseCause> {
     match action {
         Action::Hop(hop) => match &hop.outcome {
             Outcome::Retry(_) | Outcome::Deferral(_) => None,
-            Outcome::DeadLetter(_) => Some(Cause::DeadLettered),
-            _ => Some(Cause::Resolved),
+            Outcome::DeadLetter(_) => Some(ReleaseCause::DeadLettered),
+            _ => Some(ReleaseCause::Resolved),
         },
-        _ => Some(Cause::Resolved),
+        _ => Some(ReleaseCause::Resolved),
     }
 }
 

@@ -9,8 +9,8 @@
 //! queue, or a batch the endpoint did not take, drops spans and counts
 //! them (`hopper_trace_spans_dropped_total`); messages never wait for it.
 
-use crate::traceparent::{Context, SpanId, TraceId};
 use crate::config::TracingConfig;
+use crate::traceparent::{Context, SpanId, TraceId};
 use opentelemetry::trace::{
     SpanContext, SpanKind, Status, TraceFlags, TraceState, {self as otel},
 };
