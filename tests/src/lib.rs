@@ -673,6 +673,9 @@ pub fn count<S: Series + std::fmt::Debug>(
         .unwrap_or_else(|| panic!("{series:?} is not registered"))
 }
 
+/// The admin token of the tests' admin servers ([`AdminTable::token`]).
+pub const TOKEN: &str = "test-admin-token";
+
 /// How long any one expectation of a test (a record on a topic, an event,
 /// a commit) may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);

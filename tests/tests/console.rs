@@ -15,7 +15,6 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "console-token";
 /// Markup that runs script if it is ever parsed as HTML.
 const XSS_KEY: &str = "<img src=x onerror=\"window.__xss='key'\">";
 const XSS_PAYLOAD: &str =

@@ -592,7 +592,6 @@ async fn three_relays_share_every_cancel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_cancel_and_show_by_id() {
     init_tracing();
-    const TOKEN: &str = "cancel-token";
     let (config, inbox) = relay_in(
         ConfigBuilder::new().admin(AdminTable::loopback().token(TOKEN)),
         |d| d,

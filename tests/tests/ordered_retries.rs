@@ -27,8 +27,6 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "parked-admin-token";
-
 /// A record to produce: its Kafka key (none: keyless), partition (none:
 /// the producer's partitioner), payload (none: a tombstone) and
 /// `hopper-id`.

@@ -18,8 +18,6 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "parked-admin-token";
-
 /// A route around `scripted` calling `recorder`, with ordered retries.
 fn ordered(recorder: &KeyRecorder, tier: &str) -> RouteTable {
     RouteTable::new(&plugin("scripted"))

@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::time::Duration;
 
-const TOKEN: &str = "tracing-token";
 /// The producer's context: trace `4bf9…4736`, its own span `00f0…02b7`.
 const PRODUCER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
