@@ -741,7 +741,7 @@ pub async fn http(
     request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut response))
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
         .await
         .expect("the admin server answers within 60s")
         .unwrap();

@@ -509,7 +509,7 @@ async fn three_relays_share_every_cancel() {
     // partition is delivered at least once, which may be twice, and the
     // twins below are counted exactly. Each member holds partitions only
     // once the last join's assignment is done.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while !relays.iter().all(|r| r.telemetry().health().ready()) {
         assert!(
             tokio::time::Instant::now() < deadline,

@@ -72,7 +72,7 @@ async fn send_to(
         record = record.partition(partition);
     }
     producer
-        .send(record, Duration::from_secs(60))
+        .send(record, PATIENCE)
         .await
         .map_err(|(e, _)| e)
         .expect("produce");
@@ -185,7 +185,7 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
     reader.subscribe(&[&dlq]).unwrap();
     let mut ids: HashSet<String> = HashSet::new();
     while ids.len() < 100 {
-        let record = tokio::time::timeout(Duration::from_secs(60), reader.recv())
+        let record = tokio::time::timeout(PATIENCE, reader.recv())
             .await
             .expect("the DLQ holds every fatal message")
             .unwrap()

@@ -742,7 +742,7 @@ async fn park_records_the_broker_refuses_for_good_are_dead_lettered_once_and_unc
 /// `hopper ARGS` to the end, within a minute: stdout, after checking it
 /// succeeded.
 fn hopper_cli(args: &[&str]) -> String {
-    let out = run_bounded(args, Duration::from_secs(60));
+    let out = run_bounded(args, PATIENCE);
     assert!(
         out.status.success(),
         "hopper {args:?}: {}\n{}",

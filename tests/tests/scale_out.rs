@@ -399,7 +399,7 @@ impl std::fmt::Display for Report {
 }
 
 async fn wait_until(what: &str, procs: &mut [HopperProcess], done: impl FnMut() -> bool) {
-    wait_until_for(what, procs, Duration::from_secs(60), done).await
+    wait_until_for(what, procs, PATIENCE, done).await
 }
 
 /// Polls `done` until it holds; fails after `patience`, or at once when a
