@@ -13,7 +13,7 @@
 
 use futures::future::join_all;
 use hopper::events::{self, Event};
-use hopper_tests::fleet::HopperProcess;
+use hopper_tests::fleet::{HopperProcess, wait_until};
 use hopper_tests::key_recorder::{Call, KeyRecorder};
 use hopper_tests::*;
 use rand::rngs::StdRng;
@@ -930,33 +930,6 @@ fn process_config(route: &RouteTable, partitions: i32) -> (TestConfig, SocketAdd
         .admin(AdminTable::listen(addr).token(TOKEN).metrics())
         .write();
     (config, addr)
-}
-
-/// Polls `done` until it holds, within `patience`: whether it did. Fails at
-/// once when one of `procs` exits, with its log.
-async fn wait_until(
-    what: &str,
-    procs: &mut [&mut HopperProcess],
-    patience: Duration,
-    mut done: impl FnMut() -> bool,
-) -> bool {
-    let deadline = Instant::now() + patience;
-    while !done() {
-        for p in procs.iter_mut() {
-            if let Some(status) = p.exited() {
-                panic!(
-                    "{} exited with {status} while waiting until {what}:\n{}",
-                    p.label,
-                    p.log_tail(30)
-                );
-            }
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    true
 }
 
 /// The messages of `msgs` without a 200 yet, by id.
