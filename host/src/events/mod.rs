@@ -165,30 +165,23 @@ pub fn short(version: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigFile;
+    use crate::config::{orders_text, resolve_with_handler};
     use crate::headers::Reason;
     use crate::metrics::series;
     use crate::types::{HopFailure, VerdictKind};
     use std::time::Duration;
 
-    fn telemetry() -> (Telemetry, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
-        let config = ConfigFile::parse(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
-             retry = [\"5s\"]\n\n[delay]\ntiers = [\"1s\"]\n",
-        )
-        .unwrap()
-        .resolve(dir.path())
-        .unwrap();
-        (Telemetry::for_config(&config, true), dir)
+    fn telemetry() -> Telemetry {
+        let text = orders_text("retry = [\"5s\"]\n\n[delay]\ntiers = [\"1s\"]\n");
+        let config = resolve_with_handler(&text).unwrap();
+        Telemetry::for_config(&config, true)
     }
 
     /// A hop's event is planned with the hop and counted only when it is
     /// emitted, which the producer does on the broker's acknowledgement.
     #[test]
     fn a_planned_hop_counts_nothing_until_its_event_is_emitted() {
-        let (telemetry, _dir) = telemetry();
+        let telemetry = telemetry();
         let metrics = telemetry.metrics();
         let tier = series::DelayTierHops {
             tier: "hopper.delay.1s",
@@ -207,7 +200,7 @@ mod tests {
     /// labels, and no other.
     #[test]
     fn each_event_bumps_its_own_counter() {
-        let (telemetry, _dir) = telemetry();
+        let telemetry = telemetry();
         let metrics = telemetry.metrics();
         let route = "orders";
         let retries = series::Retries {
@@ -288,15 +281,9 @@ mod tests {
     /// route's calls and its grants register exist.
     #[test]
     fn every_family_is_exported_under_its_one_name() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
-        let config = crate::config::ConfigFile::parse(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
-             retry = [\"5s\"]\nretry_order = \"key\"\n[route.breaker]\n\n[delay]\n",
-        )
-        .unwrap()
-        .resolve(dir.path())
-        .unwrap();
+        let text =
+            orders_text("retry = [\"5s\"]\nretry_order = \"key\"\n[route.breaker]\n\n[delay]\n");
+        let config = resolve_with_handler(&text).unwrap();
         let metrics = Metrics::new(Some(&config), Default::default(), true);
         // What the route registers when it starts and its grants are built.
         Calls::register(&metrics, "orders");

@@ -765,17 +765,7 @@ fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigFile;
-
-    fn route(extra: &str) -> Route {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        let config = ConfigFile::parse(&format!(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{extra}"
-        ))
-        .unwrap();
-        config.resolve(dir.path()).unwrap().routes.remove(0)
-    }
+    use crate::config::orders_route;
 
     fn failed(class: Reason) -> Verdict {
         Verdict::Failed {
@@ -786,8 +776,8 @@ mod tests {
 
     #[test]
     fn the_breaker_counts_what_the_route_retries_as_retryable() {
-        let dead_letter = route("");
-        let retry = route("on_trap = \"retry\"");
+        let dead_letter = orders_route("");
+        let retry = orders_route("on_trap = \"retry\"");
         let retryable = Verdict::Retryable {
             reason: "503".into(),
             retry_after: None,
