@@ -547,36 +547,20 @@ async fn dead_letter_key_blocks_a_key_behind_its_dead_head_until_an_operator_rel
 
     // The release needs the token.
     let partition = i64::from(partition);
-    let (status, body) = release(addr, &s.name, &s.input, partition, b"blocked", true, None).await;
+    let release_blocked =
+        |token| release(addr, &s.name, &s.input, partition, b"blocked", true, token);
+    let (status, body) = release_blocked(None).await;
     assert_eq!(status, 401, "{body}");
     let listing = parked_list(addr, &s.name).await;
     assert_eq!(entry(&listing, b"blocked")["state"], "blocked");
-    let (status, body) = release(
-        addr,
-        &s.name,
-        &s.input,
-        partition,
-        b"blocked",
-        true,
-        Some(TOKEN),
-    )
-    .await;
+    let (status, body) = release_blocked(Some(TOKEN)).await;
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["released"], true, "{answer}");
     assert_eq!(answer["head"], "blocked/0", "{answer}");
     // Released, the key is neither parked nor blocked.
     parked_list_until(addr, &s.name, "an empty listing", |l| entries(l).is_empty()).await;
-    let (status, body) = release(
-        addr,
-        &s.name,
-        &s.input,
-        partition,
-        b"blocked",
-        true,
-        Some(TOKEN),
-    )
-    .await;
+    let (status, body) = release_blocked(Some(TOKEN)).await;
     assert_eq!(status, 404, "a second release: {body}");
 
     // A newer message of the key goes through.
