@@ -133,7 +133,7 @@ pub async fn wait_until<P: BorrowMut<HopperProcess>>(
     let deadline = tokio::time::Instant::now() + patience;
     while !done() {
         for p in procs.iter_mut() {
-            let p = p.borrow_mut();
+            let p: &mut HopperProcess = p.borrow_mut();
             if let Some(status) = p.exited()
                 && (!p.ended || (status.code().is_some() && !status.success()))
             {

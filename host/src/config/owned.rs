@@ -344,7 +344,8 @@ dlq = "shared.dlq"
 /// [`EVERY_KIND`] resolved, with its handler file in place.
 #[cfg(test)]
 pub(crate) fn every_kind_config() -> super::Config {
-    super::resolve_with_handler(EVERY_KIND).unwrap_or_else(|problems| panic!("{problems:?}"))
+    crate::config::resolve_with_handler(EVERY_KIND)
+        .unwrap_or_else(|problems| panic!("{problems:?}"))
 }
 
 #[cfg(test)]
@@ -417,7 +418,7 @@ mod tests {
         let text = format!(
             "{EVERY_KIND}\n[[route]]\nname = \"emitter\"\ntopics = [\"emitter.in\"]\nhandler = \"h.wasm\"\nemit_topics = [{list}]\n\n[[route]]\nname = \"reader\"\ntopics = [{list}]\nhandler = \"h.wasm\"\n"
         );
-        let problems = super::resolve_with_handler(&text).unwrap_err();
+        let problems = crate::config::resolve_with_handler(&text).unwrap_err();
         for own in &all {
             let emit = format!(
                 "route `emitter`: emit topic {}",
