@@ -104,7 +104,7 @@ impl Tracer {
     /// the same decision. With tracing off, a root is not sampled.
     pub fn decide(&self, trace: &mut Context) {
         if !trace.continued() && self.by_ratio(trace.trace_id) {
-            trace.flags |= super::context::SAMPLED;
+            trace.flags |= crate::traceparent::SAMPLED;
         }
     }
 
