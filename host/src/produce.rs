@@ -220,7 +220,7 @@ impl ProducerContext for HopContext {
                     ..
                 } = *hop;
                 done.complete();
-                self.telemetry.emit(Event::from(outcome));
+                self.telemetry.emit(outcome);
             }
             Err((e, message)) => {
                 hop.failures += 1;

@@ -334,7 +334,7 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     let producer = producer();
     schedule(&producer, &inbox, &target, "early", now_ms(), "", &[]).await;
     wait_for_event(&mut events, "`early` delivered", |e| match e {
-        Event::Delivered(d) if d.id == "early" => Some(()),
+        Event::Hop(hop::Outcome::Forward(d)) if d.id == "early" => Some(()),
         _ => None,
     })
     .await;
@@ -556,7 +556,7 @@ async fn three_relays_share_every_cancel() {
     for (i, watcher) in watchers.iter_mut().enumerate() {
         while let Ok(event) = watcher.try_recv() {
             match event {
-                Event::CancelRecorded(hop::CancelEntry { id, kind, .. }) => {
+                Event::Hop(hop::Outcome::CancelEntry(hop::CancelEntry { id, kind, .. })) => {
                     assert_eq!(kind, CancelKind::Cancel);
                     recorded_by.insert(id, i);
                 }

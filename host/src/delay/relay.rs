@@ -7,7 +7,7 @@ use super::table::CancelTable;
 use crate::clock::now_ms;
 use crate::config::{DelayRelay, RELAY_ROUTE};
 use crate::dlq;
-use crate::events::{self, Event, Telemetry};
+use crate::events::{self, Telemetry};
 use crate::headers;
 use crate::hold;
 use crate::hop::{self, Action, OutRecord, Outcome, PlannedHop, Processor};
@@ -378,7 +378,7 @@ impl DelayProcessor {
             .send(record, Duration::from_secs(30))
             .await
             .map_err(|e| format!("writing to `{}`: {e}", self.relay.cancels))?;
-        self.telemetry.emit(Event::from(hop.outcome));
+        self.telemetry.emit(hop.outcome);
         Ok(())
     }
 }
@@ -612,6 +612,7 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::Event;
     use std::collections::VecDeque;
 
     const PATIENCE: Duration = Duration::from_secs(120);

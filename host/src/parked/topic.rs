@@ -5,7 +5,7 @@ use super::records::{self, BadRecord, Head, Lane, Record};
 use super::table::{Inputs, KeyState, KeyView, ParkTable, Refusal};
 use crate::clock::now_ms;
 use crate::config::{Parking, Route};
-use crate::events::{self, Event, Telemetry};
+use crate::events::{self, Telemetry};
 use crate::hop::{Halt, PlannedHop};
 use crate::kafka::compacted::{self, TableReader};
 use crate::kafka::{Cluster, Doing as _, KafkaError};
@@ -1010,7 +1010,7 @@ impl Store {
                 }
             }
         }
-        self.telemetry.emit(Event::from(outcome));
+        self.telemetry.emit(outcome);
         Ok(())
     }
 }
