@@ -5,7 +5,7 @@
 //! that went through ten retries carries one set, not ten. The full list is in
 //! docs/headers.md.
 
-use crate::traceparent as trace;
+use crate::traceparent;
 use rdkafka::message::{Header, Headers, OwnedHeaders};
 use std::fmt;
 
@@ -238,7 +238,7 @@ pub struct Envelope {
     pub replays: u32,
     /// The trace the record belongs to and this hop's span: every record
     /// written from this envelope carries it as its one `traceparent`.
-    pub trace: trace::Context,
+    pub trace: traceparent::Context,
 }
 
 /// The record being read, as far as the envelope cares.
@@ -265,7 +265,7 @@ impl Envelope {
                 first_failure_at: None,
                 trail: trail(h)?,
                 replays,
-                trace: trace::Context::continue_from(h),
+                trace: traceparent::Context::continue_from(h),
             });
         }
         let id = match text(rec.headers, ID)? {
@@ -289,7 +289,7 @@ impl Envelope {
             first_failure_at: None,
             trail: Vec::new(),
             replays,
-            trace: trace::Context::continue_from(rec.headers),
+            trace: traceparent::Context::continue_from(rec.headers),
         }
     }
 
@@ -328,7 +328,7 @@ impl Envelope {
             first_failure_at: optional_number(h, FIRST_FAILURE_AT)?,
             trail: trail(h)?,
             replays: replay_count(h),
-            trace: trace::Context::continue_from(h),
+            trace: traceparent::Context::continue_from(h),
         })
     }
 }
@@ -643,13 +643,14 @@ impl HeaderWriter {
     fn own_headers<H: Headers>(
         &mut self,
         original: Option<&H>,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
         keep: &[&str],
     ) {
         if let Some(original) = original {
             for header in original.iter() {
-                if trace::is_trace_header(header.key) {
-                    if trace.continued() && header.key.eq_ignore_ascii_case(trace::TRACESTATE) {
+                if traceparent::is_trace_header(header.key) {
+                    if trace.continued() && header.key.eq_ignore_ascii_case(traceparent::TRACESTATE)
+                    {
                         self.raw(header.key, header.value);
                     }
                 } else if !header.key.starts_with(PREFIX) || keep.contains(&header.key) {
@@ -657,7 +658,7 @@ impl HeaderWriter {
                 }
             }
         }
-        self.raw(trace::TRACEPARENT, Some(&trace.traceparent()));
+        self.raw(traceparent::TRACEPARENT, Some(&trace.traceparent()));
     }
 
     fn text(&mut self, key: &str, value: &str) {
@@ -684,15 +685,15 @@ pub fn rewrite<H: Headers>(
     original: Option<&H>,
     drop: &[&str],
     add: &[(&str, String)],
-    trace: &trace::Context,
+    trace: &traceparent::Context,
 ) -> OwnedHeaders {
     let kept = original.map_or(0, |h| h.count());
     let mut out = HeaderWriter::new(kept + add.len() + 1);
     if let Some(original) = original {
         for header in original.iter() {
             let replaced = add.iter().any(|(k, _)| *k == header.key);
-            if trace::is_trace_header(header.key) {
-                if trace.continued() && header.key.eq_ignore_ascii_case(trace::TRACESTATE) {
+            if traceparent::is_trace_header(header.key) {
+                if trace.continued() && header.key.eq_ignore_ascii_case(traceparent::TRACESTATE) {
                     out.raw(header.key, header.value);
                 }
             } else if !replaced
@@ -703,7 +704,7 @@ pub fn rewrite<H: Headers>(
             }
         }
     }
-    out.raw(trace::TRACEPARENT, Some(&trace.traceparent()));
+    out.raw(traceparent::TRACEPARENT, Some(&trace.traceparent()));
     for (key, value) in add {
         out.text(key, value);
     }
@@ -851,9 +852,9 @@ mod tests {
             Some(&h),
             &[TARGET],
             &[(ID, "x".into())],
-            &trace::Context::root(),
+            &traceparent::Context::root(),
         );
         let keys: Vec<&str> = out.iter().map(|h| h.key).collect();
-        assert_eq!(keys, ["kept", trace::TRACEPARENT, ID]);
+        assert_eq!(keys, ["kept", traceparent::TRACEPARENT, ID]);
     }
 }

@@ -11,12 +11,12 @@
 //! a dead letter with its reason, an emitted record, a deferral, the relay's
 //! forward with its id and inbox position, a move down a delay tier, a
 //! cancellation entry. The pipeline, the relay's cancellation check and the
-//! tests read the outcome; the event that reports the hop is made from it
-//! only when the broker acknowledges the hop (`events`), and nothing reads
-//! an event to decide anything.
+//! tests read the outcome; it is also the hop's event (`events::Event::Hop`),
+//! emitted only when the broker acknowledges the hop, and nothing reads an
+//! event to decide anything.
 
 use crate::clock::now_ms;
-pub use crate::config::Concurrency;
+use crate::config::Concurrency;
 use crate::headers::Reason;
 use crate::offsets::OffsetTracker;
 use crate::types::{CancelKind, EmitKind, InboxPosition, TopicPartition};
@@ -178,8 +178,8 @@ pub struct PlannedHop {
     pub outcome: Outcome,
 }
 
-/// What a planned hop is. Each kind's data is what its event reports once
-/// the broker acknowledges the hop.
+/// What a planned hop is, and, once the broker acknowledges the hop, its
+/// event (`events::Event::Hop`): each kind's data is what the event reports.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
     /// The message goes up one of its route's retry tiers.
@@ -283,7 +283,7 @@ pub struct Forward {
     pub inbox: Option<InboxPosition>,
     /// The forward's trace context: its span is reported on the
     /// acknowledgement, with the lateness.
-    pub trace: Option<crate::trace::Context>,
+    pub trace: Option<crate::traceparent::Context>,
 }
 
 /// A delayed message moved down to a delay tier.

@@ -123,7 +123,8 @@ struct Redo {
 /// The producer's context: completes acknowledged hops.
 #[derive(Clone)]
 pub struct HopContext {
-    pipeline: String,
+    /// The route's name, or `delay` for the relay.
+    route: String,
     telemetry: Telemetry,
     redo: mpsc::UnboundedSender<Redo>,
     room: Arc<Room>,
@@ -199,7 +200,7 @@ impl ClientContext for HopContext {
 
     fn error(&self, error: rdkafka::error::KafkaError, reason: &str) {
         let watch = self.telemetry.health().connection();
-        watch.error(&self.pipeline, &error, reason);
+        watch.error(&self.route, &error, reason);
     }
 }
 
@@ -219,7 +220,7 @@ impl ProducerContext for HopContext {
                     ..
                 } = *hop;
                 done.complete();
-                self.telemetry.emit(Event::from(outcome));
+                self.telemetry.emit(outcome);
             }
             Err((e, message)) => {
                 hop.failures += 1;
@@ -234,7 +235,7 @@ impl ProducerContext for HopContext {
                 let fatal = is_fatal(e);
                 if refused.is_none() {
                     self.telemetry.emit(events::HopFailed {
-                        route: self.pipeline.clone(),
+                        route: self.route.clone(),
                         topic: record.topic.clone(),
                         error: e.to_string(),
                         outcome: HopFailure::Retried,
@@ -274,7 +275,8 @@ pub struct HopProducer {
     /// Replaced by a new one when librdkafka fails it for good.
     producer: Renewable<ThreadedProducer<HopContext>>,
     pending: TaskTracker,
-    pipeline: String,
+    /// The route's name, or `delay` for the relay.
+    route: String,
     /// Where hops refused for good go.
     dlq: String,
     telemetry: Telemetry,
@@ -300,7 +302,7 @@ impl HopProducer {
     pub fn new(
         config: &rdkafka::ClientConfig,
         hops_held: usize,
-        pipeline: &str,
+        route: &str,
         dlq: &str,
         telemetry: Telemetry,
         pending: TaskTracker,
@@ -309,7 +311,7 @@ impl HopProducer {
         let (redo, redos) = mpsc::unbounded_channel();
         let room = Arc::new(Room::new(hops_held));
         let context = HopContext {
-            pipeline: pipeline.to_string(),
+            route: route.to_string(),
             telemetry: telemetry.clone(),
             redo,
             room: room.clone(),
@@ -317,9 +319,9 @@ impl HopProducer {
         let config = config.clone();
         let make = Box::new(move || config.create_with_context(context.clone()));
         let producer = Arc::new(HopProducer {
-            producer: Renewable::new(make, format!("pipeline `{pipeline}`"))?,
+            producer: Renewable::new(make, format!("pipeline `{route}`"))?,
             pending,
-            pipeline: pipeline.to_string(),
+            route: route.to_string(),
             dlq: dlq.to_string(),
             telemetry,
             halt,
@@ -426,7 +428,7 @@ impl HopProducer {
                 return;
             }
             self.telemetry.emit(events::HopFailed {
-                route: self.pipeline.clone(),
+                route: self.route.clone(),
                 topic: topic.clone(),
                 error: e.to_string(),
                 outcome: HopFailure::Retried,
@@ -449,18 +451,18 @@ impl HopProducer {
     /// the pipeline, and its source offset is never completed.
     async fn refused(&self, record: OutRecord, hop: Box<Unacked>, reason: Reason, error: String) {
         let topic = record.topic.clone();
-        let dead = match instead_of_refused(&self.pipeline, &self.dlq, record, reason, &error) {
+        let dead = match instead_of_refused(&self.route, &self.dlq, record, reason, &error) {
             Ok(dead) => dead,
             Err(_) => {
                 self.telemetry.emit(events::HopFailed {
-                    route: self.pipeline.clone(),
+                    route: self.route.clone(),
                     topic,
                     error: error.clone(),
                     outcome: HopFailure::Halted,
                 });
                 self.halt.fail(format!(
                     "a dead-letter record of `{}` was refused for good: {error}",
-                    self.pipeline
+                    self.route
                 ));
                 // Dropping the hop releases the drain without completing the
                 // offset: it is read again after a restart.
@@ -469,7 +471,7 @@ impl HopProducer {
             }
         };
         self.telemetry.emit(events::HopFailed {
-            route: self.pipeline.clone(),
+            route: self.route.clone(),
             topic,
             error,
             outcome: HopFailure::DeadLettered,

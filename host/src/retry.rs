@@ -100,17 +100,7 @@ pub fn tier_delay(route: &Route, attempt: u32, hint: Option<Duration>) -> Durati
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigFile;
-
-    fn route(extra: &str) -> Route {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        let config = ConfigFile::parse(&format!(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{extra}"
-        ))
-        .unwrap();
-        config.resolve(dir.path()).unwrap().routes.remove(0)
-    }
+    use crate::config::orders_route;
 
     fn retryable(hint: Option<u64>) -> Verdict {
         Verdict::Retryable {
@@ -121,7 +111,7 @@ mod tests {
 
     #[test]
     fn climbs_the_ladder_then_dead_letters() {
-        let r = route("retry = [\"5s\", \"30s\"]\nmax_attempts = 4");
+        let r = orders_route("retry = [\"5s\", \"30s\"]\nmax_attempts = 4");
         let topics: Vec<Decision> = (1..=4).map(|a| decide(&r, a, &retryable(None))).collect();
         let expect_retry = |secs: u64| Decision::Retry {
             topic: format!("orders.retry.{secs}s"),
@@ -143,7 +133,7 @@ mod tests {
 
     #[test]
     fn fatal_and_memory_dead_letter_at_once() {
-        let r = route("");
+        let r = orders_route("");
         assert!(matches!(
             decide(
                 &r,
@@ -177,14 +167,14 @@ mod tests {
             error: "unreachable".into(),
         };
         assert!(matches!(
-            decide(&route(""), 1, &trap),
+            decide(&orders_route(""), 1, &trap),
             Decision::DeadLetter {
                 reason: Reason::HandlerTrap,
                 ..
             }
         ));
         assert!(matches!(
-            decide(&route("on_trap = \"retry\""), 1, &trap),
+            decide(&orders_route("on_trap = \"retry\""), 1, &trap),
             Decision::Retry {
                 reason: Reason::HandlerTrap,
                 ..
@@ -195,7 +185,7 @@ mod tests {
             error: "slow".into(),
         };
         assert!(matches!(
-            decide(&route(""), 1, &timeout),
+            decide(&orders_route(""), 1, &timeout),
             Decision::Retry {
                 reason: Reason::HandlerTimeout,
                 ..
@@ -205,7 +195,7 @@ mod tests {
 
     #[test]
     fn retry_after_hint_picks_a_longer_tier() {
-        let r = route("retry = [\"1s\", \"10s\", \"1m\"]");
+        let r = orders_route("retry = [\"1s\", \"10s\", \"1m\"]");
         assert_eq!(tier_delay(&r, 1, None), Duration::from_secs(1));
         assert_eq!(
             tier_delay(&r, 1, Some(Duration::from_secs(5))),

@@ -19,7 +19,7 @@ use hopper::headers::{self, Envelope, Hop, Incoming, Reason};
 use hopper::hold::{MAX_CLOCK_SKEW, due_from};
 use hopper::plugin::Verdict;
 use hopper::retry::{Decision, decide};
-use hopper::trace;
+use hopper::traceparent;
 use hopper::types::{CancelKind, InboxPosition};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
@@ -40,8 +40,8 @@ fn config() -> Config {
 
 /// Every header hopper reads, and one it does not.
 const NAMES: [&str; 24] = [
-    trace::TRACEPARENT,
-    trace::TRACESTATE,
+    traceparent::TRACEPARENT,
+    traceparent::TRACESTATE,
     "TraceParent",
     headers::ID,
     headers::ATTEMPT,
@@ -350,10 +350,11 @@ fn one_traceparent(out: &OwnedHeaders, envelope: &Envelope) {
     use rdkafka::message::Headers;
     let values: Vec<_> = out
         .iter()
-        .filter(|h| h.key.eq_ignore_ascii_case(trace::TRACEPARENT))
+        .filter(|h| h.key.eq_ignore_ascii_case(traceparent::TRACEPARENT))
         .collect();
     assert_eq!(values.len(), 1, "{:?}", values.len());
-    let written = trace::parse_traceparent(values[0].value.unwrap()).expect("a valid traceparent");
+    let written =
+        traceparent::parse_traceparent(values[0].value.unwrap()).expect("a valid traceparent");
     assert_eq!(written.trace_id, envelope.trace.trace_id);
     assert_eq!(written.span_id, envelope.trace.span_id);
 }
@@ -414,21 +415,21 @@ proptest! {
     /// hopper writes is always a valid `traceparent`.
     #[test]
     fn traceparents(value in prop_oneof![traceparent_like(), prop::collection::vec(any::<u8>(), 0..80)]) {
-        let parsed = trace::parse_traceparent(&value);
+        let parsed = traceparent::parse_traceparent(&value);
         if let Some(parent) = parsed {
-            prop_assert_eq!(value.len() >= trace::TRACEPARENT_LEN, true);
+            prop_assert_eq!(value.len() >= traceparent::TRACEPARENT_LEN, true);
             prop_assert!(value[..55].iter().all(|b| !b.is_ascii_uppercase()));
             prop_assert_ne!(&value[..2], b"ff");
             prop_assert_ne!(parent.trace_id.0, [0; 16]);
             prop_assert_ne!(parent.span_id.0, [0; 8]);
         }
-        let h = OwnedHeaders::new().insert(Header { key: trace::TRACEPARENT, value: Some(&value) });
-        let hop = trace::Context::continue_from(Some(&h));
+        let h = OwnedHeaders::new().insert(Header { key: traceparent::TRACEPARENT, value: Some(&value) });
+        let hop = traceparent::Context::continue_from(Some(&h));
         prop_assert_eq!(hop.continued(), parsed.is_some());
         if let Some(parent) = parsed {
             prop_assert_eq!(hop.trace_id, parent.trace_id);
         }
-        let written = trace::parse_traceparent(&hop.traceparent());
+        let written = traceparent::parse_traceparent(&hop.traceparent());
         prop_assert_eq!(written.map(|w| (w.trace_id, w.span_id)), Some((hop.trace_id, hop.span_id)));
     }
 
@@ -563,7 +564,7 @@ proptest! {
             first_failure_at: first,
             trail: vec!["+18446744073709551615".into(), "+1".into()],
             replays,
-            trace: trace::Context::continue_from(rdkafka::message::Message::headers(&message)),
+            trace: traceparent::Context::continue_from(rdkafka::message::Message::headers(&message)),
         };
         let hop = dlq::plan(&message, Plan {
             topic: "orders.dlq", route: "orders", envelope: &envelope, attempts_made: attempts,

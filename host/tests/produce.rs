@@ -101,7 +101,7 @@ async fn a_failed_hop_is_produced_again_and_completes_only_when_acknowledged() {
 
     mock.broker_up(1).unwrap();
     let got = next_outcome(&mut events).await;
-    assert_eq!(got, Event::DeadLettered(dead));
+    assert_eq!(got, Event::Hop(hop::Outcome::DeadLetter(dead)));
     assert_eq!(tracker.lock().unwrap().in_flight(), 0, "offset 7 is done");
     tokio::time::timeout(Duration::from_secs(5), pending.wait())
         .await
@@ -333,9 +333,9 @@ async fn a_hop_too_large_for_the_broker_is_dead_lettered_cut_with_its_size() {
         other => panic!("expected the hop's failure, got {other:?}"),
     }
     match next_outcome(&mut events).await {
-        Event::DeadLettered(hop::DeadLetter {
+        Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter {
             reason, id, topic, ..
-        }) => {
+        })) => {
             assert_eq!(reason, Reason::RecordTooLarge);
             assert_eq!((id.as_str(), topic.as_str()), ("m-1", "out.dlq"));
         }
@@ -397,7 +397,7 @@ async fn a_hop_the_broker_refuses_for_good_is_dead_lettered_not_retried_forever(
                 assert_eq!(outcome, HopFailure::DeadLettered);
                 saw_failure = true;
             }
-            Event::DeadLettered(hop::DeadLetter { reason, .. }) => break reason,
+            Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { reason, .. })) => break reason,
             other => panic!("unexpected {other:?}"),
         }
     };

@@ -5,6 +5,7 @@
 use crate::{cache_dir, client_config, now_ms, rand_name};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
+use std::borrow::BorrowMut;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,9 @@ pub struct HopperProcess {
     child: Child,
     log: PathBuf,
     exited: Option<ExitStatus>,
+    /// Whether the test ended it ([`HopperProcess::kill9`],
+    /// [`HopperProcess::stop`]).
+    ended: bool,
 }
 
 impl HopperProcess {
@@ -48,6 +52,7 @@ impl HopperProcess {
             child,
             log,
             exited: None,
+            ended: false,
         }
     }
 
@@ -66,6 +71,7 @@ impl HopperProcess {
     /// SIGKILL, then reaps it: when this returns, the process is gone and
     /// produces nothing more.
     pub fn kill9(&mut self) {
+        self.ended = true;
         if self.exited().is_none() {
             let _ = self.child.kill();
             self.exited = self.child.wait().ok();
@@ -81,6 +87,7 @@ impl HopperProcess {
                 self.label
             ));
         }
+        self.ended = true;
         let sent = Command::new("kill")
             .args(["-s", STOP_SIGNAL])
             .arg(self.pid().to_string())
@@ -111,6 +118,38 @@ impl HopperProcess {
         let all: Vec<&str> = text.lines().collect();
         all[all.len().saturating_sub(lines)..].join("\n")
     }
+}
+
+/// Polls `done` every 100 ms until it holds, within `patience`: whether it
+/// did. Fails at once, with its log, when one of `procs` has exited on its
+/// own (not [`HopperProcess::stop`]ped or [`HopperProcess::kill9`]ed) or
+/// with a failure code.
+pub async fn wait_until<P: BorrowMut<HopperProcess>>(
+    what: &str,
+    procs: &mut [P],
+    patience: Duration,
+    mut done: impl FnMut() -> bool,
+) -> bool {
+    let deadline = tokio::time::Instant::now() + patience;
+    while !done() {
+        for p in procs.iter_mut() {
+            let p: &mut HopperProcess = p.borrow_mut();
+            if let Some(status) = p.exited()
+                && (!p.ended || (status.code().is_some() && !status.success()))
+            {
+                panic!(
+                    "{} exited with {status} while waiting until {what}:\n{}",
+                    p.label,
+                    p.log_tail(30)
+                );
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    true
 }
 
 impl Drop for HopperProcess {

@@ -673,6 +673,9 @@ pub fn count<S: Series + std::fmt::Debug>(
         .unwrap_or_else(|| panic!("{series:?} is not registered"))
 }
 
+/// The admin token of the tests' admin servers ([`AdminTable::token`]).
+pub const TOKEN: &str = "test-admin-token";
+
 /// How long any one expectation of a test (a record on a topic, an event,
 /// a commit) may take before the test fails.
 pub const PATIENCE: Duration = Duration::from_secs(60);
@@ -738,7 +741,7 @@ pub async fn http(
     request.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     stream.write_all(request.as_bytes()).await.unwrap();
     let mut response = Vec::new();
-    tokio::time::timeout(Duration::from_secs(60), stream.read_to_end(&mut response))
+    tokio::time::timeout(PATIENCE, stream.read_to_end(&mut response))
         .await
         .expect("the admin server answers within 60s")
         .unwrap();

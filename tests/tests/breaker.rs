@@ -140,7 +140,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
     // even reaches the route to be sent back.
     let deferred = open
         .iter()
-        .filter(|e| matches!(e, Event::BreakerDeferred(hop::Deferral { .. })))
+        .filter(|e| matches!(e, Event::Hop(hop::Outcome::Deferral(hop::Deferral { .. }))))
         .count();
     assert_eq!(deferred, 0, "tier messages fetched while open");
     for event in &open {
@@ -148,7 +148,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
             Event::Handled(events::Handled { topic, id, .. }) if is_tier(topic) => {
                 panic!("{id} was handled from {topic} while the breaker was open")
             }
-            Event::DeadLettered(hop::DeadLetter { id, reason, .. }) => {
+            Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, reason, .. })) => {
                 panic!("{id} was dead-lettered ({reason}) while the breaker was open")
             }
             _ => {}
@@ -199,7 +199,7 @@ async fn an_open_breaker_keeps_messages_in_their_tier_until_the_service_is_back(
         after.push(event);
     }
     for event in &after {
-        if let Event::DeadLettered(hop::DeadLetter { id, reason, .. }) = event {
+        if let Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, reason, .. })) = event {
             panic!("{id} was dead-lettered ({reason})");
         }
     }

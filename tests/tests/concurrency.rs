@@ -162,15 +162,10 @@ async fn a_partition_whose_handler_hangs_does_not_slow_the_others() {
     produce_all(&input, &records).await;
     let started = Instant::now();
     server
-        .wait_for(
-            "the other partitions' calls",
-            Duration::from_secs(60),
-            |s| {
-                let done = s.completed();
-                (0..20)
-                    .all(|i| done.contains(&format!("p1-{i}")) && done.contains(&format!("p2-{i}")))
-            },
-        )
+        .wait_for("the other partitions' calls", PATIENCE, |s| {
+            let done = s.completed();
+            (0..20).all(|i| done.contains(&format!("p1-{i}")) && done.contains(&format!("p2-{i}")))
+        })
         .await;
     let others_took = started.elapsed();
     let p0_done = server
@@ -187,7 +182,7 @@ async fn a_partition_whose_handler_hangs_does_not_slow_the_others() {
     );
     // Partition 0 goes on once the hung call times out: nothing is lost.
     server
-        .wait_for("partition 0's calls", Duration::from_secs(60), |s| {
+        .wait_for("partition 0's calls", PATIENCE, |s| {
             let done = s.completed();
             (0..20).all(|i| done.contains(&format!("p0-{i}")))
         })

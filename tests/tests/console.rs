@@ -15,7 +15,6 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "console-token";
 /// Markup that runs script if it is ever parsed as HTML.
 const XSS_KEY: &str = "<img src=x onerror=\"window.__xss='key'\">";
 const XSS_PAYLOAD: &str =
@@ -106,6 +105,27 @@ async fn until<T>(
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Types `token` into the token field, presses Replay, and waits for a
+/// result that starts with `outcome`: its text.
+async fn replay_as(browser: &Client, token: &str, outcome: &str) -> String {
+    let field = browser.find(Locator::Id("token")).await.unwrap();
+    field.clear().await.unwrap();
+    field.send_keys(token).await.unwrap();
+    browser
+        .find(Locator::Id("replay"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let what = format!("a replay result starting `{outcome}`");
+    until(browser, &what, async |b| {
+        let text = text_of(b, "replay-result").await;
+        text.starts_with(outcome).then_some(text)
+    })
+    .await
 }
 
 /// The text of each row of the DLQ table, read in one script run so a
@@ -291,35 +311,9 @@ async fn the_console_filters_shows_escaped_payloads_and_replays_a_record() {
         .unwrap();
     let chosen = first.attr("data-ref").await.unwrap().unwrap();
     first.click().await.unwrap();
-    token.clear().await.unwrap();
-    token.send_keys("not-the-token").await.unwrap();
-    browser
-        .find(Locator::Id("replay"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let refused = until(&browser, "a refusal", async |b| {
-        let text = text_of(b, "replay-result").await;
-        text.starts_with("refused").then_some(text)
-    })
-    .await;
+    let refused = replay_as(&browser, "not-the-token", "refused").await;
     assert!(refused.contains("token is wrong"), "{refused}");
-    token.clear().await.unwrap();
-    token.send_keys(TOKEN).await.unwrap();
-    browser
-        .find(Locator::Id("replay"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
-    let result = until(&browser, "the replay", async |b| {
-        let text = text_of(b, "replay-result").await;
-        text.starts_with("replayed").then_some(text)
-    })
-    .await;
+    let result = replay_as(&browser, TOKEN, "replayed").await;
     assert!(result.starts_with("replayed 1,"), "{result}");
 
     // Hopper handles it again, and the console counts the replay.

@@ -22,6 +22,18 @@ fn relay(partitions: i32, more: impl FnOnce(DelayTable) -> DelayTable) -> (TestC
     relay_in(ConfigBuilder::new().partitions(partitions), more)
 }
 
+/// [`relay`], and a target topic made for it: the config, the inbox and
+/// the target.
+async fn relay_to_target(
+    partitions: i32,
+    more: impl FnOnce(DelayTable) -> DelayTable,
+) -> (TestConfig, String, String) {
+    let (config, inbox) = relay(partitions, more);
+    let target = rand_name("target");
+    create_topics(&[&target]).await;
+    (config, inbox, target)
+}
+
 /// [`relay`], in `config`.
 fn relay_in(
     config: ConfigBuilder,
@@ -145,9 +157,7 @@ fn by_id(records: &[OwnedMessage]) -> HashMap<String, Vec<&OwnedMessage>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
     init_tracing();
-    let (config, inbox) = relay(2, |d| d);
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_to_target(2, |d| d).await;
     let hopper = config.start().await;
     let producer = producer();
     let base = now_ms() + 4_000;
@@ -265,9 +275,7 @@ async fn cancels_and_replaces_hold_and_bad_ones_are_dead_lettered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_good() {
     init_tracing();
-    let (config, inbox) = relay(1, |d| d);
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_to_target(1, |d| d).await;
     let hopper = config.start().await;
     let producer = producer();
     let base = now_ms() + 6_000;
@@ -318,16 +326,15 @@ async fn a_replace_that_waits_in_memory_is_written_after_its_producer_fails_for_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
     init_tracing();
-    let (config, inbox) = relay(2, |d| d.max_delay("3s").key("cancel_grace", quoted("1s")));
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) =
+        relay_to_target(2, |d| d.max_delay("3s").key("cancel_grace", quoted("1s"))).await;
     let hopper = config.start().await;
     let table = hopper.cancellations().expect("the relay runs");
     let mut events = hopper.events();
     let producer = producer();
     schedule(&producer, &inbox, &target, "early", now_ms(), "", &[]).await;
     wait_for_event(&mut events, "`early` delivered", |e| match e {
-        Event::Delivered(d) if d.id == "early" => Some(()),
+        Event::Hop(hop::Outcome::Forward(d)) if d.id == "early" => Some(()),
         _ => None,
     })
     .await;
@@ -428,9 +435,7 @@ async fn unknown_late_and_stormy_cancels_are_counted_and_expire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_holds_across_a_kill_of_the_relay() {
     init_tracing();
-    let (config, inbox) = relay(2, |d| d);
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_to_target(2, |d| d).await;
     let spawn = || {
         std::process::Command::new(hopper_bin())
             .args(["run", "--config"])
@@ -491,9 +496,7 @@ async fn a_cancel_holds_across_a_kill_of_the_relay() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_relays_share_every_cancel() {
     init_tracing();
-    let (config, inbox) = relay(3, |d| d);
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_to_target(3, |d| d).await;
     // Tiers of two partitions, the inbox of three: where the inbox reads
     // an id and which process owns its tier partition differ.
     let tiers: Vec<String> = ["1s", "2s", "4s"]
@@ -509,7 +512,7 @@ async fn three_relays_share_every_cancel() {
     // partition is delivered at least once, which may be twice, and the
     // twins below are counted exactly. Each member holds partitions only
     // once the last join's assignment is done.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let deadline = tokio::time::Instant::now() + PATIENCE;
     while !relays.iter().all(|r| r.telemetry().health().ready()) {
         assert!(
             tokio::time::Instant::now() < deadline,
@@ -553,7 +556,7 @@ async fn three_relays_share_every_cancel() {
     for (i, watcher) in watchers.iter_mut().enumerate() {
         while let Ok(event) = watcher.try_recv() {
             match event {
-                Event::CancelRecorded(hop::CancelEntry { id, kind, .. }) => {
+                Event::Hop(hop::Outcome::CancelEntry(hop::CancelEntry { id, kind, .. })) => {
                     assert_eq!(kind, CancelKind::Cancel);
                     recorded_by.insert(id, i);
                 }
@@ -592,7 +595,6 @@ async fn three_relays_share_every_cancel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_cancel_and_show_by_id() {
     init_tracing();
-    const TOKEN: &str = "cancel-token";
     let (config, inbox) = relay_in(
         ConfigBuilder::new().admin(AdminTable::loopback().token(TOKEN)),
         |d| d,
@@ -714,9 +716,7 @@ async fn produce_to(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_reaches_only_its_partition_and_only_schedules_keyed_by_their_id() {
     init_tracing();
-    let (config, inbox) = relay(2, |d| d);
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_to_target(2, |d| d).await;
     let hopper = config.start().await;
     let mut events = hopper.events();
     let producer = producer();
@@ -839,9 +839,7 @@ async fn a_cancel_reaches_only_its_partition_and_only_schedules_keyed_by_their_i
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_cancels_are_dead_lettered_as_cancel_table_full() {
     init_tracing();
-    let (config, inbox) = relay(1, |d| d.key("max_cancellations", 3));
-    let target = rand_name("target");
-    create_topics(&[&target]).await;
+    let (config, inbox, target) = relay_to_target(1, |d| d.key("max_cancellations", 3)).await;
     let hopper = config.start().await;
     let table = hopper.cancellations().expect("the relay runs");
     let mut events = hopper.events();

@@ -9,7 +9,7 @@
 //! build-plugins` installed (`HOPPER_TOOLS`), and the Rust project builds
 //! in a target dir of its own that is kept between runs.
 
-use hopper_tests::{hopper_bin, per_template, target_dir};
+use hopper_tests::{PATIENCE, hopper_bin, per_template, target_dir};
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -173,7 +173,7 @@ fn dev_loop(lang: &'static str, root: PathBuf) -> Result<(), String> {
     // SAFETY: signals our own child, which is not reaped yet.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
     lines.wait(at, &["SIGTERM: stopping"], lang)?;
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + PATIENCE;
     let status = loop {
         if let Some(status) = running.0.try_wait().unwrap() {
             break status;

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "try-token";
 const MESSAGES: usize = 1_000;
 
 /// The high watermark of every partition of every topic on the broker.

@@ -72,7 +72,7 @@ async fn send_to(
         record = record.partition(partition);
     }
     producer
-        .send(record, Duration::from_secs(60))
+        .send(record, PATIENCE)
         .await
         .map_err(|(e, _)| e)
         .expect("produce");
@@ -164,7 +164,7 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
                     finished.insert(id);
                 }
             }
-            Event::DeadLettered(hop::DeadLetter { id, .. }) => {
+            Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, .. })) => {
                 dead.insert(id);
             }
             _ => {}
@@ -185,7 +185,7 @@ async fn produce_fetch_and_commit_errors_and_a_broker_restart_lose_nothing() {
     reader.subscribe(&[&dlq]).unwrap();
     let mut ids: HashSet<String> = HashSet::new();
     while ids.len() < 100 {
-        let record = tokio::time::timeout(Duration::from_secs(60), reader.recv())
+        let record = tokio::time::timeout(PATIENCE, reader.recv())
             .await
             .expect("the DLQ holds every fatal message")
             .unwrap()
@@ -278,7 +278,7 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
     .await;
     for event in &seen {
         assert!(
-            !matches!(event, Event::DeadLettered(hop::DeadLetter { id, .. }) if id == "c"),
+            !matches!(event, Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, .. })) if id == "c"),
             "c's dead-letter record was acknowledged by a leaderless DLQ"
         );
     }
@@ -296,7 +296,8 @@ async fn a_produce_that_keeps_failing_never_commits_its_source_offset() {
             .unwrap();
     }
     wait_for_event(&mut events, "`c` dead-lettered", |e| {
-        matches!(e, Event::DeadLettered(hop::DeadLetter { id, .. }) if id == "c").then_some(())
+        matches!(e, Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, .. })) if id == "c")
+            .then_some(())
     })
     .await;
     until_committed(&broker, &group, &input, 0, 4, "c is dead-lettered").await;

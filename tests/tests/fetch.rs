@@ -8,7 +8,7 @@
 use hopper::events::{self, Event};
 use hopper::metrics::series;
 use hopper::plugin::Verdict;
-use hopper::trace::Context;
+use hopper::traceparent::Context;
 use hopper_tests::http_server::{Echoed, TestServer};
 use hopper_tests::*;
 use serde_json::{Value, json};

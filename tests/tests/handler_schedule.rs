@@ -293,7 +293,9 @@ async fn a_handlers_schedule_and_cancel_reach_the_inbox_with_the_contracts_heade
     while kinds.len() < 3 {
         kinds.push(
             wait_for_event(&mut events, "the next emitted record", |e| match e {
-                Event::Emitted(hop::Emit { id, kind, .. }) => Some((id.clone(), *kind)),
+                Event::Hop(hop::Outcome::Emit(hop::Emit { id, kind, .. })) => {
+                    Some((id.clone(), *kind))
+                }
                 _ => None,
             })
             .await,

@@ -10,11 +10,9 @@
 //! hopper's.
 
 use hopper::config::KafkaConfig;
-use hopper::config::MessageOrder;
+use hopper::config::{Concurrency, MessageOrder};
 use hopper::events::{self, Event, Telemetry};
-use hopper::hop::{
-    self, Action, Completion, Concurrency, Halt, OutRecord, Outcome, PlannedHop, Processor,
-};
+use hopper::hop::{self, Action, Completion, Halt, OutRecord, Outcome, PlannedHop, Processor};
 use hopper::kafka::Cluster;
 use hopper::metrics::series;
 use hopper::offsets::OffsetTracker;

@@ -305,7 +305,7 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
     while verdicts.len() < 2 {
         let event = wait_for_event(&mut events, "the call or retry of `s1`", |e| match e {
             Event::Handled(events::Handled { id, .. })
-            | Event::RetryScheduled(hop::Retry { id, .. })
+            | Event::Hop(hop::Outcome::Retry(hop::Retry { id, .. }))
                 if id == "s1" =>
             {
                 Some(e.clone())
@@ -317,7 +317,7 @@ async fn a_slow_server_ends_the_call_with_handler_timeout_and_the_message_is_ret
             Event::Handled(events::Handled {
                 attempt, verdict, ..
             }) => verdicts.push((attempt, verdict)),
-            Event::RetryScheduled(hop::Retry { reason, .. }) => retried = Some(reason),
+            Event::Hop(hop::Outcome::Retry(hop::Retry { reason, .. })) => retried = Some(reason),
             _ => unreachable!(),
         }
     }

@@ -99,7 +99,7 @@ async fn instance_calls(policy: Policy, script: &[&str]) -> Vec<String> {
     let mut errors: HashMap<String, String> = HashMap::new();
     while errors.len() < script.len() {
         let (id, error) = wait_for_event(&mut events, "the next dead letter", |e| match e {
-            Event::DeadLettered(hop::DeadLetter { id, error, .. }) => {
+            Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, error, .. })) => {
                 Some((id.clone(), error.clone()))
             }
             _ => None,

@@ -13,7 +13,7 @@
 
 use futures::future::join_all;
 use hopper::events::{self, Event};
-use hopper_tests::fleet::HopperProcess;
+use hopper_tests::fleet::{HopperProcess, wait_until};
 use hopper_tests::key_recorder::{Call, KeyRecorder};
 use hopper_tests::*;
 use rand::rngs::StdRng;
@@ -26,8 +26,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-const TOKEN: &str = "parked-admin-token";
 
 /// A record to produce: its Kafka key (none: keyless), partition (none:
 /// the producer's partitioner), payload (none: a tombstone) and
@@ -549,36 +547,20 @@ async fn dead_letter_key_blocks_a_key_behind_its_dead_head_until_an_operator_rel
 
     // The release needs the token.
     let partition = i64::from(partition);
-    let (status, body) = release(addr, &s.name, &s.input, partition, b"blocked", true, None).await;
+    let release_blocked =
+        |token| release(addr, &s.name, &s.input, partition, b"blocked", true, token);
+    let (status, body) = release_blocked(None).await;
     assert_eq!(status, 401, "{body}");
     let listing = parked_list(addr, &s.name).await;
     assert_eq!(entry(&listing, b"blocked")["state"], "blocked");
-    let (status, body) = release(
-        addr,
-        &s.name,
-        &s.input,
-        partition,
-        b"blocked",
-        true,
-        Some(TOKEN),
-    )
-    .await;
+    let (status, body) = release_blocked(Some(TOKEN)).await;
     assert_eq!(status, 200, "{body}");
     let answer: Value = serde_json::from_str(&body).unwrap();
     assert_eq!(answer["released"], true, "{answer}");
     assert_eq!(answer["head"], "blocked/0", "{answer}");
     // Released, the key is neither parked nor blocked.
     parked_list_until(addr, &s.name, "an empty listing", |l| entries(l).is_empty()).await;
-    let (status, body) = release(
-        addr,
-        &s.name,
-        &s.input,
-        partition,
-        b"blocked",
-        true,
-        Some(TOKEN),
-    )
-    .await;
+    let (status, body) = release_blocked(Some(TOKEN)).await;
     assert_eq!(status, 404, "a second release: {body}");
 
     // A newer message of the key goes through.
@@ -744,7 +726,7 @@ async fn park_records_the_broker_refuses_for_good_are_dead_lettered_once_and_unc
 /// `hopper ARGS` to the end, within a minute: stdout, after checking it
 /// succeeded.
 fn hopper_cli(args: &[&str]) -> String {
-    let out = run_bounded(args, Duration::from_secs(60));
+    let out = run_bounded(args, PATIENCE);
     assert!(
         out.status.success(),
         "hopper {args:?}: {}\n{}",
@@ -932,33 +914,6 @@ fn process_config(route: &RouteTable, partitions: i32) -> (TestConfig, SocketAdd
         .admin(AdminTable::listen(addr).token(TOKEN).metrics())
         .write();
     (config, addr)
-}
-
-/// Polls `done` until it holds, within `patience`: whether it did. Fails at
-/// once when one of `procs` exits, with its log.
-async fn wait_until(
-    what: &str,
-    procs: &mut [&mut HopperProcess],
-    patience: Duration,
-    mut done: impl FnMut() -> bool,
-) -> bool {
-    let deadline = Instant::now() + patience;
-    while !done() {
-        for p in procs.iter_mut() {
-            if let Some(status) = p.exited() {
-                panic!(
-                    "{} exited with {status} while waiting until {what}:\n{}",
-                    p.label,
-                    p.log_tail(30)
-                );
-            }
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    true
 }
 
 /// The messages of `msgs` without a 200 yet, by id.

@@ -18,8 +18,6 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "parked-admin-token";
-
 /// A route around `scripted` calling `recorder`, with ordered retries.
 fn ordered(recorder: &KeyRecorder, tier: &str) -> RouteTable {
     RouteTable::new(&plugin("scripted"))
@@ -291,7 +289,7 @@ fn hopper_cli_in(runtime: &std::path::Path, args: &[&str]) -> String {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("hopper runs");
-    let until = Instant::now() + Duration::from_secs(60);
+    let until = Instant::now() + PATIENCE;
     while child.try_wait().unwrap().is_none() {
         if Instant::now() > until {
             let _ = child.kill();

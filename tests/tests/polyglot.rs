@@ -120,7 +120,7 @@ async fn run_scenario(stem: &'static str) -> Run {
                     .or_default()
                     .push((*attempt, verdict.as_str()));
             }
-            Event::DeadLettered(hop::DeadLetter { .. }) => settled += 1,
+            Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { .. })) => settled += 1,
             _ => {}
         }
         (settled == ORDERS.len()).then_some(())

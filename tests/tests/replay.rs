@@ -10,8 +10,6 @@ use rdkafka::Message;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-const TOKEN: &str = "replay-token";
-
 /// A route whose handler fails (`fatal`) every message `config:fixed=yes`
 /// until its config says `fixed = "yes"`: the cause, and the fix.
 fn broken_route(max_replays: u32, rate: u32) -> TestRoute {

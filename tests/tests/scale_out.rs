@@ -9,7 +9,9 @@
 //! a custom section, so `hopper-handler-version` on a retry or dead-letter
 //! record names the process that made that hop.
 
-use hopper_tests::fleet::{HopperProcess, Ledger, Outgoing, Seen, acting_script, duplicates};
+use hopper_tests::fleet::{
+    HopperProcess, Ledger, Outgoing, Seen, acting_script, duplicates, wait_until,
+};
 use hopper_tests::*;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -145,9 +147,12 @@ async fn a_group_that_loses_a_member_to_kill_9_and_one_to_a_stop_and_gains_one_l
     let hops_by =
         |v: &str| ledger.with(|r| r.iter().filter(|s| s.version.as_deref() == Some(v)).count());
     // The kill and the stop land on members that are busy.
-    wait_until("p1, p2 and p3 each make 20 hops", &mut procs, || {
-        labels[..3].iter().all(|l| hops_by(&version_of(l)) >= 20)
-    })
+    must_reach(
+        "p1, p2 and p3 each make 20 hops",
+        &mut procs,
+        PATIENCE,
+        || labels[..3].iter().all(|l| hops_by(&version_of(l)) >= 20),
+    )
     .await;
 
     eprintln!("kill -9 p1 at {} records", ledger.len());
@@ -165,14 +170,14 @@ async fn a_group_that_loses_a_member_to_kill_9_and_one_to_a_stop_and_gains_one_l
 
     eprintln!("starting p4 at {} records", ledger.len());
     procs.push(HopperProcess::spawn("p4", &configs[3], logs));
-    wait_until("p4 handles messages", &mut procs, || {
+    must_reach("p4 handles messages", &mut procs, PATIENCE, || {
         hops_by(&version_of("p4")) > 0
     })
     .await;
     producing.await.expect("every message produced");
 
     let expected = expected_fates();
-    wait_until_for("every message reaches its fate", &mut procs, SETTLE, || {
+    must_reach("every message reaches its fate", &mut procs, SETTLE, || {
         ledger.with(|r| fates(r, &t).len() >= expected.len())
     })
     .await;
@@ -398,38 +403,17 @@ impl std::fmt::Display for Report {
     }
 }
 
-async fn wait_until(what: &str, procs: &mut [HopperProcess], done: impl FnMut() -> bool) {
-    wait_until_for(what, procs, Duration::from_secs(60), done).await
-}
-
-/// Polls `done` until it holds; fails after `patience`, or at once when a
-/// process that was not stopped has exited, with its log.
-async fn wait_until_for(
+/// [`wait_until`], failing when `done` does not hold within `patience`.
+async fn must_reach(
     what: &str,
     procs: &mut [HopperProcess],
     patience: Duration,
-    mut done: impl FnMut() -> bool,
+    done: impl FnMut() -> bool,
 ) {
-    let deadline = tokio::time::Instant::now() + patience;
-    while !done() {
-        for p in procs.iter_mut() {
-            if let Some(status) = p.exited()
-                && status.code().is_some()
-                && !status.success()
-            {
-                panic!(
-                    "{} exited with {status} while waiting until {what}:\n{}",
-                    p.label,
-                    p.log_tail(30)
-                );
-            }
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "not within {patience:?}: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    assert!(
+        wait_until(what, procs, patience, done).await,
+        "not within {patience:?}: {what}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

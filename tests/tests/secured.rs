@@ -8,8 +8,8 @@ use hopper_tests::secured::{
     MtlsBroker, PASSWORD, SecuredBroker, TokenEndpoint, USER_256, USER_512, free_port,
 };
 use hopper_tests::{
-    ConfigBuilder, DelayTable, PATIENCE, RouteTable, cache_dir, header_map, hopper_bin, plugin,
-    rand_name,
+    ConfigBuilder, DelayTable, PATIENCE, RouteTable, TOKEN, cache_dir, header_map, hopper_bin,
+    plugin, rand_name,
 };
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders, OwnedMessage};
@@ -934,7 +934,6 @@ fn alarming(out: &Output) -> Vec<String> {
 /// is denied by the try's own mode, not by the route's grants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_cli_command_that_succeeds_over_sasl_ssl_logs_no_error_or_warning() {
-    const TOKEN: &str = "secured-token";
     let broker = SecuredBroker::start();
     let dir = tempfile::tempdir().unwrap();
     let admin = free_port();

@@ -93,9 +93,7 @@ async fn sigterm_finishes_the_calls_in_flight_commits_them_and_exits_0() {
     let log = dir.path().join("first.log");
     let mut hopper = start(&config, &log, &[]);
     server
-        .wait_for("16 calls in flight", Duration::from_secs(60), |s| {
-            s.open() >= 16
-        })
+        .wait_for("16 calls in flight", PATIENCE, |s| s.open() >= 16)
         .await;
     signal(&hopper, "TERM");
     let status = wait(&mut hopper, Duration::from_secs(30)).expect("hopper drains and exits");
@@ -121,9 +119,7 @@ async fn sigterm_finishes_the_calls_in_flight_commits_them_and_exits_0() {
     let log = dir.path().join("second.log");
     let mut again = start(&config, &log, &[]);
     server
-        .wait_for("every message", Duration::from_secs(60), |s| {
-            s.completed().len() >= 40
-        })
+        .wait_for("every message", PATIENCE, |s| s.completed().len() >= 40)
         .await;
     signal(&again, "TERM");
     let status = wait(&mut again, Duration::from_secs(30)).expect("hopper exits");
@@ -148,9 +144,7 @@ async fn a_second_signal_forces_a_non_zero_exit_and_a_late_drain_exits_non_zero(
     let log = dir.path().join("forced.log");
     let mut hopper = start(&config, &log, &["--shutdown-timeout", "60s"]);
     server
-        .wait_for("4 calls in flight", Duration::from_secs(60), |s| {
-            s.open() >= 4
-        })
+        .wait_for("4 calls in flight", PATIENCE, |s| s.open() >= 4)
         .await;
     signal(&hopper, "TERM");
     // The first signal is taken: hopper says it is draining, and it is.
@@ -178,9 +172,7 @@ async fn a_second_signal_forces_a_non_zero_exit_and_a_late_drain_exits_non_zero(
     let log = dir.path().join("late.log");
     let mut hopper = start(&config, &log, &["--shutdown-timeout", "2s"]);
     server
-        .wait_for("the calls again", Duration::from_secs(60), |s| {
-            s.open() >= 4
-        })
+        .wait_for("the calls again", PATIENCE, |s| s.open() >= 4)
         .await;
     let stopping = Instant::now();
     signal(&hopper, "INT");
@@ -227,7 +219,7 @@ async fn kill_9_with_256_calls_in_flight_loses_nothing_and_redelivers_at_most_th
         })
         .await;
     signal(&again, "TERM");
-    let status = wait(&mut again, Duration::from_secs(60)).expect("hopper exits");
+    let status = wait(&mut again, PATIENCE).expect("hopper exits");
     assert_eq!(status.code(), Some(0), "{}", log_of(&log));
     let all = server.arrived();
     let unique: HashSet<&String> = all.iter().collect();
@@ -286,7 +278,7 @@ async fn kill_9_redoes_only_the_calls_in_flight_and_at_most_400_ms_of_done_calls
         )
         .await;
     signal(&again, "TERM");
-    let status = wait(&mut again, Duration::from_secs(60)).expect("hopper exits");
+    let status = wait(&mut again, PATIENCE).expect("hopper exits");
     assert_eq!(status.code(), Some(0), "{}", log_of(&log));
     let completed = server.completed();
     // The restart reads from the last commit: it runs again the calls in

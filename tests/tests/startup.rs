@@ -63,7 +63,7 @@ fn run_until_logged(args: &[&str], wanted: &str) -> Vec<String> {
     }
     drop(tx);
     let mut lines = Vec::new();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let deadline = std::time::Instant::now() + PATIENCE;
     loop {
         let left = deadline.saturating_duration_since(std::time::Instant::now());
         match rx.recv_timeout(left) {

@@ -8,7 +8,7 @@
 //! counted.
 
 use hopper::metrics::series;
-use hopper::trace::{self, Traceparent};
+use hopper::traceparent::{self, Traceparent};
 use hopper_tests::*;
 use rdkafka::Message;
 use rdkafka::message::{Headers, OwnedMessage};
@@ -16,7 +16,6 @@ use serde_json::{Value, json};
 use std::collections::HashSet;
 use std::time::Duration;
 
-const TOKEN: &str = "tracing-token";
 /// The producer's context: trace `4bf9…4736`, its own span `00f0…02b7`.
 const PRODUCER: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
@@ -28,7 +27,7 @@ fn the_traceparent(m: &OwnedMessage) -> Traceparent {
         .headers()
         .map(|h| {
             h.iter()
-                .filter(|h| h.key.eq_ignore_ascii_case(trace::TRACEPARENT))
+                .filter(|h| h.key.eq_ignore_ascii_case(traceparent::TRACEPARENT))
                 .map(|h| h.value.unwrap_or_default())
                 .collect()
         })
@@ -42,7 +41,7 @@ fn the_traceparent(m: &OwnedMessage) -> Traceparent {
         m.offset(),
         values.len()
     );
-    trace::parse_traceparent(values[0]).unwrap_or_else(|| {
+    traceparent::parse_traceparent(values[0]).unwrap_or_else(|| {
         panic!(
             "invalid traceparent `{}`",
             String::from_utf8_lossy(values[0])
@@ -790,7 +789,7 @@ async fn the_service_a_handler_calls_receives_the_calls_traceparent() {
     let seen = service.traceparents();
     assert_eq!(seen.len(), 2, "{seen:?}");
     for value in &seen {
-        let tp = trace::parse_traceparent(value.as_bytes()).expect("a valid traceparent");
+        let tp = traceparent::parse_traceparent(value.as_bytes()).expect("a valid traceparent");
         assert_eq!(tp.trace_id.to_string(), TRACE);
         assert_eq!(tp.span_id.to_string(), hex(&call.span_id));
     }

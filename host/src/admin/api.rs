@@ -467,9 +467,9 @@ pub(super) async fn replay(
             |outcome| {
                 if let (Some(route), None, false) = (&outcome.route, &outcome.failed, dry_run) {
                     let result = match outcome.action {
-                        crate::dlq::replay::Action::Replay { .. } => "replayed",
-                        crate::dlq::replay::Action::Loop { .. } => "loop",
-                        crate::dlq::replay::Action::Skip { .. } => return,
+                        crate::dlq::replay::ReplayAction::Replay { .. } => "replayed",
+                        crate::dlq::replay::ReplayAction::Loop { .. } => "loop",
+                        crate::dlq::replay::ReplayAction::Skip { .. } => return,
                     };
                     metrics.inc(&crate::metrics::series::Replays { route, result });
                 }

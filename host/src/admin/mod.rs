@@ -53,7 +53,7 @@ pub enum AdminError {
 }
 
 /// What the server serves from.
-pub struct Context {
+pub struct AdminContext {
     pub config: Arc<Config>,
     pub cluster: Cluster,
     pub telemetry: Telemetry,
@@ -65,7 +65,7 @@ pub struct Context {
 
 /// Shared by every request.
 struct State {
-    context: Context,
+    context: AdminContext,
     admin: Admin,
     token: auth::Token,
     /// Paces every replay this process makes, together.
@@ -147,7 +147,7 @@ impl Bound {
 impl Server {
     /// Binds `admin.listen`, and makes the session's read token; serves
     /// nothing until [`Bound::serve`].
-    pub async fn bind(context: Context, admin: Admin) -> Result<Bound, AdminError> {
+    pub async fn bind(context: AdminContext, admin: Admin) -> Result<Bound, AdminError> {
         let listener = tokio::net::TcpListener::bind(admin.listen)
             .await
             .map_err(|source| AdminError::Listen {

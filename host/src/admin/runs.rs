@@ -9,7 +9,7 @@
 
 use super::State;
 use super::api::{ApiError, bad_request};
-use crate::dlq::replay::{Action, Outcome, Report};
+use crate::dlq::replay::{ReplayAction, ReplayOutcome, ReplayReport};
 use crate::dlq::run::RunId;
 use crate::dlq::stream::{Past, Selection, Step, Stream, StreamError};
 use crate::dlq::{Dlq, DlqFilter};
@@ -54,7 +54,7 @@ pub(super) struct RunStatus {
     /// Skipped by a resumed run: it replayed them before.
     already: usize,
     /// The first [`MAX_OUTCOMES`] outcomes that were not a plain replay.
-    outcomes: Vec<Outcome>,
+    outcomes: Vec<ReplayOutcome>,
     /// Why the run failed or stopped.
     error: Option<String>,
     started_at_ms: i64,
@@ -62,7 +62,7 @@ pub(super) struct RunStatus {
 }
 
 impl RunStatus {
-    fn count(&mut self, report: &Report) {
+    fn count(&mut self, report: &ReplayReport) {
         self.replayed = report.replayed;
         self.looped = report.looped;
         self.skipped = report.skipped;
@@ -94,9 +94,10 @@ impl RunStatus {
 
     /// Counts `outcome` in from `report`, and keeps it when it is not a
     /// plain replay and fewer than [`MAX_OUTCOMES`] are kept.
-    fn add(&mut self, outcome: Outcome, report: &Report) {
+    fn add(&mut self, outcome: ReplayOutcome, report: &ReplayReport) {
         self.count(report);
-        let plain = matches!(outcome.action, Action::Replay { .. }) && outcome.failed.is_none();
+        let plain =
+            matches!(outcome.action, ReplayAction::Replay { .. }) && outcome.failed.is_none();
         if !plain && self.outcomes.len() < MAX_OUTCOMES {
             self.outcomes.push(outcome);
         }
@@ -259,7 +260,7 @@ pub(super) async fn start(
         let metrics = shared.context.telemetry.metrics().clone();
         let each = {
             let (shared, id) = (shared.clone(), id.clone());
-            move |step: Step, report: &mut Report| {
+            move |step: Step, report: &mut ReplayReport| {
                 let outcome = match step {
                     Step::Outcome(outcome) => outcome,
                     Step::Already(_) => {
@@ -269,9 +270,9 @@ pub(super) async fn start(
                 };
                 if let (Some(route), None, false) = (&outcome.route, &outcome.failed, dry_run) {
                     let result = match outcome.action {
-                        Action::Replay { .. } => Some("replayed"),
-                        Action::Loop { .. } => Some("loop"),
-                        Action::Skip { .. } => None,
+                        ReplayAction::Replay { .. } => Some("replayed"),
+                        ReplayAction::Loop { .. } => Some("loop"),
+                        ReplayAction::Skip { .. } => None,
                     };
                     if let Some(result) = result {
                         metrics.inc(&crate::metrics::series::Replays { route, result });
@@ -408,8 +409,8 @@ mod tests {
     fn a_status_counts_every_outcome_and_keeps_the_first_hundred_not_plain_replays() {
         let run: RunId = "r1".parse().unwrap();
         let mut status = RunStatus::new(&run, DlqFilter::default(), false, false);
-        let mut report = Report::default();
-        let outcome = |offset: i64, action: Action| Outcome {
+        let mut report = ReplayReport::default();
+        let outcome = |offset: i64, action: ReplayAction| ReplayOutcome {
             at: RecordRef {
                 topic: "dlq".into(),
                 partition: 0,
@@ -422,12 +423,12 @@ mod tests {
         };
         for offset in 0..1_000 {
             let action = if offset % 2 == 0 {
-                Action::Replay {
+                ReplayAction::Replay {
                     to: "in".into(),
                     replay: 1,
                 }
             } else {
-                Action::Skip {
+                ReplayAction::Skip {
                     problem: "why".into(),
                 }
             };
@@ -441,7 +442,7 @@ mod tests {
             status
                 .outcomes
                 .iter()
-                .all(|o| matches!(o.action, Action::Skip { .. }))
+                .all(|o| matches!(o.action, ReplayAction::Skip { .. }))
         );
         assert_eq!(status.outcomes[0].at.offset, 1);
     }

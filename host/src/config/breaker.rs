@@ -142,18 +142,9 @@ impl BreakerConfig {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::ConfigFile;
-
     fn resolve(table: &str) -> Result<Option<super::BreakerSettings>, Vec<String>> {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        let text = format!(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{table}"
-        );
-        let config = ConfigFile::parse(&text).map_err(|e| vec![e])?;
-        config
-            .resolve(dir.path())
-            .map(|mut c| c.routes.remove(0).breaker)
+        let text = crate::config::orders_text(table);
+        crate::config::resolve_with_handler(&text).map(|mut c| c.routes.remove(0).breaker)
     }
 
     #[test]

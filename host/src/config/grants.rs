@@ -468,9 +468,7 @@ mod tests {
     use std::time::Duration;
 
     fn resolve(dir: &Path, text: &str) -> Result<Vec<Route>, Vec<String>> {
-        std::fs::write(dir.join("h.wasm"), b"not checked here").unwrap();
-        let config = ConfigFile::parse(text).unwrap();
-        config.resolve(dir).map(|c| c.routes)
+        crate::config::resolve_in(dir, text).map(|c| c.routes)
     }
 
     #[test]

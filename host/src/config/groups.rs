@@ -48,15 +48,10 @@ fn and_list(items: &[String]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::ConfigFile;
-
     fn problems(body: &str) -> Vec<String> {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        match ConfigFile::parse(body).unwrap().resolve(dir.path()) {
-            Ok(_) => Vec::new(),
-            Err(problems) => problems,
-        }
+        crate::config::resolve_with_handler(body)
+            .err()
+            .unwrap_or_default()
     }
 
     fn route(name: &str, extra: &str) -> String {

@@ -107,13 +107,11 @@ impl Limits {
 
 #[cfg(test)]
 mod tests {
-    use crate::config::ConfigFile;
+    use crate::config::resolve_with_handler;
 
     #[test]
     fn instances_that_could_take_more_memory_than_the_limit_are_refused() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        let config = ConfigFile::parse(
+        let problems = resolve_with_handler(
             r#"
             [limits]
             instance_memory_mib = 1000
@@ -133,8 +131,7 @@ mod tests {
             memory_mib = 64
             "#,
         )
-        .unwrap();
-        let problems = config.resolve(dir.path()).unwrap_err();
+        .unwrap_err();
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(
             problems[0].contains("1152 MiB")

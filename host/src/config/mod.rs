@@ -369,13 +369,47 @@ pub(crate) fn check_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Writes a fake handler, `h.wasm`, into `dir`: the configs of tests name
+/// it, and nothing loads it.
+#[cfg(test)]
+pub(crate) fn write_handler(dir: &Path) {
+    std::fs::write(dir.join("h.wasm"), b"not loaded here").unwrap();
+}
+
+/// `text` resolved in `dir`, beside a fake `h.wasm` ([`write_handler`]);
+/// a text that does not parse is a problem too.
+#[cfg(test)]
+pub(crate) fn resolve_in(dir: &Path, text: &str) -> Result<Config, Vec<String>> {
+    write_handler(dir);
+    ConfigFile::parse(text).map_err(|e| vec![e])?.resolve(dir)
+}
+
+/// [`resolve_in`] a directory of its own.
+#[cfg(test)]
+pub(crate) fn resolve_with_handler(text: &str) -> Result<Config, Vec<String>> {
+    let dir = tempfile::tempdir().unwrap();
+    resolve_in(dir.path(), text)
+}
+
+/// The config text of the route `orders` (topic `orders`, handler
+/// `h.wasm`), with `extra` after its keys.
+#[cfg(test)]
+pub(crate) fn orders_text(extra: &str) -> String {
+    format!("[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{extra}")
+}
+
+/// The route of [`orders_text`], resolved; panics on a problem.
+#[cfg(test)]
+pub(crate) fn orders_route(extra: &str) -> Route {
+    match resolve_with_handler(&orders_text(extra)) {
+        Ok(mut config) => config.routes.remove(0),
+        Err(problems) => panic!("{problems:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn write_handler(dir: &Path) {
-        std::fs::write(dir.join("h.wasm"), b"not checked here").unwrap();
-    }
 
     #[test]
     fn delay_targets_are_checked_and_hoppers_own_topics_are_known() {

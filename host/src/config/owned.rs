@@ -344,15 +344,8 @@ dlq = "shared.dlq"
 /// [`EVERY_KIND`] resolved, with its handler file in place.
 #[cfg(test)]
 pub(crate) fn every_kind_config() -> super::Config {
-    resolve(EVERY_KIND).unwrap_or_else(|problems| panic!("{problems:?}"))
-}
-
-/// `text` resolved in a directory holding its handlers' `h.wasm`.
-#[cfg(test)]
-pub(crate) fn resolve(text: &str) -> Result<super::Config, Vec<String>> {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-    super::ConfigFile::parse(text).unwrap().resolve(dir.path())
+    crate::config::resolve_with_handler(EVERY_KIND)
+        .unwrap_or_else(|problems| panic!("{problems:?}"))
 }
 
 #[cfg(test)]
@@ -425,7 +418,7 @@ mod tests {
         let text = format!(
             "{EVERY_KIND}\n[[route]]\nname = \"emitter\"\ntopics = [\"emitter.in\"]\nhandler = \"h.wasm\"\nemit_topics = [{list}]\n\n[[route]]\nname = \"reader\"\ntopics = [{list}]\nhandler = \"h.wasm\"\n"
         );
-        let problems = resolve(&text).unwrap_err();
+        let problems = crate::config::resolve_with_handler(&text).unwrap_err();
         for own in &all {
             let emit = format!(
                 "route `emitter`: emit topic {}",

@@ -97,10 +97,14 @@ pub fn cancelled_id<H: Headers>(
 
 /// The headers of a cancellation-topic entry: its kind, the relay
 /// process that read it, and the `traceparent` of the hop that wrote it.
-pub fn entry_headers(kind: CancelKind, by: &str, trace: &crate::trace::Context) -> OwnedHeaders {
+pub fn entry_headers(
+    kind: CancelKind,
+    by: &str,
+    trace: &crate::traceparent::Context,
+) -> OwnedHeaders {
     OwnedHeaders::new_with_capacity(3)
         .insert(Header {
-            key: crate::trace::TRACEPARENT,
+            key: crate::traceparent::TRACEPARENT,
             value: Some(&trace.traceparent()),
         })
         .insert(Header {

@@ -19,5 +19,5 @@ mod table;
 pub use cancel::{Intent, cancelled_id, entry_key, entry_key_partition, parse_intent};
 pub use relay::{DelayProcessor, Lookup, TARGET_TRUSTED_FOR};
 pub use schedule::{HOP_MARGIN, Rejected, Schedule, Step, parse_instant, parse_schedule, step};
-pub use send::{DelayedMessage, SendError, cancel};
+pub use send::{DelayedMessage, InboxSendError, cancel};
 pub use table::{CEILING_ROOM, CancelTable, CancelView, LoadedTable, SWEEP_SLICE, lookup};

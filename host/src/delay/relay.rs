@@ -7,12 +7,12 @@ use super::table::CancelTable;
 use crate::clock::now_ms;
 use crate::config::{DelayRelay, RELAY_ROUTE};
 use crate::dlq;
-use crate::events::{self, Event, Telemetry};
+use crate::events::{self, Telemetry};
 use crate::headers;
 use crate::hold;
 use crate::hop::{self, Action, OutRecord, Outcome, PlannedHop, Processor};
 use crate::renewable::AwaitedProducer;
-use crate::trace;
+use crate::traceparent;
 use crate::types::{CancelKind, InboxPosition};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::RDKafkaErrorCode;
@@ -265,7 +265,12 @@ impl DelayProcessor {
     /// the scheduling headers as the producer sent them, so once the cause is
     /// fixed it can be produced to the inbox again. Its id follows
     /// [`headers::Envelope::fallback`], as a route's does.
-    fn reject(&self, message: &OwnedMessage, trace: &trace::Context, rejected: Rejected) -> Action {
+    fn reject(
+        &self,
+        message: &OwnedMessage,
+        trace: &traceparent::Context,
+        rejected: Rejected,
+    ) -> Action {
         let mut envelope = headers::Envelope::fallback(&headers::Incoming {
             topic: message.topic(),
             partition: message.partition(),
@@ -304,7 +309,7 @@ impl DelayProcessor {
         id: &str,
         kind: CancelKind,
         at: InboxPosition,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
     ) -> PlannedHop {
         PlannedHop {
             record: OutRecord {
@@ -332,7 +337,7 @@ impl DelayProcessor {
         kind: CancelKind,
         at: InboxPosition,
         entries: usize,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
     ) -> Action {
         let max = self.table.max();
         self.telemetry.emit(events::CancelRefused {
@@ -361,7 +366,7 @@ impl DelayProcessor {
         &self,
         id: &str,
         at: InboxPosition,
-        trace: &trace::Context,
+        trace: &traceparent::Context,
     ) -> Result<(), String> {
         let hop = self.entry(id, CancelKind::Replace, at, trace);
         let record = FutureRecord::<[u8], [u8]>::to(&hop.record.topic)
@@ -373,7 +378,7 @@ impl DelayProcessor {
             .send(record, Duration::from_secs(30))
             .await
             .map_err(|e| format!("writing to `{}`: {e}", self.relay.cancels))?;
-        self.telemetry.emit(Event::from(hop.outcome));
+        self.telemetry.emit(hop.outcome);
         Ok(())
     }
 }
@@ -401,7 +406,7 @@ impl Processor for DelayProcessor {
     }
 
     async fn process(&self, message: &OwnedMessage) -> Action {
-        let mut trace = trace::Context::continue_from(message.headers());
+        let mut trace = traceparent::Context::continue_from(message.headers());
         self.telemetry.tracer().decide(&mut trace);
         let action = self.relay(message, &trace).await;
         crate::spans::relay_hop(self.telemetry.tracer(), &trace, message, &action);
@@ -411,7 +416,7 @@ impl Processor for DelayProcessor {
 
 impl DelayProcessor {
     /// Plans the next hop of `message`, in `trace`.
-    async fn relay(&self, message: &OwnedMessage, trace: &trace::Context) -> Action {
+    async fn relay(&self, message: &OwnedMessage, trace: &traceparent::Context) -> Action {
         let now = now_ms();
         let from_inbox = !self.tier_of.contains_key(message.topic());
         // Where the inbox read the schedule: this record, or the stamp its
@@ -580,7 +585,7 @@ fn forward(
     message: &OwnedMessage,
     schedule: &Schedule,
     inbox: Option<InboxPosition>,
-    trace: &trace::Context,
+    trace: &traceparent::Context,
 ) -> PlannedHop {
     let record = OutRecord::like(
         message,
@@ -607,6 +612,7 @@ fn forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::events::Event;
     use std::collections::VecDeque;
 
     const PATIENCE: Duration = Duration::from_secs(120);

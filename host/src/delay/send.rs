@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// Why a schedule or a cancel was not sent.
 #[derive(Debug, thiserror::Error)]
-pub enum SendError {
+pub enum InboxSendError {
     #[error("an id is 1 to {} bytes, not {len}", headers::MAX_ID_BYTES)]
     Id { len: usize },
     #[error("cannot produce to {inbox}: {error}")]
@@ -39,7 +39,7 @@ impl DelayedMessage {
         &self,
         producer: &rdkafka::producer::FutureProducer,
         inbox: &str,
-    ) -> Result<(i32, i64), SendError> {
+    ) -> Result<(i32, i64), InboxSendError> {
         use rdkafka::message::{Header, OwnedHeaders};
         let mut owned = OwnedHeaders::new();
         for (key, value) in &self.headers {
@@ -73,7 +73,7 @@ impl DelayedMessage {
         let delivery = producer
             .send(record, Duration::from_secs(30))
             .await
-            .map_err(|(error, _)| SendError::Produce {
+            .map_err(|(error, _)| InboxSendError::Produce {
                 inbox: inbox.to_string(),
                 error,
             })?;
@@ -89,10 +89,10 @@ pub async fn cancel(
     producer: &rdkafka::producer::FutureProducer,
     inbox: &str,
     id: &str,
-) -> Result<(i32, i64), SendError> {
+) -> Result<(i32, i64), InboxSendError> {
     use rdkafka::message::{Header, OwnedHeaders};
     if id.is_empty() || id.len() > headers::MAX_ID_BYTES {
-        return Err(SendError::Id { len: id.len() });
+        return Err(InboxSendError::Id { len: id.len() });
     }
     let owned = OwnedHeaders::new()
         .insert(Header {
@@ -109,7 +109,7 @@ pub async fn cancel(
     let delivery = producer
         .send(record, Duration::from_secs(30))
         .await
-        .map_err(|(error, _)| SendError::Produce {
+        .map_err(|(error, _)| InboxSendError::Produce {
             inbox: inbox.to_string(),
             error,
         })?;

@@ -19,7 +19,7 @@ pub mod stream;
 pub use browse::{Dlq, DlqError, DlqFilter, DlqPage};
 pub use candidate::{HttpMode, TryReport, try_candidate};
 pub use record::{DlqRecord, DlqSummary, RecordRef};
-pub use replay::{Pacer, Report as ReplayReport};
+pub use replay::{Pacer, ReplayReport};
 pub use skip::{SkipError, Skipped, is_undecodable, skip_undecodable};
 
 use crate::clock::now_ms;

@@ -250,10 +250,14 @@ impl DlqRecord {
             trace_id: h.and_then(|h| {
                 let value = h
                     .iter()
-                    .filter(|h| h.key.eq_ignore_ascii_case(crate::trace::TRACEPARENT))
+                    .filter(|h| h.key.eq_ignore_ascii_case(crate::traceparent::TRACEPARENT))
                     .last()?
                     .value?;
-                Some(crate::trace::parse_traceparent(value)?.trace_id.to_string())
+                Some(
+                    crate::traceparent::parse_traceparent(value)?
+                        .trace_id
+                        .to_string(),
+                )
             }),
             trace_url: None,
         }

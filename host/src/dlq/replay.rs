@@ -38,7 +38,7 @@ const PRODUCE_TIMEOUT: Duration = Duration::from_secs(30);
 /// What a replay does with one record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case")]
-pub enum Action {
+pub enum ReplayAction {
     /// Produce it to `to` as replay number `replay` of its message.
     Replay { to: String, replay: u32 },
     /// Past the loop guard: a copy goes to its DLQ with REPLAY_LOOP.
@@ -49,19 +49,19 @@ pub enum Action {
 
 /// One record's replay, planned or done.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Outcome {
+pub struct ReplayOutcome {
     pub at: RecordRef,
     pub id: Option<String>,
     pub route: Option<String>,
     #[serde(flatten)]
-    pub action: Action,
+    pub action: ReplayAction,
     /// Set when the produce failed; the record was then not replayed.
     pub failed: Option<String>,
 }
 
 /// What a replay did, record by record; for a dry run, what it would do.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Report {
+pub struct ReplayReport {
     pub dry_run: bool,
     /// The run's id: resume it with it ([`super::run`]).
     pub run: Option<String>,
@@ -71,7 +71,7 @@ pub struct Report {
     pub failed: usize,
     /// Skipped by a resumed run: it replayed them before.
     pub already: usize,
-    pub outcomes: Vec<Outcome>,
+    pub outcomes: Vec<ReplayOutcome>,
 }
 
 /// Spaces produces evenly at a rate; shared by concurrent replays.
@@ -115,7 +115,7 @@ struct Planned {
     message: OwnedMessage,
     envelope: Option<Envelope>,
     keep: &'static [&'static str],
-    outcome: Outcome,
+    outcome: ReplayOutcome,
 }
 
 /// Headers of the delay relay's records that a replay keeps, so the relay
@@ -162,14 +162,14 @@ impl Dlq<'_> {
                         if replay > max_replays {
                             let replays = replay - 1;
                             (
-                                Action::Loop {
+                                ReplayAction::Loop {
                                     to: at.topic.clone(),
                                     replays,
                                 },
                                 keep,
                             )
                         } else {
-                            (Action::Replay { to, replay }, keep)
+                            (ReplayAction::Replay { to, replay }, keep)
                         }
                     }
                 }
@@ -178,7 +178,7 @@ impl Dlq<'_> {
         Planned {
             envelope: envelope.ok(),
             keep,
-            outcome: Outcome {
+            outcome: ReplayOutcome {
                 at,
                 id,
                 route,
@@ -294,8 +294,8 @@ impl Dlq<'_> {
         dry_run: bool,
         pacer: &Pacer,
         tracer: &crate::trace::Tracer,
-        mut done: impl FnMut(&Outcome),
-    ) -> Result<Report, DlqError> {
+        mut done: impl FnMut(&ReplayOutcome),
+    ) -> Result<ReplayReport, DlqError> {
         let mut replayer = Replayer::new(self, run, max_replays, dry_run, pacer, tracer)?;
         let mut journals = HashMap::new();
         let mut report = replayer.report();
@@ -419,11 +419,11 @@ impl<'a> Replayer<'a> {
     }
 
     /// An empty report of this run.
-    pub fn report(&self) -> Report {
-        Report {
+    pub fn report(&self) -> ReplayReport {
+        ReplayReport {
             dry_run: self.producer.is_none(),
             run: Some(self.run.to_string()),
-            ..Report::default()
+            ..ReplayReport::default()
         }
     }
 
@@ -433,7 +433,7 @@ impl<'a> Replayer<'a> {
     /// produces, at the pacer's rate, the replays of those whose entry was
     /// acknowledged, and awaits them. Their outcomes, in order. After any
     /// failure the next batch starts a new attempt.
-    pub async fn batch(&mut self, items: Vec<Item>) -> Vec<Outcome> {
+    pub async fn batch(&mut self, items: Vec<Item>) -> Vec<ReplayOutcome> {
         let mut planned: Vec<(Planned, bool)> = items
             .into_iter()
             .map(|item| {
@@ -456,7 +456,7 @@ impl<'a> Replayer<'a> {
             let Some(envelope) = &p.envelope else {
                 continue;
             };
-            if matches!(p.outcome.action, Action::Skip { .. }) {
+            if matches!(p.outcome.action, ReplayAction::Skip { .. }) {
                 continue;
             }
             match self.entry(envelope, &p.outcome, *redo, first) {
@@ -499,7 +499,7 @@ impl<'a> Replayer<'a> {
             match replayed {
                 Err(e) => p.outcome.failed = Some(e),
                 Ok(()) => {
-                    if let (Action::Replay { to, replay }, Some(envelope)) =
+                    if let (ReplayAction::Replay { to, replay }, Some(envelope)) =
                         (&p.outcome.action, &p.envelope)
                     {
                         let from = p.outcome.at.to_string();
@@ -546,25 +546,25 @@ impl<'a> Replayer<'a> {
     fn entry(
         &mut self,
         envelope: &Envelope,
-        outcome: &Outcome,
+        outcome: &ReplayOutcome,
         redo: bool,
         batch: u64,
     ) -> Result<JournalEntry, String> {
         let (to, replay, kind, after) = match &outcome.action {
-            Action::Skip { .. } => unreachable!("a skipped record has no entry"),
-            Action::Replay { to, replay } => {
+            ReplayAction::Skip { .. } => unreachable!("a skipped record has no entry"),
+            ReplayAction::Replay { to, replay } => {
                 let after = self
                     .ends_of(to)
                     .map_err(|e| format!("not replayed: cannot read the end of `{to}`: {e}"))?;
                 (to, *replay, if redo { "redo" } else { "replay" }, after)
             }
-            Action::Loop { to, replays } => (to, *replays, "loop", String::new()),
+            ReplayAction::Loop { to, replays } => (to, *replays, "loop", String::new()),
         };
         let attempt = format!("{}/{}", self.attempt, self.written);
         self.written += 1;
         let headers = OwnedHeaders::new()
             .insert(Header {
-                key: crate::trace::TRACEPARENT,
+                key: crate::traceparent::TRACEPARENT,
                 value: Some(&envelope.trace.traceparent()),
             })
             .insert(text_header(headers::ID, &envelope.id))
@@ -594,8 +594,8 @@ impl<'a> Replayer<'a> {
         let envelope = envelope.as_ref().expect("a record with an entry");
         let at = outcome.at.to_string();
         match &outcome.action {
-            Action::Skip { .. } => Ok(()),
-            Action::Replay { to, replay } => {
+            ReplayAction::Skip { .. } => Ok(()),
+            ReplayAction::Replay { to, replay } => {
                 let headers =
                     headers::replay_headers(message.headers(), envelope, *replay, &at, keep)
                         .insert(text_header(run::RUN, self.run.as_str()));
@@ -609,7 +609,7 @@ impl<'a> Replayer<'a> {
                         )
                     })
             }
-            Action::Loop { to, replays } => {
+            ReplayAction::Loop { to, replays } => {
                 let route = outcome.route.as_deref().unwrap_or_default();
                 let envelope = Envelope {
                     replays: *replays,
@@ -650,20 +650,20 @@ fn attempt_id() -> String {
     format!("{:012x}", fastrand::u64(..) >> 16)
 }
 
-impl Report {
+impl ReplayReport {
     /// Counts `outcome` in.
-    pub fn count(&mut self, outcome: &Outcome) {
+    pub fn count(&mut self, outcome: &ReplayOutcome) {
         match (&outcome.action, &outcome.failed) {
             (_, Some(_)) => self.failed += 1,
-            (Action::Replay { .. }, None) => self.replayed += 1,
-            (Action::Loop { .. }, None) => self.looped += 1,
-            (Action::Skip { .. }, None) => self.skipped += 1,
+            (ReplayAction::Replay { .. }, None) => self.replayed += 1,
+            (ReplayAction::Loop { .. }, None) => self.looped += 1,
+            (ReplayAction::Skip { .. }, None) => self.skipped += 1,
         }
     }
 }
 
-fn skip(problem: String) -> Action {
-    Action::Skip { problem }
+fn skip(problem: String) -> ReplayAction {
+    ReplayAction::Skip { problem }
 }
 
 fn text_header<'a>(key: &'a str, value: &'a str) -> Header<'a, &'a str> {

@@ -68,13 +68,13 @@ pub enum SkipError {
     #[error("route `{0}` is not in the config")]
     UnknownRoute(String),
     #[error(
-        "group `{group}` is {state} with {members} member(s): stop every hopper that runs `{pipeline}` first (the skip commits for the group, which Kafka allows only while it is empty)"
+        "group `{group}` is {state} with {members} member(s): stop every hopper that runs `{route}` first (the skip commits for the group, which Kafka allows only while it is empty)"
     )]
     GroupActive {
         group: String,
         state: String,
         members: usize,
-        pipeline: String,
+        route: String,
     },
     #[error(
         "{topic}[{partition}] reads fine at offset {from}, where group `{group}` stands: nothing to skip"
@@ -118,29 +118,29 @@ impl From<KafkaError> for SkipError {
     }
 }
 
-/// Skips the undecodable batch where `pipeline` (a route's name, or
+/// Skips the undecodable batch where `route` (a route's name, or
 /// `delay`) is stuck on `topic`[`partition`]. Fails, changing nothing,
-/// while a member of the pipeline's group runs, or when the partition
+/// while a member of the route's group runs, or when the partition
 /// reads fine there. Blocks: call it off the runtime.
 pub fn skip_undecodable(
     cluster: &Cluster,
     config: &Config,
-    pipeline: &str,
+    route: &str,
     topic: &str,
     partition: i32,
     dry_run: bool,
 ) -> Result<Skipped, SkipError> {
-    let (group, dlq) = if pipeline == RELAY_ROUTE
+    let (group, dlq) = if route == RELAY_ROUTE
         && let Some(relay) = &config.delay
     {
         (relay.group.clone(), relay.dlq.clone())
     } else {
-        let route = config
+        let configured = config
             .routes
             .iter()
-            .find(|r| r.name == pipeline)
-            .ok_or_else(|| SkipError::UnknownRoute(pipeline.to_string()))?;
-        (route.group.clone(), route.dlq.clone())
+            .find(|r| r.name == route)
+            .ok_or_else(|| SkipError::UnknownRoute(route.to_string()))?;
+        (configured.group.clone(), configured.dlq.clone())
     };
     let consumer: BaseConsumer<WatchedContext> = cluster
         .consumer_config(&group)
@@ -162,7 +162,7 @@ pub fn skip_undecodable(
             group,
             state: state.state().to_string(),
             members: state.members().len(),
-            pipeline: pipeline.to_string(),
+            route: route.to_string(),
         });
     }
     let (low, high) = consumer
@@ -243,7 +243,7 @@ pub fn skip_undecodable(
         &message,
         Plan {
             topic: &dlq,
-            route: pipeline,
+            route,
             envelope: &envelope,
             attempts_made: 0,
             reason: Reason::Undecodable,

@@ -9,7 +9,7 @@
 
 use super::browse::{Dlq, DlqError, DlqFilter, replay_counts_but};
 use super::record::RecordRef;
-use super::replay::{Item, Outcome, Pacer, Replayer, Report};
+use super::replay::{Item, Pacer, ReplayOutcome, ReplayReport, Replayer};
 use super::run::{self, RunError, RunId, RunState, Unsure};
 use crate::config::{Config, replay_journal};
 use crate::kafka::Cluster;
@@ -110,7 +110,7 @@ impl Past {
 #[derive(Debug)]
 pub enum Step {
     /// A record replayed, copied back with REPLAY_LOOP, skipped or failed.
-    Outcome(Outcome),
+    Outcome(ReplayOutcome),
     /// A record the resumed run replayed before: skipped, counted in
     /// `already`.
     Already(RecordRef),
@@ -141,8 +141,8 @@ impl Stream {
     /// read to its end or the run stopped, after the outcomes so far.
     pub async fn run(
         self,
-        mut each: impl FnMut(Step, &mut Report) + Send + 'static,
-    ) -> Result<Report, StreamError> {
+        mut each: impl FnMut(Step, &mut ReplayReport) + Send + 'static,
+    ) -> Result<ReplayReport, StreamError> {
         let Stream {
             config,
             cluster,

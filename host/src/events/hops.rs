@@ -1,5 +1,6 @@
 //! The events of a route's hops, reported when the broker acknowledges
-//! them (their data is the hop's [`hop::Outcome`]), and of hops it does not.
+//! them (each kind of [`hop::Outcome`], emitted as [`super::Event::Hop`]),
+//! and of hops it does not.
 
 use super::{InternalEvent, short};
 use crate::hop;

@@ -8,9 +8,10 @@
 //! hops ([`hops`]), a circuit breaker's ([`breaker`]), the delay relay's
 //! ([`delay`]) and ordered retries' parked keys ([`parked`]). Adding an event is its type and its `impl InternalEvent` in
 //! its area, its name in the `events!` list below, and one
-//! `telemetry.emit(...)` where it happens. A hop's event is made from its
-//! [`crate::hop::Outcome`], whose data it reports, when the broker
-//! acknowledges the hop, never when it is planned.
+//! `telemetry.emit(...)` where it happens. A hop's event is its
+//! [`crate::hop::Outcome`] itself ([`Event::Hop`]), emitted when the broker
+//! acknowledges the hop, never when it is planned; each kind of hop has its
+//! `impl InternalEvent` in its area.
 //!
 //! The events on a message's path ([`Handled`], [`HttpRequest`],
 //! [`HttpDenied`]) are reported through registered handles that hold their
@@ -45,16 +46,18 @@ pub use telemetry::Telemetry;
 use crate::hop::{self, Outcome};
 use crate::metrics::Metrics;
 
-/// One kind of event: writes its log line and bumps its counter.
-pub trait InternalEvent: Into<Event> {
+/// One kind of event: writes its log line and bumps its counter. A hop's
+/// kind ([`hop::Retry`], ...) is emitted as its [`Outcome`], in
+/// [`Event::Hop`].
+pub trait InternalEvent {
     fn record(&self, metrics: &Metrics);
 
     /// Its span, for an event that ends one; called only with export on.
     fn trace(&self, _tracer: &crate::trace::Tracer) {}
 }
 
-/// The type a variant of [`Event`] holds: its own name, or the hop
-/// outcome's type it reports.
+/// The type a variant of [`Event`] holds: its own name, or the type given
+/// (a hop's [`Outcome`]).
 macro_rules! event_type {
     ($name:ident) => {
         $name
@@ -91,18 +94,28 @@ macro_rules! events {
     };
 }
 
-/// A hop's event, made from its outcome when the broker acknowledges it.
-impl From<Outcome> for Event {
-    fn from(outcome: Outcome) -> Event {
-        match outcome {
-            Outcome::Retry(retry) => Event::RetryScheduled(retry),
-            Outcome::DeadLetter(dead) => Event::DeadLettered(dead),
-            Outcome::Emit(emit) => Event::Emitted(emit),
-            Outcome::Deferral(deferral) => Event::BreakerDeferred(deferral),
-            Outcome::Forward(forward) => Event::Delivered(forward),
-            Outcome::TierHop(hop) => Event::TierHop(hop),
-            Outcome::CancelEntry(entry) => Event::CancelRecorded(entry),
-        }
+/// A hop's event records as its kind does: the kind's log line, counter
+/// and span.
+impl InternalEvent for Outcome {
+    fn record(&self, metrics: &Metrics) {
+        kind(self).record(metrics)
+    }
+
+    fn trace(&self, tracer: &crate::trace::Tracer) {
+        kind(self).trace(tracer)
+    }
+}
+
+/// The kind of hop `outcome` is, as the event it records.
+fn kind(outcome: &Outcome) -> &dyn InternalEvent {
+    match outcome {
+        Outcome::Retry(retry) => retry,
+        Outcome::DeadLetter(dead) => dead,
+        Outcome::Emit(emit) => emit,
+        Outcome::Deferral(deferral) => deferral,
+        Outcome::Forward(forward) => forward,
+        Outcome::TierHop(hop) => hop,
+        Outcome::CancelEntry(entry) => entry,
     }
 }
 
@@ -114,36 +127,30 @@ impl InternalEvent for Event {
     }
 
     fn trace(&self, tracer: &crate::trace::Tracer) {
-        if let Event::Delivered(delivered) = self {
-            delivered.trace(tracer);
+        if let Event::Hop(outcome) = self {
+            outcome.trace(tracer);
         }
     }
 }
 
 events! {
     Handled,
-    RetryScheduled(hop::Retry),
-    DeadLettered(hop::DeadLetter),
-    Delivered(hop::Forward),
-    TierHop(hop::TierHop),
+    Hop(hop::Outcome),
     HandlerReloaded,
     HandlerReloadFailed,
     HttpRequest,
     HttpDenied,
     HttpLimited,
-    Emitted(hop::Emit),
     HopFailed,
     EmitsDiscarded,
     BreakerOpened,
     BreakerHalfOpen,
     BreakerProbed,
     BreakerClosed,
-    BreakerDeferred(hop::Deferral),
     PartitionsSuspended,
     PartitionsReleased,
     TargetLookupFailed,
     TargetLookupAbandoned,
-    CancelRecorded(hop::CancelEntry),
     CancellationKnown,
     ScheduleCancelled,
     CancelTooLate,
@@ -165,30 +172,23 @@ pub fn short(version: &str) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigFile;
+    use crate::config::{orders_text, resolve_with_handler};
     use crate::headers::Reason;
     use crate::metrics::series;
     use crate::types::{HopFailure, VerdictKind};
     use std::time::Duration;
 
-    fn telemetry() -> (Telemetry, tempfile::TempDir) {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
-        let config = ConfigFile::parse(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
-             retry = [\"5s\"]\n\n[delay]\ntiers = [\"1s\"]\n",
-        )
-        .unwrap()
-        .resolve(dir.path())
-        .unwrap();
-        (Telemetry::for_config(&config, true), dir)
+    fn telemetry() -> Telemetry {
+        let text = orders_text("retry = [\"5s\"]\n\n[delay]\ntiers = [\"1s\"]\n");
+        let config = resolve_with_handler(&text).unwrap();
+        Telemetry::for_config(&config, true)
     }
 
     /// A hop's event is planned with the hop and counted only when it is
     /// emitted, which the producer does on the broker's acknowledgement.
     #[test]
     fn a_planned_hop_counts_nothing_until_its_event_is_emitted() {
-        let (telemetry, _dir) = telemetry();
+        let telemetry = telemetry();
         let metrics = telemetry.metrics();
         let tier = series::DelayTierHops {
             tier: "hopper.delay.1s",
@@ -199,7 +199,7 @@ mod tests {
             tier: "hopper.delay.1s".into(),
         });
         assert_eq!(metrics.get(&tier), Some(0), "planning counts nothing");
-        telemetry.emit(Event::from(planned));
+        telemetry.emit(planned);
         assert_eq!(metrics.get(&tier), Some(1));
     }
 
@@ -207,7 +207,7 @@ mod tests {
     /// labels, and no other.
     #[test]
     fn each_event_bumps_its_own_counter() {
-        let (telemetry, _dir) = telemetry();
+        let telemetry = telemetry();
         let metrics = telemetry.metrics();
         let route = "orders";
         let retries = series::Retries {
@@ -250,7 +250,7 @@ mod tests {
             ]
         };
         assert_eq!(read(metrics), [Some(0); 7], "every series is registered");
-        telemetry.emit(hop::Retry {
+        telemetry.emit(Outcome::Retry(hop::Retry {
             route: "orders".into(),
             id: "m-1".into(),
             attempt: 1,
@@ -258,8 +258,8 @@ mod tests {
             delay: Duration::from_secs(5),
             reason: Reason::Retryable,
             version: None,
-        });
-        telemetry.emit(hop::DeadLetter {
+        }));
+        telemetry.emit(Outcome::DeadLetter(hop::DeadLetter {
             route: "orders".into(),
             id: "m-2".into(),
             attempt: 3,
@@ -267,7 +267,7 @@ mod tests {
             reason: Reason::Fatal,
             error: "no".into(),
             version: None,
-        });
+        }));
         telemetry.emit(HopFailed {
             route: "orders".into(),
             topic: "orders.retry.5s".into(),
@@ -288,15 +288,9 @@ mod tests {
     /// route's calls and its grants register exist.
     #[test]
     fn every_family_is_exported_under_its_one_name() {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"not loaded here").unwrap();
-        let config = crate::config::ConfigFile::parse(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n\
-             retry = [\"5s\"]\nretry_order = \"key\"\n[route.breaker]\n\n[delay]\n",
-        )
-        .unwrap()
-        .resolve(dir.path())
-        .unwrap();
+        let text =
+            orders_text("retry = [\"5s\"]\nretry_order = \"key\"\n[route.breaker]\n\n[delay]\n");
+        let config = resolve_with_handler(&text).unwrap();
         let metrics = Metrics::new(Some(&config), Default::default(), true);
         // What the route registers when it starts and its grants are built.
         Calls::register(&metrics, "orders");

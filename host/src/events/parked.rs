@@ -3,7 +3,7 @@
 
 use super::InternalEvent;
 use crate::metrics::{Metrics, series};
-use crate::types::{Lane, ReleaseCause as Cause};
+use crate::types::{Lane, ReleaseCause};
 
 /// A key was parked behind `head`, sent to a retry tier: the key's later
 /// messages wait behind it.
@@ -62,7 +62,7 @@ pub struct KeyReleased {
     pub route: String,
     pub lane: Lane,
     pub head: String,
-    pub cause: Cause,
+    pub cause: ReleaseCause,
     /// The head was dead-lettered on a route with `on_key_dead_letter =
     /// "dead-letter-key"`: the key is blocked now.
     pub blocks: bool,

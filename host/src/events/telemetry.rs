@@ -94,7 +94,7 @@ impl Telemetry {
 
     /// Records `event` (its log line and its counter) and sends it to
     /// observers.
-    pub fn emit(&self, event: impl InternalEvent) {
+    pub fn emit(&self, event: impl InternalEvent + Into<Event>) {
         event.record(&self.metrics);
         if self.tracer.is_on() {
             event.trace(&self.tracer);

@@ -31,9 +31,9 @@ mod records;
 mod table;
 mod topic;
 
-pub use records::{BadRecord, Cause, Head, Lane, Parked, Record, Release};
+pub use records::{BadRecord, Head, Lane, Parked, Record, Release};
 pub use table::LaneView;
-pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step, Summary};
+pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step};
 pub use topic::{
     HeadAck, LoadedTable, NotParked, ParkError, Purged, Refused, Stopping, Store, Unwritten,
     ensure_topic, list, load, purge, release,

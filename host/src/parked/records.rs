@@ -39,12 +39,12 @@ pub struct Head {
     pub since: i64,
 }
 
-pub use crate::types::ReleaseCause as Cause;
+use crate::types::ReleaseCause;
 
 /// A release of a head.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Release {
-    pub cause: Cause,
+    pub cause: ReleaseCause,
     /// When, epoch ms.
     pub at: i64,
 }
@@ -364,7 +364,7 @@ mod tests {
                 lane,
                 head: "id\0with nul".into(),
                 release: Some(Release {
-                    cause: Cause::DeadLettered,
+                    cause: ReleaseCause::DeadLettered,
                     at: 9,
                 }),
             };

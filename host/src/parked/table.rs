@@ -2,11 +2,11 @@
 //! message of a key may do now, and what a partition's task has to do for
 //! the keys whose head resolved.
 
-use super::records::{Cause, Head, Lane, Parked, Record, Release};
+use super::records::{Head, Lane, Parked, Record, Release};
 use crate::clock::now_ms;
 use crate::config::KeyDeadLetter;
-pub use crate::health::ParkedSummary as Summary;
-use crate::types::TopicPartition;
+use crate::health::ParkedSummary;
+use crate::types::{ReleaseCause, TopicPartition};
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher as _;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -157,7 +157,8 @@ impl LaneState {
                 None if self.parked.contains_key(&head.seq) => KeyState::Releasing,
                 None => KeyState::Parked,
                 Some(r)
-                    if r.cause == Cause::DeadLettered && policy == KeyDeadLetter::DeadLetterKey =>
+                    if r.cause == ReleaseCause::DeadLettered
+                        && policy == KeyDeadLetter::DeadLetterKey =>
                 {
                     KeyState::Blocked
                 }
@@ -523,7 +524,7 @@ impl ParkTable {
             }
             Record::Release { head, release, .. } => match release {
                 Some(release) => {
-                    if release.cause == Cause::Operator {
+                    if release.cause == ReleaseCause::Operator {
                         state.overflowed = false;
                     }
                     state.releases.insert(head, release);
@@ -670,7 +671,7 @@ impl ParkTable {
     /// Whether a release of `head` by `cause` would change anything: the
     /// key is parked behind it (or the table does not know the head, whose
     /// record may not have been read yet).
-    pub fn releases(&self, lane: &Lane, head: &str, cause: Cause) -> bool {
+    pub fn releases(&self, lane: &Lane, head: &str, cause: ReleaseCause) -> bool {
         let inner = self.inner.lock().unwrap();
         let Some(state) = inner.lanes.get(lane) else {
             return true;
@@ -875,12 +876,12 @@ impl ParkTable {
     }
 
     /// The table's figures.
-    pub fn summary(&self) -> Summary {
+    pub fn summary(&self) -> ParkedSummary {
         let inner = self.inner.lock().unwrap();
-        let mut summary = Summary {
+        let mut summary = ParkedSummary {
             messages: inner.messages,
             bytes: inner.bytes,
-            ..Summary::default()
+            ..ParkedSummary::default()
         };
         for state in inner.lanes.values() {
             match state.shown(self.policy) {
@@ -900,7 +901,7 @@ impl ParkTable {
     }
 
     /// The lane of a head that resolved now, with the release to write.
-    pub fn release_now(cause: Cause) -> Release {
+    pub fn release_now(cause: ReleaseCause) -> Release {
         Release {
             cause,
             at: now_ms(),
@@ -954,7 +955,7 @@ mod tests {
         }
     }
 
-    fn release(lane: &Lane, id: &str, cause: Cause) -> Record {
+    fn release(lane: &Lane, id: &str, cause: ReleaseCause) -> Record {
         Record::Release {
             lane: lane.clone(),
             head: id.into(),
@@ -1006,7 +1007,7 @@ mod tests {
         assert_eq!(t.summary().parked_keys, 1);
         assert_eq!(t.summary().messages, 2);
 
-        t.apply(release(&k, "m5", Cause::Resolved));
+        t.apply(release(&k, "m5", ReleaseCause::Resolved));
         assert_eq!(t.jobs(&tp), vec![k.clone()]);
         assert!(t.jobs(&tp).is_empty(), "handed out once");
         assert!(matches!(t.step(&k), Step::Handle { seq: 7, .. }));
@@ -1043,7 +1044,7 @@ mod tests {
         t.job_done(&k);
         assert_eq!(t.admit(&k, 10, "m10"), Admission::Call, "free again");
         assert!(t.is_free(0, &k.key), "free again, without the lock");
-        assert_eq!(t.summary(), Summary::default());
+        assert_eq!(t.summary(), ParkedSummary::default());
         assert!(t.list().is_empty());
     }
 
@@ -1057,14 +1058,14 @@ mod tests {
             let k = lane("acct-2");
             t.apply(head(&k, "m1", 1));
             t.apply(parked(&k, 2));
-            t.apply(release(&k, "m1", Cause::DeadLettered));
+            t.apply(release(&k, "m1", ReleaseCause::DeadLettered));
             if blocked {
                 assert!(
                     matches!(t.step(&k), Step::DeadLetter { seq: 2, ref head, .. } if head == "m1")
                 );
                 assert_eq!(t.admit(&k, 3, "m3"), Admission::Block { head: "m1".into() });
                 assert_eq!(t.head_of(&k), Some(("m1".into(), KeyState::Blocked)));
-                t.apply(release(&k, "m1", Cause::Operator));
+                t.apply(release(&k, "m1", ReleaseCause::Operator));
                 assert!(
                     matches!(t.step(&k), Step::Handle { seq: 2, .. }),
                     "released"
@@ -1088,7 +1089,7 @@ mod tests {
         t.apply(head(&k, "m1", 1));
         t.apply(parked(&k, 22));
         t.apply(parked(&k, 23));
-        t.apply(release(&k, "m1", Cause::Resolved));
+        t.apply(release(&k, "m1", ReleaseCause::Resolved));
         // The job took 22, which went to a retry tier: its head record is
         // written, then the crash, before its retry record and deletion.
         t.apply(head(&k, "m22", 22));
@@ -1153,7 +1154,7 @@ mod tests {
                     1 => Record::Head { lane: l.clone(), head: None },
                     2 => parked(l, 10 + n),
                     3 => Record::Parked { lane: l.clone(), seq: 10 + n, message: None },
-                    4 => release(l, &format!("h{n}"), Cause::DeadLettered),
+                    4 => release(l, &format!("h{n}"), ReleaseCause::DeadLettered),
                     _ => Record::Release { lane: l.clone(), head: format!("h{n}"), release: None },
                 };
                 t.apply(record);
@@ -1186,11 +1187,14 @@ mod tests {
         let t = table(KeyDeadLetter::Continue);
         let k = lane("acct-3");
         t.apply(head(&k, "m2", 2));
-        assert!(!t.releases(&k, "m1", Cause::Resolved), "another head");
-        assert!(t.releases(&k, "m2", Cause::Resolved));
-        t.apply(release(&k, "m1", Cause::Resolved));
+        assert!(
+            !t.releases(&k, "m1", ReleaseCause::Resolved),
+            "another head"
+        );
+        assert!(t.releases(&k, "m2", ReleaseCause::Resolved));
+        t.apply(release(&k, "m1", ReleaseCause::Resolved));
         assert_eq!(t.head_of(&k), Some(("m2".into(), KeyState::Parked)));
-        assert!(t.releases(&lane("unknown"), "x", Cause::Resolved));
+        assert!(t.releases(&lane("unknown"), "x", ReleaseCause::Resolved));
         assert!(t.is_head(&k, "m2", 2));
     }
 
@@ -1254,11 +1258,11 @@ mod tests {
             assert_eq!(t.read(head(&lane, "m1", 1)), Err(Refusal::UnknownLane));
             assert_eq!(t.read(parked(&lane, 2)), Err(Refusal::UnknownLane));
             assert_eq!(
-                t.read(release(&lane, "m1", Cause::Operator)),
+                t.read(release(&lane, "m1", ReleaseCause::Operator)),
                 Err(Refusal::UnknownLane)
             );
         }
-        assert_eq!(t.summary(), Summary::default(), "nothing kept");
+        assert_eq!(t.summary(), ParkedSummary::default(), "nothing kept");
         assert!(t.list().is_empty());
         assert_eq!(t.read(head(&in_partition(1, "k"), "m1", 1)), Ok(()));
     }
@@ -1298,7 +1302,7 @@ mod tests {
                 lane: k.clone(),
                 head: "m".into(),
                 release: Some(Release {
-                    cause: Cause::Resolved,
+                    cause: ReleaseCause::Resolved,
                     at: year_10000
                 }),
             }),
@@ -1356,7 +1360,8 @@ mod tests {
         // Compaction keeps a rewritten head's latest record only, which may
         // come after the key's waiting messages.
         t.read(parked(&orphan, 7)).unwrap();
-        t.read(release(&late, "m1", Cause::Resolved)).unwrap();
+        t.read(release(&late, "m1", ReleaseCause::Resolved))
+            .unwrap();
         t.read(parked(&late, 9)).unwrap();
         assert!(t.jobs(&tp).is_empty(), "no head: nothing handed on");
         assert_eq!(t.step(&late), Step::Nothing);
@@ -1433,7 +1438,7 @@ mod tests {
         t.apply(head(&other, "orders-0-5", 40));
         assert!(!t.settled(&victim, "orders-0-5", 40));
         assert_eq!(t.holds(&victim, "orders-0-5", 40), Some(false));
-        t.apply(release(&other, "orders-0-5", Cause::Resolved));
+        t.apply(release(&other, "orders-0-5", ReleaseCause::Resolved));
         assert_eq!(
             t.head_of(&victim),
             Some(("orders-0-5".into(), KeyState::Parked))
@@ -1458,7 +1463,7 @@ mod tests {
             assert!(t.over_share(&k, 200), "past 400 bytes");
             assert!(!t.over_share(&other, 200), "another key has its own share");
             assert_eq!(t.over_share(&k, 1), sticks, "{policy:?}");
-            t.apply(release(&k, "m0", Cause::Operator));
+            t.apply(release(&k, "m0", ReleaseCause::Operator));
             assert!(!t.over_share(&k, 1), "released");
         }
     }

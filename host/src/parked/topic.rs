@@ -1,15 +1,16 @@
 //! A route's park topic: read whole into its [`ParkTable`] at start and
 //! followed from then on, and written, one acknowledged record at a time.
 
-use super::records::{self, BadRecord, Cause, Head, Lane, Record};
+use super::records::{self, BadRecord, Head, Lane, Record};
 use super::table::{Inputs, KeyState, KeyView, ParkTable, Refusal};
 use crate::clock::now_ms;
 use crate::config::{Parking, Route};
-use crate::events::{self, Event, Telemetry};
+use crate::events::{self, Telemetry};
 use crate::hop::{Halt, PlannedHop};
 use crate::kafka::compacted::{self, TableReader};
 use crate::kafka::{Cluster, Doing as _, KafkaError};
 use crate::renewable::AwaitedProducer;
+use crate::types::ReleaseCause;
 use rdkafka::Message;
 use rdkafka::consumer::Consumer as _;
 use rdkafka::error::KafkaError as ClientError;
@@ -885,7 +886,12 @@ impl Store {
     /// Records that the head `head` of `lane` no longer holds it. Given up
     /// at the stop, the head is left holding the key: it is read again from
     /// its tier after a restart, and resolves again.
-    pub async fn resolved(&self, lane: &Lane, head: &str, cause: Cause) -> Result<(), Stopping> {
+    pub async fn resolved(
+        &self,
+        lane: &Lane,
+        head: &str,
+        cause: ReleaseCause,
+    ) -> Result<(), Stopping> {
         if !self.table.releases(lane, head, cause) {
             return Ok(());
         }
@@ -909,7 +915,7 @@ impl Store {
             lane: lane.clone(),
             head: head.to_string(),
             cause,
-            blocks: cause == Cause::DeadLettered
+            blocks: cause == ReleaseCause::DeadLettered
                 && self.table.policy() == crate::config::KeyDeadLetter::DeadLetterKey,
         });
         Ok(())
@@ -924,7 +930,7 @@ impl Store {
             .ok_or_else(|| ParkError::NotParked {
                 lane: lane.to_string(),
             })?;
-        self.resolved(lane, &head, Cause::Operator)
+        self.resolved(lane, &head, ReleaseCause::Operator)
             .await
             .map_err(|_| ParkError::Stopping)?;
         Ok(head)
@@ -1004,7 +1010,7 @@ impl Store {
                 }
             }
         }
-        self.telemetry.emit(Event::from(outcome));
+        self.telemetry.emit(outcome);
         Ok(())
     }
 }

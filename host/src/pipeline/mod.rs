@@ -38,8 +38,9 @@ pub use context::{
 };
 
 use crate::clock::now_ms;
+use crate::config::Concurrency;
 use crate::events::Telemetry;
-use crate::hop::{Concurrency, Halt, Processor};
+use crate::hop::{Halt, Processor};
 use crate::offsets::OffsetTracker;
 use crate::produce::HopProducer;
 use crate::scheduler::{Scheduled, Scheduler};

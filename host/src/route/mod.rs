@@ -3,12 +3,12 @@
 
 use crate::breaker::{Admit, Breaker, Suspended, Transition};
 use crate::clock::now_ms;
-use crate::config::{Route, TrapPolicy};
+use crate::config::{Concurrency, Route, TrapPolicy};
 use crate::dlq;
 use crate::events::{self, Event, Telemetry};
 use crate::headers::{self, Envelope, Hop, Incoming, Reason};
 use crate::hold;
-use crate::hop::{self, Action, Concurrency, OutRecord, Outcome, PlannedHop, Processor};
+use crate::hop::{self, Action, OutRecord, Outcome, PlannedHop, Processor};
 use crate::parked;
 
 mod ordered;
@@ -272,43 +272,43 @@ impl Processor for RouteProcessor {
 /// once all of them are acknowledged), or nothing. `spans` gets the call's
 /// span (when the trace is exported).
 pub(crate) async fn handle(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     spans: &mut RouteSpans,
 ) -> Action {
-    shared.calls.consumed();
-    let from_tier = shared.tiers.contains_key(message.topic());
-    let envelope = match envelope(shared, message, from_tier, spans) {
+    processor.calls.consumed();
+    let from_tier = processor.tiers.contains_key(message.topic());
+    let envelope = match envelope(processor, message, from_tier, spans) {
         Ok(envelope) => envelope,
         Err(dead_letter) => return Action::Hop(*dead_letter),
     };
-    let admit = admit(shared, from_tier);
+    let admit = admit(processor, from_tier);
     if admit == Admit::Defer {
-        return Action::Hop(defer(shared, message, &envelope));
+        return Action::Hop(defer(processor, message, &envelope));
     }
     // `from_tier` refuses an attempt count with no next attempt.
     let attempt = envelope.attempts_made.saturating_add(1);
-    let (handler, handled) = call(shared, message, &envelope, attempt, spans).await;
+    let (handler, handled) = call(processor, message, &envelope, attempt, spans).await;
     let verdict = &handled.verdict;
-    if let Some(breaker) = &shared.breaker {
+    if let Some(breaker) = &processor.breaker {
         if let Admit::Probe { .. } = admit {
-            shared.telemetry.emit(events::BreakerProbed {
-                route: shared.route.name.clone(),
+            processor.telemetry.emit(events::BreakerProbed {
+                route: processor.route.name.clone(),
                 id: envelope.id.clone(),
                 verdict: verdict.kind(),
             });
         }
-        let retryable = counts_as_retryable(&shared.route, verdict);
-        shared.report(breaker.record(admit, retryable, now_ms()));
+        let retryable = counts_as_retryable(&processor.route, verdict);
+        processor.report(breaker.record(admit, retryable, now_ms()));
     }
-    decide(shared, message, &envelope, attempt, &handler, handled)
+    decide(processor, message, &envelope, attempt, &handler, handled)
 }
 
 /// The message's envelope, its trace decided and its span begun; for an
 /// envelope that cannot be read, its dead-letter hop (`INVALID_ENVELOPE`),
 /// boxed: the rare path pays for the size.
 fn envelope(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     from_tier: bool,
     spans: &mut RouteSpans,
@@ -325,13 +325,13 @@ fn envelope(
     } else {
         Envelope::from_input(&incoming)
     };
-    let tracer = shared.telemetry.tracer();
+    let tracer = processor.telemetry.tracer();
     let (mut envelope, problem) = match read {
         Ok(envelope) => (envelope, None),
         Err(problem) => (Envelope::fallback(&incoming), Some(problem)),
     };
     tracer.decide(&mut envelope.trace);
-    spans.read(tracer, &envelope.trace, message, &shared.route.group);
+    spans.read(tracer, &envelope.trace, message, &processor.route.group);
     match problem {
         None => Ok(envelope),
         Some(problem) => {
@@ -340,7 +340,7 @@ fn envelope(
                 error: problem.to_string(),
             };
             Err(Box::new(plan(
-                shared, message, &envelope, 0, None, decision,
+                processor, message, &envelope, 0, None, decision,
             )))
         }
     }
@@ -348,12 +348,12 @@ fn envelope(
 
 /// What the route's circuit breaker lets this message do; every message is
 /// called on a route without one.
-fn admit(shared: &RouteProcessor, from_tier: bool) -> Admit {
-    match &shared.breaker {
+fn admit(processor: &RouteProcessor, from_tier: bool) -> Admit {
+    match &processor.breaker {
         None => Admit::Call,
         Some(breaker) => {
             let (admit, transition) = breaker.admit(now_ms(), from_tier);
-            shared.report(transition);
+            processor.report(transition);
             admit
         }
     }
@@ -363,20 +363,20 @@ fn admit(shared: &RouteProcessor, from_tier: bool) -> Admit {
 /// instances, and reports the call: the handler version that ran, and what
 /// the call came to.
 async fn call(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     envelope: &Envelope,
     attempt: u32,
     spans: &mut RouteSpans,
 ) -> (Arc<Handler>, plugin::Answer) {
-    let route = &shared.route;
+    let route = &processor.route;
     // Never closed, so acquiring only waits; a free permit is taken
     // without the wait's future.
-    let _instance = match shared.instances.try_acquire() {
+    let _instance = match processor.instances.try_acquire() {
         Ok(permit) => permit,
-        Err(_) => shared.instances.acquire().await.expect("never closed"),
+        Err(_) => processor.instances.acquire().await.expect("never closed"),
     };
-    let handler = shared.handler.current();
+    let handler = processor.handler.current();
     let headers: Vec<plugin::Header<'_>> = message
         .headers()
         .map(|h| {
@@ -403,7 +403,7 @@ async fn call(
     // One await of the call, not one per arm: each await point keeps its
     // own copy of the call's state in this future, which every message
     // allocates and moves.
-    let started = shared.calls.started();
+    let started = processor.calls.started();
     let context = spans.call_context(&envelope.trace);
     let handled = crate::trace::in_call(context, handler.run_message(&delivery)).await;
     let verdict = &handled.verdict;
@@ -429,7 +429,7 @@ async fn call(
         version: handler.version(),
         trace_id: envelope.trace.trace_id,
     };
-    shared.calls.handled(&shared.telemetry, started, call);
+    processor.calls.handled(&processor.telemetry, started, call);
     (handler, handled)
 }
 
@@ -437,17 +437,17 @@ async fn call(
 /// (nothing if none); else the retry or dead-letter hop its verdict and
 /// attempt come to, the emits discarded.
 fn decide(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     envelope: &Envelope,
     attempt: u32,
     handler: &Handler,
     handled: plugin::Answer,
 ) -> Action {
-    let route = &shared.route;
+    let route = &processor.route;
     let verdict = &handled.verdict;
     if handled.discarded > 0 {
-        shared.telemetry.emit(events::EmitsDiscarded {
+        processor.telemetry.emit(events::EmitsDiscarded {
             route: route.name.clone(),
             id: envelope.id.clone(),
             count: handled.discarded,
@@ -464,7 +464,9 @@ fn decide(
         return Action::Hops(hops.map(|e| emitted_hop(route, e, trace)).collect());
     }
     let handler = Some(handler);
-    Action::Hop(plan(shared, message, envelope, attempt, handler, decision))
+    Action::Hop(plan(
+        processor, message, envelope, attempt, handler, decision,
+    ))
 }
 
 /// The record of one emitted record: its own headers (less any
@@ -472,7 +474,7 @@ fn decide(
 /// `traceparent`, `hopper-id` and `hopper-route`; a delayed one goes to the delay relay's inbox with
 /// `hopper-target` and `hopper-deliver-at` (and `hopper-replace` for a
 /// replacing schedule), a cancel with `hopper-cancel` (docs/headers.md).
-fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -> PlannedHop {
+fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::traceparent::Context) -> PlannedHop {
     let Emitted {
         id,
         topic,
@@ -485,10 +487,10 @@ fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -
     let mut out = Vec::with_capacity(own.len() + 6);
     out.extend(
         own.into_iter()
-            .filter(|(key, _)| !key.eq_ignore_ascii_case(crate::trace::TRACEPARENT)),
+            .filter(|(key, _)| !key.eq_ignore_ascii_case(crate::traceparent::TRACEPARENT)),
     );
     out.push((
-        crate::trace::TRACEPARENT.to_string(),
+        crate::traceparent::TRACEPARENT.to_string(),
         trace.traceparent().to_vec(),
     ));
     out.push((headers::ID.to_string(), id.clone().into_bytes()));
@@ -539,10 +541,10 @@ fn emitted_hop(route: &Route, emitted: Emitted, trace: &crate::trace::Context) -
 /// without calling the handler: its attempts, last error and failure times
 /// stay as they are, its trail gets `breaker`, and it waits the tier's time
 /// again behind the messages already there.
-fn defer(shared: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -> PlannedHop {
-    let route = &shared.route;
+fn defer(processor: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -> PlannedHop {
+    let route = &processor.route;
     let topic = message.topic().to_string();
-    let wait = shared.tiers.get(&topic).copied().unwrap_or_default();
+    let wait = processor.tiers.get(&topic).copied().unwrap_or_default();
     let now = now_ms();
     let headers = headers::next_hop_headers(
         message.headers(),
@@ -582,7 +584,7 @@ fn defer(shared: &RouteProcessor, message: &OwnedMessage, envelope: &Envelope) -
 /// dead-lettered `head` (`KEY_BLOCKED`, with `hopper-blocked-by`); its
 /// handler is not called.
 pub(crate) fn dead_letter_blocked(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     head: &str,
 ) -> PlannedHop {
@@ -595,7 +597,7 @@ pub(crate) fn dead_letter_blocked(
     };
     let envelope =
         Envelope::from_input(&incoming).unwrap_or_else(|_| Envelope::fallback(&incoming));
-    let route = &shared.route;
+    let route = &processor.route;
     let error = format!(
         "its key is blocked: the key's earlier message `{head}` was dead-lettered, and no operator has released the key"
     );
@@ -660,7 +662,7 @@ pub(crate) fn dead_letter_unparkable(
 /// The dead-letter hop of a message whose key holds its share of the
 /// route's parked messages (`KEY_PARK_FULL`); its handler is not called.
 pub(crate) fn dead_letter_key_park_full(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     share: usize,
 ) -> PlannedHop {
@@ -673,7 +675,7 @@ pub(crate) fn dead_letter_key_park_full(
     };
     let envelope =
         Envelope::from_input(&incoming).unwrap_or_else(|_| Envelope::fallback(&incoming));
-    let route = &shared.route;
+    let route = &processor.route;
     let error = format!(
         "its key holds its share of the parked messages ({share} bytes, max_parked_key_mib) behind its head"
     );
@@ -694,14 +696,14 @@ pub(crate) fn dead_letter_key_park_full(
 
 /// Builds the record of the next hop and its outcome.
 fn plan(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     message: &OwnedMessage,
     envelope: &Envelope,
     attempt: u32,
     handler: Option<&Handler>,
     decision: Decision,
 ) -> PlannedHop {
-    let route = &shared.route;
+    let route = &processor.route;
     let handler = handler.map(|h| (h.name(), h.version()));
     let (topic, delay, reason, error) = match decision {
         Decision::Commit => unreachable!("a committed message has no hop"),
@@ -763,17 +765,7 @@ fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::ConfigFile;
-
-    fn route(extra: &str) -> Route {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("h.wasm"), b"").unwrap();
-        let config = ConfigFile::parse(&format!(
-            "[[route]]\nname = \"orders\"\ntopics = [\"orders\"]\nhandler = \"h.wasm\"\n{extra}"
-        ))
-        .unwrap();
-        config.resolve(dir.path()).unwrap().routes.remove(0)
-    }
+    use crate::config::orders_route;
 
     fn failed(class: Reason) -> Verdict {
         Verdict::Failed {
@@ -784,8 +776,8 @@ mod tests {
 
     #[test]
     fn the_breaker_counts_what_the_route_retries_as_retryable() {
-        let dead_letter = route("");
-        let retry = route("on_trap = \"retry\"");
+        let dead_letter = orders_route("");
+        let retry = orders_route("on_trap = \"retry\"");
         let retryable = Verdict::Retryable {
             reason: "503".into(),
             retry_after: None,

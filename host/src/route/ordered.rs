@@ -5,8 +5,9 @@
 use super::{self as route, RouteProcessor};
 use crate::headers;
 use crate::hop::{Action, Outcome, PlannedHop, Written};
-use crate::parked::{Admission, Cause, Lane, NotParked, Parked, Step, Stopping, Store, Unwritten};
+use crate::parked::{Admission, Lane, NotParked, Parked, Step, Stopping, Store, Unwritten};
 use crate::spans::RouteSpans;
+use crate::types::ReleaseCause;
 use rdkafka::Timestamp;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use std::sync::Arc;
@@ -14,16 +15,16 @@ use std::sync::Arc;
 /// Handles a message of a route with ordered retries. A message without a
 /// key is handled as on any route: it has no order to keep.
 pub(crate) async fn process(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     store: &Arc<Store>,
     message: &OwnedMessage,
     spans: &mut RouteSpans,
 ) -> Action {
     let Some(key) = message.key() else {
-        return route::handle(shared, message, spans).await;
+        return route::handle(processor, message, spans).await;
     };
-    if shared.tiers.contains_key(message.topic()) {
-        return from_tier(shared, store, message, key, spans).await;
+    if processor.tiers.contains_key(message.topic()) {
+        return from_tier(processor, store, message, key, spans).await;
     }
     let lane = Lane {
         topic: message.topic().to_string(),
@@ -33,24 +34,28 @@ pub(crate) async fn process(
     let seq = message.offset();
     match store.table.admit(&lane, seq, &message_id(message)) {
         Admission::Call => {
-            let action = route::handle(shared, message, spans).await;
+            let action = route::handle(processor, message, spans).await;
             match retried(&action).map(str::to_string) {
-                Some(id) => park_behind(shared, store, message, &id, action, spans),
+                Some(id) => park_behind(processor, store, message, &id, action, spans),
                 None => action,
             }
         }
         Admission::CallAsHead => {
-            let action = route::handle(shared, message, spans).await;
+            let action = route::handle(processor, message, spans).await;
             match (retried(&action), resolution(&action)) {
                 (Some(id), _) => match store.hold(&lane, id, seq).await {
                     Ok(()) => action,
                     Err(Unwritten::Stopping(_)) => Action::GiveUp,
                     // Not parked: dead-lettered, and so its key released.
                     Err(Unwritten::Refused(refused)) => {
-                        let dead =
-                            route::dead_letter_unparkable(&shared.route, message, &refused, true);
+                        let dead = route::dead_letter_unparkable(
+                            &processor.route,
+                            message,
+                            &refused,
+                            true,
+                        );
                         let id = message_id(message);
-                        settle(store, &lane, &id, vec![dead], Cause::DeadLettered).await
+                        settle(store, &lane, &id, vec![dead], ReleaseCause::DeadLettered).await
                     }
                 },
                 // As from its tier: its hops acknowledged, then its release.
@@ -63,7 +68,7 @@ pub(crate) async fn process(
         // Read again after a restart: it was handled before its key
         // parked, so it is not parked behind a later message; nor does its
         // retry park the key again.
-        Admission::Redeliver => route::handle(shared, message, spans).await,
+        Admission::Redeliver => route::handle(processor, message, spans).await,
         Admission::Skip => Action::Done,
         // Its record is enqueued now, behind the key's earlier records,
         // and its offset is done once it is acknowledged: the key's turn
@@ -73,13 +78,13 @@ pub(crate) async fn process(
             let waiting = parked(message);
             if store.table.over_share(&lane, waiting.size()) {
                 return Action::Hop(route::dead_letter_key_park_full(
-                    shared,
+                    processor,
                     message,
                     store.table.key_share(),
                 ));
             }
             let parking = store.park(&lane, seq, waiting);
-            let (store, config) = (store.clone(), shared.route.clone());
+            let (store, config) = (store.clone(), processor.route.clone());
             let written = Box::pin(async move {
                 match parking.await {
                     Ok(()) => Written::Acknowledged,
@@ -101,7 +106,7 @@ pub(crate) async fn process(
             }
         }
         Admission::Block { head } => {
-            Action::Hop(route::dead_letter_blocked(shared, message, &head))
+            Action::Hop(route::dead_letter_blocked(processor, message, &head))
         }
     }
 }
@@ -111,9 +116,10 @@ pub(crate) async fn process(
 /// any route, and parks its key if it goes to a retry tier
 /// ([`park_behind`]). What [`process`] does for a key in the table needs its
 /// lane and id; a free key's message needs neither.
-pub(crate) fn is_free(shared: &RouteProcessor, store: &Store, message: &OwnedMessage) -> bool {
+pub(crate) fn is_free(processor: &RouteProcessor, store: &Store, message: &OwnedMessage) -> bool {
     message.key().is_some_and(|key| {
-        !shared.tiers.contains_key(message.topic()) && store.table.is_free(message.partition(), key)
+        !processor.tiers.contains_key(message.topic())
+            && store.table.is_free(message.partition(), key)
     })
 }
 
@@ -128,14 +134,14 @@ pub(crate) fn is_free(shared: &RouteProcessor, store: &Store, message: &OwnedMes
 /// instead and its key released behind it, as if it had not parked it:
 /// what parked behind it meanwhile goes on in order.
 pub(crate) fn park_behind(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     store: &Arc<Store>,
     message: &OwnedMessage,
     id: &str,
     action: Action,
     spans: &mut RouteSpans,
 ) -> Action {
-    std::mem::take(spans).finish(shared.telemetry.tracer(), &action);
+    std::mem::take(spans).finish(processor.telemetry.tracer(), &action);
     let lane = Lane {
         topic: message.topic().to_string(),
         partition: message.partition(),
@@ -144,7 +150,7 @@ pub(crate) fn park_behind(
     let head = store.head(&lane, id, message.offset());
     let (store, config, message, id) = (
         store.clone(),
-        shared.route.clone(),
+        processor.route.clone(),
         message.clone(),
         id.to_string(),
     );
@@ -162,7 +168,12 @@ pub(crate) fn park_behind(
                 return Written::GivenUp;
             }
         }
-        if unparked && store.resolved(&lane, &id, Cause::Resolved).await.is_err() {
+        if unparked
+            && store
+                .resolved(&lane, &id, ReleaseCause::Resolved)
+                .await
+                .is_err()
+        {
             return Written::GivenUp;
         }
         Written::Acknowledged
@@ -177,7 +188,7 @@ pub(crate) fn park_behind(
 /// its key's head record was written (`held`), refused for good (the key is
 /// not parked: the message is dead-lettered instead), or given up.
 fn held(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     held: Result<(), Unwritten>,
     message: &OwnedMessage,
     action: Action,
@@ -186,7 +197,7 @@ fn held(
         Ok(()) => action,
         Err(Unwritten::Stopping(_)) => Action::GiveUp,
         Err(Unwritten::Refused(refused)) => Action::Hop(route::dead_letter_unparkable(
-            &shared.route,
+            &processor.route,
             message,
             &refused,
             true,
@@ -202,7 +213,7 @@ async fn settle(
     lane: &Lane,
     id: &str,
     hops: Vec<PlannedHop>,
-    cause: Cause,
+    cause: ReleaseCause,
 ) -> Action {
     for hop in hops {
         if store.send(hop).await.is_err() {
@@ -219,7 +230,7 @@ async fn settle(
 /// next waiting message (every hop acknowledged before its record is
 /// deleted), dead-letters it when the key is blocked, or deletes the key's
 /// records when nothing waits.
-pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) {
+pub(crate) async fn run_job(processor: &RouteProcessor, store: &Store, lane: Lane) {
     match store.table.step(&lane) {
         Step::Nothing => {}
         // Given up at the stop, a waiting message is left in the park
@@ -236,11 +247,11 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
             }
             let message = owned(&lane, seq, message);
             let mut spans = RouteSpans::default();
-            let mut action = route::handle(shared, &message, &mut spans).await;
-            spans.finish(shared.telemetry.tracer(), &action);
+            let mut action = route::handle(processor, &message, &mut spans).await;
+            spans.finish(processor.telemetry.tracer(), &action);
             if let Some(id) = retried(&action) {
                 let held_now = store.hold(&lane, id, seq).await;
-                action = held(shared, held_now, &message, action);
+                action = held(processor, held_now, &message, action);
             }
             if let Action::GiveUp = action {
                 return;
@@ -272,7 +283,7 @@ pub(crate) async fn run_job(shared: &RouteProcessor, store: &Store, lane: Lane) 
                 return;
             }
             let message = owned(&lane, seq, message);
-            let dead = route::dead_letter_blocked(shared, &message, &head);
+            let dead = route::dead_letter_blocked(processor, &message, &head);
             if store.send(dead).await.is_ok() {
                 store.forget(&lane, seq).await;
             }
@@ -310,14 +321,14 @@ pub(crate) fn retried(action: &Action) -> Option<&str> {
 
 /// Whether an action resolves its message, and how: `None` while it waits
 /// in a tier (a retry, or a deferral by an open breaker).
-fn resolution(action: &Action) -> Option<Cause> {
+fn resolution(action: &Action) -> Option<ReleaseCause> {
     match action {
         Action::Hop(hop) => match &hop.outcome {
             Outcome::Retry(_) | Outcome::Deferral(_) => None,
-            Outcome::DeadLetter(_) => Some(Cause::DeadLettered),
-            _ => Some(Cause::Resolved),
+            Outcome::DeadLetter(_) => Some(ReleaseCause::DeadLettered),
+            _ => Some(ReleaseCause::Resolved),
         },
-        _ => Some(Cause::Resolved),
+        _ => Some(ReleaseCause::Resolved),
     }
 }
 
@@ -336,7 +347,7 @@ fn resolution(action: &Action) -> Option<Cause> {
 /// has not read the key's head yet, it is taken for one: a release of a
 /// message that was none changes nothing.
 async fn from_tier(
-    shared: &RouteProcessor,
+    processor: &RouteProcessor,
     store: &Store,
     message: &OwnedMessage,
     key: &[u8],
@@ -360,17 +371,17 @@ async fn from_tier(
     })();
     let Some((lane, id, origin)) = head else {
         // Dead-lettered as INVALID_ENVELOPE: no head of any key.
-        return route::handle(shared, message, spans).await;
+        return route::handle(processor, message, spans).await;
     };
     if store.table.settled(&lane, &id, origin) {
         tracing::debug!(
-            route = shared.route.name,
+            route = processor.route.name,
             id,
             "A head read again from its tier resolved before: not called again."
         );
         return Action::Done;
     }
-    let action = route::handle(shared, message, spans).await;
+    let action = route::handle(processor, message, spans).await;
     let Some(cause) = resolution(&action) else {
         return action;
     };

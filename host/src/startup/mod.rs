@@ -309,7 +309,7 @@ async fn build(config: Config, options: Options) -> Result<Built, Error> {
     let admin = match config.admin.clone() {
         None => None,
         Some(settings) => {
-            let context = admin::Context {
+            let context = admin::AdminContext {
                 config: Arc::new(config),
                 cluster: cluster.clone(),
                 telemetry: telemetry.clone(),

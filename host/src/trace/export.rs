@@ -9,8 +9,8 @@
 //! queue, or a batch the endpoint did not take, drops spans and counts
 //! them (`hopper_trace_spans_dropped_total`); messages never wait for it.
 
-use super::context::{Context, SpanId, TraceId};
 use crate::config::TracingConfig;
+use crate::traceparent::{Context, SpanId, TraceId};
 use opentelemetry::trace::{
     SpanContext, SpanKind, Status, TraceFlags, TraceState, {self as otel},
 };
@@ -104,7 +104,7 @@ impl Tracer {
     /// the same decision. With tracing off, a root is not sampled.
     pub fn decide(&self, trace: &mut Context) {
         if !trace.continued() && self.by_ratio(trace.trace_id) {
-            trace.flags |= super::context::SAMPLED;
+            trace.flags |= crate::traceparent::SAMPLED;
         }
     }
 

@@ -174,7 +174,8 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::trace::{Context, in_call};
+    use crate::trace::in_call;
+    use crate::traceparent::Context;
     use std::sync::{Arc, Mutex};
 
     #[derive(Clone, Default)]

@@ -7,14 +7,10 @@
 //! producer's own parent span is not written again; it stays reachable as
 //! [`Context::parent`].
 
-pub use crate::traceparent as context;
 pub mod export;
 pub mod logs;
 
-pub use context::{
-    Context, SpanId, TRACEPARENT, TRACEPARENT_LEN, TRACESTATE, TraceId, Traceparent,
-    is_trace_header, parse_traceparent,
-};
+use crate::traceparent::{Context, TRACEPARENT};
 pub use export::{ExportError, Span, Tracer};
 pub use opentelemetry::trace::SpanKind;
 

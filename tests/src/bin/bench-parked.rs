@@ -36,7 +36,7 @@
 //!   messages over those keys (a 100-byte payload and two small headers
 //!   each). The RSS before and after each gives the bytes per parked key and
 //!   per parked message, beside what the table counts against
-//!   `max_parked_mib` (`Summary::bytes`).
+//!   `max_parked_mib` (`ParkedSummary::bytes`).
 //! - **loaded**: the same through `hopper run`: a fresh process's RSS with
 //!   an empty park topic, and with LOADED (100,000) parked messages (100 per
 //!   key) written to the topic before it starts, once its table holds them

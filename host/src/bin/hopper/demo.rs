@@ -365,13 +365,13 @@ pub async fn run(
                         settled.insert(id, "ok".into());
                     }
                 }
-                Ok(Event::RetryScheduled(hop::Retry { id, topic, delay, .. })) => {
+                Ok(Event::Hop(hop::Outcome::Retry(hop::Retry { id, topic, delay, .. }))) => {
                     println!("{} {id} → {topic} (due in {})", stamp(), humantime::format_duration(delay));
                 }
-                Ok(Event::DeadLettered(hop::DeadLetter { id, reason, .. })) => {
+                Ok(Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, reason, .. }))) => {
                     settled.insert(id.clone(), format!("dead-lettered ({reason})"));
                 }
-                Ok(Event::Delivered(hop::Forward { id, target, deliver_at, .. })) => {
+                Ok(Event::Hop(hop::Outcome::Forward(hop::Forward { id, target, deliver_at, .. }))) => {
                     println!("{} {id} released by the delay relay to {target}, {} its deliver-at", stamp(), from_deliver_at(deliver_at));
                 }
                 Ok(Event::ScheduleCancelled(events::ScheduleCancelled { id, target, deliver_at, kind, .. })) => {
@@ -410,7 +410,7 @@ pub async fn run(
                 Ok(Event::HttpDenied(events::HttpDenied { id, method, url, reason, .. })) => {
                     println!("{} {id} handler → {method} {url}: denied ({reason})", stamp());
                 }
-                Ok(Event::Emitted(hop::Emit { id, topic, deliver_at, kind, .. })) => match kind {
+                Ok(Event::Hop(hop::Outcome::Emit(hop::Emit { id, topic, deliver_at, kind, .. }))) => match kind {
                     EmitKind::Publish => println!("{} {id} emitted to {topic}", stamp()),
                     EmitKind::Schedule { .. } => {
                         let due = deliver_at.map_or(0, |at| at - hopper::clock::now_ms());

@@ -721,10 +721,10 @@ pub async fn run(
                 Ok(Event::Handled(events::Handled { id, attempt, verdict, version, .. })) => {
                     println!("{} {id} attempt {attempt}: {verdict}, by {}", stamp(), version_of(&versions, &version));
                 }
-                Ok(Event::RetryScheduled(hop::Retry { id, topic, delay, .. })) => {
+                Ok(Event::Hop(hop::Outcome::Retry(hop::Retry { id, topic, delay, .. }))) => {
                     println!("{} {id} → {topic} (due in {})", stamp(), humantime::format_duration(delay));
                 }
-                Ok(Event::DeadLettered(hop::DeadLetter { id, reason, .. })) => {
+                Ok(Event::Hop(hop::Outcome::DeadLetter(hop::DeadLetter { id, reason, .. }))) => {
                     println!("{} {id} dead-lettered ({reason})", stamp());
                 }
                 Ok(Event::HandlerReloaded(events::HandlerReloaded { new_version, .. })) => {

@@ -3,7 +3,7 @@
 //! resumable run (`hopper::dlq::run`).
 
 use crate::ops::{Filter, Target, blocking, clean};
-use hopper::dlq::replay::{Action, Outcome, Report};
+use hopper::dlq::replay::{ReplayAction, ReplayOutcome, ReplayReport};
 use hopper::dlq::run::RunId;
 use hopper::dlq::stream::{Past, Selection, Step, Stream, StreamError};
 use hopper::dlq::{Dlq, Pacer, RecordRef};
@@ -186,13 +186,17 @@ impl Progress {
         }
     }
 
-    fn show(&mut self, o: &Outcome, report: &Report) {
+    fn show(&mut self, o: &ReplayOutcome, report: &ReplayReport) {
         self.n += 1;
         if self.n <= LINES {
             let (what, to) = match &o.action {
-                Action::Replay { to, replay } => (format!("replay #{replay}"), format!(" -> {to}")),
-                Action::Loop { to, .. } => ("REPLAY_LOOP".to_string(), format!(" -> {to}")),
-                Action::Skip { problem } => (format!("skipped: {}", clean(problem)), String::new()),
+                ReplayAction::Replay { to, replay } => {
+                    (format!("replay #{replay}"), format!(" -> {to}"))
+                }
+                ReplayAction::Loop { to, .. } => ("REPLAY_LOOP".to_string(), format!(" -> {to}")),
+                ReplayAction::Skip { problem } => {
+                    (format!("skipped: {}", clean(problem)), String::new())
+                }
             };
             let failed = o
                 .failed
