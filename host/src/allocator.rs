@@ -49,10 +49,6 @@ const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
 
 #[cfg(test)]
 mod tests {
-    /// mimalloc reads each option from `MIMALLOC_<NAME>` in the environment
-    /// when it first reads the option. So a process started with
-    /// `MIMALLOC_PURGE_DELAY` set reads that value back from option 15 only
-    /// if option 15 is the purge delay.
     /// Run in a child process, as it changes the whole process's paging.
     #[test]
     fn without_huge_pages_turns_them_off_for_the_process() {
@@ -64,7 +60,7 @@ mod tests {
             // SAFETY: PR_SET_THP_DISABLE takes integers only.
             let on = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 0, 0, 0, 0) };
             assert_eq!(on, 0, "huge pages cannot be turned on");
-            assert_eq!(disabled(), 0, "huge pages cannot be turned on");
+            assert_eq!(disabled(), 0, "huge pages do not read back as on");
             assert!(
                 super::without_huge_pages(),
                 "the kernel refused the setting"
@@ -83,6 +79,10 @@ mod tests {
         assert!(status.success(), "the probe process failed: {status}");
     }
 
+    /// mimalloc reads each option from `MIMALLOC_<NAME>` in the environment
+    /// when it first reads the option. So a process started with
+    /// `MIMALLOC_PURGE_DELAY` set reads that value back from option 15 only
+    /// if option 15 is the purge delay.
     #[test]
     fn purge_delay_is_the_option_mimalloc_reads_from_its_env() {
         const PROBE: &str = "HOPPER_PURGE_DELAY_PROBE";

@@ -305,7 +305,7 @@ impl Runtime {
             // Winch compiles the wasm functions; the component's adapters
             // and the trampolines into every function a table holds (tens
             // of thousands for an interpreter) are Cranelift's, and took a
-            // third of a Python handler's compile. Compiled for speed of
+            // quarter of a Python handler's compile. Compiled for speed of
             // compiling, as Winch's own code is.
             Compiler::Winch => {
                 config
