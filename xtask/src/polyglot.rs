@@ -330,6 +330,7 @@ fn npm_tools() -> Result<PathBuf> {
     ));
     std::fs::create_dir_all(&dir)?;
     let mut npm = Command::new("npm");
+    trust_npm_cafile(&mut npm);
     npm.arg("install")
         .arg("--prefix")
         .arg(&dir)
@@ -340,6 +341,29 @@ fn npm_tools() -> Result<PathBuf> {
         .arg(format!("@bytecodealliance/jco@{JCO}"));
     run(npm, "npm install componentize-js and jco")?;
     Ok(modules)
+}
+
+/// Has `npm` trust the CA bundle npm's own config names (`cafile`, as a
+/// TLS-intercepting proxy's machines set it in `/etc/npmrc`) for every
+/// request: npm 10 and 11 apply `cafile` to some fetches of an install but
+/// not to the full package documents it asks for, which then fail with
+/// `SELF_SIGNED_CERT_IN_CHAIN` and are retried until the cache gives up.
+/// Node.js reads `NODE_EXTRA_CA_CERTS` for every connection; one set
+/// already is left as it is.
+fn trust_npm_cafile(npm: &mut Command) {
+    if std::env::var_os("NODE_EXTRA_CA_CERTS").is_some() {
+        return;
+    }
+    let Ok(out) = Command::new("npm")
+        .args(["config", "get", "cafile"])
+        .output()
+    else {
+        return;
+    };
+    let cafile = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    if out.status.success() && Path::new(&cafile).is_file() {
+        npm.env("NODE_EXTRA_CA_CERTS", cafile);
+    }
 }
 
 /// The componentize-js command-line script.
