@@ -263,16 +263,22 @@ fn rss_kib(pid: &str) -> u64 {
 
 /// CPU seconds used so far by this process (user + system).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let Some(close) = stat.rfind(')') else {
-        return 0.0;
-    };
+    cpu_seconds_of("self").unwrap_or(0.0)
+}
+
+/// CPU seconds used so far by process `pid` (user + system).
+fn cpu_seconds_of(pid: &str) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let close = stat.rfind(')')?;
     let fields: Vec<&str> = stat[close + 2..].split(' ').collect();
     let field = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (field(11), field(12)) {
-        (Some(user), Some(system)) => (user + system) / 100.0,
-        _ => 0.0,
-    }
+    Some((field(11)? + field(12)?) / 100.0)
+}
+
+/// CPU seconds used so far by the broker, when `cargo xtask bench` started
+/// it and named its process (`HOPPER_BENCH_BROKER_PID`).
+fn broker_cpu_seconds() -> Option<f64> {
+    cpu_seconds_of(&std::env::var("HOPPER_BENCH_BROKER_PID").ok()?)
 }
 
 fn median(values: &[f64]) -> f64 {
@@ -464,6 +470,9 @@ struct Run {
     committed_s: f64,
     /// CPU µs of this process per input message, over the same window.
     cpu_us: f64,
+    /// CPU µs of the broker per input message, over the same window, when
+    /// its process is known.
+    broker_us: Option<f64>,
 }
 
 /// The sum of `route`'s series of family `S` whose other labels `keep`
@@ -562,7 +571,7 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
         assert!(Instant::now() < deadline, "no message handled: {}", state());
         std::thread::sleep(Duration::from_micros(200));
     }
-    let (started, cpu) = (Instant::now(), cpu_seconds());
+    let (started, cpu, broker_cpu) = (Instant::now(), cpu_seconds(), broker_cpu_seconds());
     let mut others_done = None;
     let mut last_look = Instant::now();
     let committed_s = loop {
@@ -583,6 +592,9 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
         std::thread::sleep(Duration::from_micros(500));
     };
     let cpu_us = (cpu_seconds() - cpu) * 1e6 / messages as f64;
+    let broker_us = broker_cpu
+        .zip(broker_cpu_seconds())
+        .map(|(before, after)| (after - before) * 1e6 / messages as f64);
     let others_done = others_done.unwrap();
     let retried = route_sum::<series::Retries>(&hopper, &name, |_| true);
     let parked = route_sum::<series::ParkedMessages>(&hopper, &name, |_| true);
@@ -606,18 +618,22 @@ async fn contender(input: &Input, messages: u64, ordered: bool) -> Run {
         format!("UNEXPECTED: (ok, retried, parked, keys parked) = {got:?}, expected {expected:?}")
     };
     println!(
-        "  {} ok in {:.3} s = {:.0} msg/s; input committed to its end after {:.3} s ({:.0} parked/s); cpu {:.1} µs/msg; {retried} retried, {parked} parked, {keys_parked} keys parked: {check}; stop took {stop_s:.1} s",
+        "  {} ok in {:.3} s = {:.0} msg/s; input committed to its end after {:.3} s ({:.0} parked/s); cpu {:.1} µs/msg{}; {retried} retried, {parked} parked, {keys_parked} keys parked: {check}; stop took {stop_s:.1} s",
         target,
         others_done.as_secs_f64(),
         target as f64 / others_done.as_secs_f64(),
         committed_s.as_secs_f64(),
         parked as f64 / committed_s.as_secs_f64(),
         cpu_us,
+        broker_us
+            .map(|b| format!(", broker {b:.1} µs/msg"))
+            .unwrap_or_default(),
     );
     Run {
         rate: target as f64 / others_done.as_secs_f64(),
         committed_s: committed_s.as_secs_f64(),
         cpu_us,
+        broker_us,
     }
 }
 
@@ -667,13 +683,19 @@ async fn throughput(args: &Args) -> Vec<Row> {
         let rate = median(&runs[i].iter().map(|r| r.rate).collect::<Vec<_>>());
         let committed = median(&runs[i].iter().map(|r| r.committed_s).collect::<Vec<_>>());
         let cpu = median(&runs[i].iter().map(|r| r.cpu_us).collect::<Vec<_>>());
+        let brokers: Vec<f64> = runs[i].iter().filter_map(|r| r.broker_us).collect();
+        let broker = if brokers.is_empty() {
+            String::new()
+        } else {
+            format!(", broker {:.1} µs/msg", median(&brokers))
+        };
         let rounds: Vec<String> = runs[i]
             .iter()
             .zip(&runs[0])
             .map(|(r, base)| format!("{:.2}x", r.rate / base.rate))
             .collect();
         println!(
-            "{name}: other keys {rate:.0} msg/s = {:.2}x key (rounds {}); committed to the end after {committed:.3} s; cpu {cpu:.1} µs/msg",
+            "{name}: other keys {rate:.0} msg/s = {:.2}x key (rounds {}); committed to the end after {committed:.3} s; cpu {cpu:.1} µs/msg{broker}",
             rate / key_rate,
             rounds.join(", ")
         );
