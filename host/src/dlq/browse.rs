@@ -562,10 +562,6 @@ pub(crate) fn read_error(topic: &str, source: rdkafka::error::KafkaError) -> Dlq
     }
 }
 
-/// librdkafka's wait before it fetches for a partition whose queue was
-/// full; a reader sets it to 10 ms unless `kafka.properties` does.
-const FETCH_QUEUE_BACKOFF: &str = "fetch.queue.backoff.ms";
-
 /// A consumer that reads by assignment and never commits.
 pub(crate) fn reader(
     cluster: &Cluster,
@@ -575,13 +571,8 @@ pub(crate) fn reader(
     config
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false");
-    // A reader takes records as fast as they come: once its queue holds
-    // `queued.min.messages`, librdkafka would wait this long (1 s by
-    // default) before fetching again, idling a read of a large topic for
-    // most of its time.
-    if !cluster.kafka.properties.contains_key(FETCH_QUEUE_BACKOFF) {
-        config.set(FETCH_QUEUE_BACKOFF, "10");
-    }
+    // `fetch.queue.backoff.ms` comes from `consumer_config`, as for every
+    // consumer: a reader takes records as fast as they come.
     config
         .create_with_context(cluster.watched("dead-letter reader"))
         .map_err(|source| DlqError::Client {

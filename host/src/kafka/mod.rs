@@ -26,6 +26,13 @@ use std::time::{Duration, Instant};
 pub const QUEUED_KBYTES: usize = 8 * 1024;
 /// The messages librdkafka tries to keep prefetched per partition.
 pub const QUEUED_MIN_MESSAGES: usize = 20_000;
+/// How long librdkafka waits, once a partition's queue holds
+/// `queued.min.messages` or `queued.max.messages.kbytes`, before it looks
+/// at the queue again to fetch more. Its default, 1 s, idled a consumer
+/// catching up a backlog for most of each second: the partition's task
+/// emptied 20,000 queued messages in a fraction of it, then waited for the
+/// next fetch (BENCHMARKS.md, the parked rows). A look costs no request.
+pub const FETCH_QUEUE_BACKOFF_MS: usize = 10;
 
 /// The hops a pipeline's producer holds, at most, before the broker
 /// acknowledges them: a route that fails faster than the broker takes its
@@ -343,6 +350,7 @@ impl Cluster {
         for (key, default) in [
             ("queued.max.messages.kbytes", QUEUED_KBYTES),
             ("queued.min.messages", QUEUED_MIN_MESSAGES),
+            ("fetch.queue.backoff.ms", FETCH_QUEUE_BACKOFF_MS),
         ] {
             if !self.kafka.properties.contains_key(key) {
                 config.set(key, default.to_string());
@@ -517,9 +525,15 @@ mod tests {
         let defaults = cluster(&[]).consumer_config("g");
         assert_eq!(defaults.get("queued.max.messages.kbytes"), Some("8192"));
         assert_eq!(defaults.get("queued.min.messages"), Some("20000"));
-        let chosen = cluster(&[("queued.max.messages.kbytes", "1024")]).consumer_config("g");
+        assert_eq!(defaults.get("fetch.queue.backoff.ms"), Some("10"));
+        let chosen = cluster(&[
+            ("queued.max.messages.kbytes", "1024"),
+            ("fetch.queue.backoff.ms", "500"),
+        ])
+        .consumer_config("g");
         assert_eq!(chosen.get("queued.max.messages.kbytes"), Some("1024"));
         assert_eq!(chosen.get("queued.min.messages"), Some("20000"));
+        assert_eq!(chosen.get("fetch.queue.backoff.ms"), Some("500"));
     }
 
     #[test]
