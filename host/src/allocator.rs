@@ -68,15 +68,10 @@ mod tests {
             assert_eq!(disabled(), 1, "huge pages are still on");
             return;
         }
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "allocator::tests::without_huge_pages_turns_them_off_for_the_process",
-            ])
-            .env(PROBE, "1")
-            .status()
-            .unwrap();
-        assert!(status.success(), "the probe process failed: {status}");
+        in_child(
+            "allocator::tests::without_huge_pages_turns_them_off_for_the_process",
+            &[(PROBE, "1")],
+        );
     }
 
     /// mimalloc reads each option from `MIMALLOC_<NAME>` in the environment
@@ -92,13 +87,19 @@ mod tests {
             assert_eq!(value, 4321, "option 15 is not MIMALLOC_PURGE_DELAY");
             return;
         }
+        in_child(
+            "allocator::tests::purge_delay_is_the_option_mimalloc_reads_from_its_env",
+            &[(PROBE, "1"), ("MIMALLOC_PURGE_DELAY", "4321")],
+        );
+    }
+
+    /// Runs the test `test` alone, in a new process of this test binary with
+    /// `env` added, and asserts that it passed: for what a process reads or
+    /// sets once, for the whole process.
+    fn in_child(test: &str, env: &[(&str, &str)]) {
         let status = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "allocator::tests::purge_delay_is_the_option_mimalloc_reads_from_its_env",
-            ])
-            .env(PROBE, "1")
-            .env("MIMALLOC_PURGE_DELAY", "4321")
+            .args(["--exact", test])
+            .envs(env.iter().copied())
             .status()
             .unwrap();
         assert!(status.success(), "the probe process failed: {status}");
