@@ -440,6 +440,24 @@ pub const MAX_HANDLER_BYTES: u64 = 256 << 20;
 /// at most [`MAX_HANDLER_BYTES`]. So a link swapped to `/dev/zero`, a FIFO
 /// or a file elsewhere is refused by name, and the serving version stays.
 pub fn read_handler(handler: &Path) -> std::io::Result<Vec<u8>> {
+    // A Kubernetes rollout renames `..data` to the new directory and then
+    // removes the old one: a read that was following the old name may find
+    // it gone. When the name resolves again, it has moved on: follow it.
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        match read_resolved(handler) {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::NotFound
+                    && attempts < 10
+                    && handler.canonicalize().is_ok() => {}
+            result => return result,
+        }
+    }
+}
+
+/// One attempt of [`read_handler`].
+fn read_resolved(handler: &Path) -> std::io::Result<Vec<u8>> {
     use std::io::{Error, ErrorKind, Read as _};
     let real = handler.canonicalize()?;
     let dir = match handler.parent() {
@@ -508,5 +526,74 @@ fn load(runtime: &Runtime, route: &Route, serving: &str, failed: Option<&str>) -
     match runtime.load_bytes(&route.handler, &bytes, route) {
         Ok(handler) => Outcome::Loaded(handler),
         Err(e) => Outcome::Failed(e, Some(version)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Swaps `dir/..data` as the kubelet does: a new timestamped directory,
+    /// a `..data_tmp` link to it renamed over `..data`, the old one removed.
+    fn kubelet_swap(dir: &Path, generation: u32, bytes: &[u8]) {
+        let new = dir.join(format!("..{generation:08}"));
+        std::fs::create_dir(&new).unwrap();
+        std::fs::write(new.join("handler.wasm"), bytes).unwrap();
+        let old = std::fs::read_link(dir.join("..data")).ok();
+        std::os::unix::fs::symlink(new.file_name().unwrap(), dir.join("..data_tmp")).unwrap();
+        std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+        if let Some(old) = old {
+            std::fs::remove_dir_all(dir.join(old)).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_read_racing_configmap_rollouts_always_gets_a_whole_version() {
+        let dir = tempfile::tempdir().unwrap();
+        kubelet_swap(dir.path(), 0, b"generation 0");
+        let path = dir.path().join("handler.wasm");
+        std::os::unix::fs::symlink("..data/handler.wasm", &path).unwrap();
+        const SWAPS: u32 = 3_000;
+        let swapper = {
+            let dir = dir.path().to_path_buf();
+            std::thread::spawn(move || {
+                for generation in 1..=SWAPS {
+                    kubelet_swap(
+                        &dir,
+                        generation,
+                        format!("generation {generation}").as_bytes(),
+                    );
+                }
+            })
+        };
+        let (mut reads, mut generations) = (0u32, std::collections::BTreeSet::new());
+        while !swapper.is_finished() || reads == 0 {
+            let bytes = read_handler(&path).unwrap_or_else(|e| panic!("read {reads}: {e}"));
+            let text = String::from_utf8(bytes).unwrap();
+            let generation: u32 = text.strip_prefix("generation ").unwrap().parse().unwrap();
+            generations.insert(generation);
+            reads += 1;
+        }
+        swapper.join().unwrap();
+        // The reads overlapped the rollouts: they saw more than one version.
+        assert!(
+            generations.len() > 1,
+            "{reads} reads saw only {generations:?}"
+        );
+        assert_eq!(
+            read_handler(&path).unwrap(),
+            format!("generation {SWAPS}").as_bytes()
+        );
+    }
+
+    #[test]
+    fn a_missing_handler_is_not_found_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let error = read_handler(&dir.path().join("handler.wasm")).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
+        std::os::unix::fs::symlink("..data/handler.wasm", dir.path().join("dangling.wasm"))
+            .unwrap();
+        let error = read_handler(&dir.path().join("dangling.wasm")).unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
     }
 }
