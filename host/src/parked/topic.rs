@@ -37,8 +37,11 @@ const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// How long a parked message's record waits for others to share its
 /// produce request. Parked messages are not awaited in their key's turn,
 /// so a linger costs them nothing but a later commit, and saves a request,
-/// its wake-ups and its system calls per message (BENCHMARKS.md).
-const PARK_LINGER_MS: &str = "5";
+/// its wake-ups and its system calls per message. A request costs the
+/// broker far more than the records in it: at 5 ms, with a tenth of the
+/// keys parked, the broker spent about twice the CPU a message it does at
+/// 50 ms, and hopper a sixth more (BENCHMARKS.md).
+const PARK_LINGER_MS: &str = "50";
 
 /// Why a park-topic operation failed.
 #[derive(Debug, thiserror::Error)]
