@@ -61,6 +61,11 @@ pub enum KafkaError {
     /// credentials.
     #[error("cannot connect to Kafka at {brokers}: {cause}")]
     Connect { brokers: String, cause: String },
+    /// The Kafka client refused its settings before it tried a broker: a
+    /// property of `kafka.properties` it does not know, or a value it does
+    /// not accept. `cause` is librdkafka's words, which name the property.
+    #[error("the Kafka client refuses its settings: {cause}; check kafka.properties")]
+    Settings { cause: String },
     #[error("cannot read topic metadata from {brokers}: {error}")]
     Metadata { brokers: String, error: ClientError },
     #[error("{} topic(s) are missing and kafka.create_topics is false: {}", missing.len(), missing.join(", "))]
@@ -191,11 +196,7 @@ impl Cluster {
             // during the first request), not reported as errors.
             .set_log_level(rdkafka::config::RDKafkaLogLevel::Info)
             .create_with_context(probe)
-            .map_err(|e| {
-                self.cannot_connect(format!(
-                    "the client settings are refused: {e}; check kafka.properties (sasl.mechanism is one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI)"
-                ))
-            })?;
+            .map_err(|e| self.refused_settings(&e))?;
         let started = Instant::now();
         loop {
             let answer = client.fetch_metadata(None, Duration::from_millis(500));
@@ -259,6 +260,37 @@ impl Cluster {
             return false;
         };
         client.fetch_metadata(None, Duration::from_secs(5)).is_ok()
+    }
+
+    /// librdkafka refused the client's settings.
+    fn refused_settings(&self, e: &ClientError) -> KafkaError {
+        let text = e.to_string();
+        // librdkafka's words: `Client config error: No such configuration
+        // property: "x" x 1`. After the quotes come the name as set and the
+        // value, which is left out: a misspelt secret's name is not known
+        // to be a secret.
+        let words = ["Client config error: ", "Client creation error: "]
+            .iter()
+            .find_map(|prefix| text.strip_prefix(prefix))
+            .unwrap_or(&text);
+        let cause = match words.match_indices('"').nth(1) {
+            Some((end, _)) => {
+                let (quoted, rest) = words.split_at(end + 1);
+                let named = &quoted[quoted.find('"').map_or(0, |i| i + 1)..end];
+                match rest.split_whitespace().next() {
+                    Some(set_as) if set_as != named => format!("{quoted} (set as {set_as})"),
+                    _ => quoted.to_string(),
+                }
+            }
+            None => words.to_string(),
+        };
+        let mut cause = self.kafka.redact(&cause).into_owned();
+        if cause.contains("sasl.mechanism") || cause.contains("SASL mechanism") {
+            cause.push_str(
+                " (sasl.mechanism is one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI)",
+            );
+        }
+        KafkaError::Settings { cause }
     }
 
     fn cannot_connect(&self, cause: String) -> KafkaError {
@@ -567,5 +599,44 @@ mod tests {
             refused.contains("queue.buffering.max.messages"),
             "{refused}"
         );
+    }
+
+    /// What `check_connection` says of settings librdkafka refuses, before
+    /// it tries a broker (none listens on the address).
+    fn refused(properties: &[(&str, &str)]) -> String {
+        match cluster(properties).check_connection() {
+            Err(e @ KafkaError::Settings { .. }) => e.to_string(),
+            other => panic!("not refused as settings: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn settings_the_client_refuses_are_named_without_their_values() {
+        let unknown = refused(&[("no.such.property", "1")]);
+        assert_eq!(
+            unknown,
+            "the Kafka client refuses its settings: No such configuration property: \"no.such.property\"; check kafka.properties"
+        );
+        let alias = refused(&[("linger.ms", "soon")]);
+        assert!(
+            alias.contains("\"queue.buffering.max.ms\" (set as linger.ms)"),
+            "{alias}"
+        );
+        assert!(!alias.contains("soon"), "{alias}");
+        // A misspelt secret is not known to be one: its value stays out.
+        let typo = refused(&[("sasl.pasword", "hunter2-secret")]);
+        assert!(typo.contains("\"sasl.pasword\""), "{typo}");
+        assert!(!typo.contains("hunter2"), "{typo}");
+        let mechanism = refused(&[
+            ("security.protocol", "sasl_plaintext"),
+            ("sasl.mechanism", "NOPE"),
+            ("sasl.username", "user"),
+            ("sasl.password", "a-long-password"),
+        ]);
+        assert!(
+            mechanism.contains("Unsupported SASL mechanism: NOPE"),
+            "{mechanism}"
+        );
+        assert!(mechanism.contains("SCRAM-SHA-512"), "{mechanism}");
     }
 }
