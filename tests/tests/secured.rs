@@ -483,6 +483,18 @@ async fn tls_with_a_ca_file_and_mutual_tls_with_a_client_certificate() {
 /// `hopper run` on `properties` at `brokers` exits non-zero within 30 s,
 /// its last line naming the connection and `cause`.
 async fn refused(brokers: &str, properties: &[(&str, String)], cause: &str) -> String {
+    let expected = format!("error: cannot connect to Kafka at {brokers}");
+    refused_with(brokers, properties, &expected, cause).await
+}
+
+/// `hopper run` on `properties` exits non-zero within 30 s, its last line
+/// starting with `expected` and naming `cause`.
+async fn refused_with(
+    brokers: &str,
+    properties: &[(&str, String)],
+    expected: &str,
+    cause: &str,
+) -> String {
     let dir = tempfile::tempdir().unwrap();
     let (config, _) = relay_config(dir.path(), brokers, properties);
     let started = Instant::now();
@@ -492,10 +504,7 @@ async fn refused(brokers: &str, properties: &[(&str, String)], cause: &str) -> S
     assert!(!status.success(), "{log}");
     assert!(took < Duration::from_secs(30), "took {took:?}:\n{log}");
     let last = log.lines().last().unwrap_or_default().to_string();
-    assert!(
-        last.starts_with(&format!("error: cannot connect to Kafka at {brokers}")),
-        "{log}"
-    );
+    assert!(last.starts_with(expected), "{log}");
     assert!(
         last.contains(cause),
         "expected {cause:?} in {last:?}:\n{log}"
@@ -513,7 +522,10 @@ async fn every_way_a_connection_fails_ends_the_start_quickly_and_says_why() {
 
     let mut mechanism = broker.client_properties();
     mechanism[1].1 = "SCRAM-SHA-999".into();
-    refused(&broker.address, &mechanism, "sasl.mechanism").await;
+    // Refused by the client itself, before it tries the broker.
+    let settings =
+        "error: the Kafka client refuses its settings: Unsupported hash function: SCRAM-SHA-999";
+    refused_with(&broker.address, &mechanism, settings, "sasl.mechanism").await;
 
     let mut ca = broker.client_properties();
     ca[4].1 = broker.pki.other_ca.display().to_string();

@@ -285,7 +285,10 @@ impl Cluster {
             None => words.to_string(),
         };
         let mut cause = self.kafka.redact(&cause).into_owned();
-        if cause.contains("sasl.mechanism") || cause.contains("SASL mechanism") {
+        // "Unsupported SASL mechanism: X", "Unsupported hash function: X
+        // (try SCRAM-SHA-512)" for SCRAM-SHA-999, a `sasl.*` property.
+        let lower = cause.to_ascii_lowercase();
+        if lower.contains("sasl") || lower.contains("hash function") {
             cause.push_str(
                 " (sasl.mechanism is one of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER, GSSAPI)",
             );
