@@ -835,16 +835,19 @@ async fn an_admin_api_run_killed_part_way_is_resumed_by_the_api_none_twice() {
     let route = capped_route(50, 50, &listen);
     dead_letters(&route, "kill", N).await;
 
-    let mut child = std::process::Command::new(hopper_bin())
-        .args(["run", "--config"])
-        .arg(&route.config_path)
-        .env("HOPPER_CACHE_DIR", cache_dir())
-        .env_remove("HOPPER_BROKERS")
-        .env_remove("HOPPER_LOG_FORMAT")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Killed(
+        std::process::Command::new(hopper_bin())
+            .args(["run", "--config"])
+            .arg(&route.config_path)
+            .env("HOPPER_CACHE_DIR", cache_dir())
+            .env_remove("HOPPER_BROKERS")
+            .env_remove("HOPPER_LOG_FORMAT")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     let deadline = Instant::now() + PATIENCE;
     loop {
         let up = tokio::net::TcpStream::connect(addr).await.is_ok()
@@ -881,8 +884,8 @@ async fn an_admin_api_run_killed_part_way_is_resumed_by_the_api_none_twice() {
         assert!(Instant::now() < deadline, "{status}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.0.kill().unwrap();
+    child.0.wait().unwrap();
     let before = replays_of(&route.input, &run).await;
     assert!(
         before.len() >= 30 && before.len() < N,
@@ -926,6 +929,17 @@ async fn an_admin_api_run_killed_part_way_is_resumed_by_the_api_none_twice() {
         "{stdout}"
     );
     assert_eq!(replays_of(&route.input, &run).await.len(), N);
+}
+
+/// A child process killed when dropped: a failed assertion leaves no
+/// `hopper run` behind, holding its admin port and its group.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// `hopper dlq replay --route ROUTE --resume RUN` on `route`'s config, to
