@@ -309,6 +309,56 @@ fn kubelet_swap(dir: &Path, generation: u32, bytes: &[u8]) {
     }
 }
 
+#[test]
+fn a_read_racing_configmap_rollouts_always_gets_a_whole_version() {
+    let dir = tempfile::tempdir().unwrap();
+    kubelet_swap(dir.path(), 0, b"generation 0");
+    let path = dir.path().join("handler.wasm");
+    std::os::unix::fs::symlink("..data/handler.wasm", &path).unwrap();
+    const SWAPS: u32 = 3_000;
+    let swapper = {
+        let dir = dir.path().to_path_buf();
+        std::thread::spawn(move || {
+            for generation in 1..=SWAPS {
+                kubelet_swap(
+                    &dir,
+                    generation,
+                    format!("generation {generation}").as_bytes(),
+                );
+            }
+        })
+    };
+    let (mut reads, mut generations) = (0u32, std::collections::BTreeSet::new());
+    while !swapper.is_finished() || reads == 0 {
+        let bytes =
+            hopper::reload::read_handler(&path).unwrap_or_else(|e| panic!("read {reads}: {e}"));
+        let text = String::from_utf8(bytes).unwrap();
+        let generation: u32 = text.strip_prefix("generation ").unwrap().parse().unwrap();
+        generations.insert(generation);
+        reads += 1;
+    }
+    swapper.join().unwrap();
+    // The reads overlapped the rollouts: they saw more than one version.
+    assert!(
+        generations.len() > 1,
+        "{reads} reads saw only {generations:?}"
+    );
+    assert_eq!(
+        hopper::reload::read_handler(&path).unwrap(),
+        format!("generation {SWAPS}").as_bytes()
+    );
+}
+
+#[test]
+fn a_missing_handler_is_not_found_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = hopper::reload::read_handler(&dir.path().join("handler.wasm")).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
+    std::os::unix::fs::symlink("..data/handler.wasm", dir.path().join("dangling.wasm")).unwrap();
+    let error = hopper::reload::read_handler(&dir.path().join("dangling.wasm")).unwrap_err();
+    assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_rolled_out_through_a_configmap_is_reloaded_and_links_stay_inside() {
     init_tracing();
