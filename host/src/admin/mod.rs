@@ -95,6 +95,9 @@ pub struct Server {
     readers: Vec<tokio::task::JoinHandle<()>>,
     /// The replay runs' tasks.
     runs: tokio_util::task::TaskTracker,
+    /// Stops the server, its readers and its runs when it is dropped
+    /// without [`Server::stop`].
+    _stop_on_drop: tokio_util::sync::DropGuard,
 }
 
 /// An admin server bound to its address that serves nothing yet: hopper
@@ -136,6 +139,7 @@ impl Bound {
         Server {
             addr,
             session,
+            _stop_on_drop: stop.clone().drop_guard(),
             stop,
             task,
             readers,

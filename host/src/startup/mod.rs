@@ -106,6 +106,10 @@ pub(crate) struct Running {
     /// The delay relay's producer of the entries it awaits; weak, so that
     /// it goes with the relay's pipeline.
     pub relay_entries: Option<std::sync::Weak<renewable::AwaitedProducer>>,
+    /// Cancels `shutdown` when a hopper is dropped without [`Running::stop`]
+    /// (an embedder's panic): its loops stop rather than run on unowned,
+    /// and a runtime shutting down does not wait on them for ever.
+    pub _stop_on_drop: tokio_util::sync::DropGuard,
 }
 
 /// Builds every part of a hopper, then starts them all (the module's doc).
@@ -408,6 +412,7 @@ impl Built {
         let admin = admin.map(admin::Bound::serve);
         Ok(Running {
             telemetry,
+            _stop_on_drop: shutdown.clone().drop_guard(),
             shutdown,
             loops,
             slots,
