@@ -442,15 +442,19 @@ pub const MAX_HANDLER_BYTES: u64 = 256 << 20;
 pub fn read_handler(handler: &Path) -> std::io::Result<Vec<u8>> {
     // A Kubernetes rollout renames `..data` to the new directory and then
     // removes the old one: a read that was following the old name may find
-    // it gone. When the name resolves again, it has moved on: follow it.
-    let mut attempts = 0;
+    // it gone. While the handler's own name is there, follow it again, a
+    // little later each time.
+    let mut attempts = 0u32;
     loop {
         attempts += 1;
         match read_resolved(handler) {
             Err(e)
                 if e.kind() == std::io::ErrorKind::NotFound
                     && attempts < 10
-                    && handler.canonicalize().is_ok() => {}
+                    && std::fs::symlink_metadata(handler).is_ok() =>
+            {
+                std::thread::sleep(std::time::Duration::from_micros(100 << attempts.min(6)));
+            }
             result => return result,
         }
     }

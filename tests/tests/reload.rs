@@ -350,7 +350,7 @@ fn a_read_racing_configmap_rollouts_always_gets_a_whole_version() {
 }
 
 #[test]
-fn a_missing_handler_is_not_found_at_once() {
+fn a_missing_handler_or_a_dangling_link_is_not_found() {
     let dir = tempfile::tempdir().unwrap();
     let error = hopper::reload::read_handler(&dir.path().join("handler.wasm")).unwrap_err();
     assert_eq!(error.kind(), std::io::ErrorKind::NotFound);
