@@ -264,25 +264,26 @@ impl Cluster {
 
     /// librdkafka refused the client's settings.
     fn refused_settings(&self, e: &ClientError) -> KafkaError {
-        let text = e.to_string();
-        // librdkafka's words: `Client config error: No such configuration
-        // property: "x" x 1`. After the quotes come the name as set and the
-        // value, which is left out: a misspelt secret's name is not known
-        // to be a secret.
-        let words = ["Client config error: ", "Client creation error: "]
-            .iter()
-            .find_map(|prefix| text.strip_prefix(prefix))
-            .unwrap_or(&text);
-        let cause = match words.match_indices('"').nth(1) {
-            Some((end, _)) => {
-                let (quoted, rest) = words.split_at(end + 1);
-                let named = &quoted[quoted.find('"').map_or(0, |i| i + 1)..end];
-                match rest.split_whitespace().next() {
-                    Some(set_as) if set_as != named => format!("{quoted} (set as {set_as})"),
-                    _ => quoted.to_string(),
+        let cause = match e {
+            // librdkafka's description, then the entry as set. Its value is
+            // left out wherever it stands: a misspelt secret's name is not
+            // known to be a secret.
+            ClientError::ClientConfig(_, description, key, value) => {
+                // `value 99 is outside allowed range`, `Invalid value "x"`.
+                let mut cause = if value.is_empty() {
+                    description.clone()
+                } else {
+                    description
+                        .replace(&format!("value {value} "), "value … ")
+                        .replace(&format!("\"{value}\""), "\"…\"")
+                };
+                if !cause.contains(&format!("\"{key}\"")) {
+                    cause.push_str(&format!(" (set as {key})"));
                 }
+                cause
             }
-            None => words.to_string(),
+            ClientError::ClientCreation(text) => text.clone(),
+            other => other.to_string(),
         };
         let mut cause = self.kafka.redact(&cause).into_owned();
         // "Unsupported SASL mechanism: X", "Unsupported hash function: X
@@ -626,6 +627,10 @@ mod tests {
             "{alias}"
         );
         assert!(!alias.contains("soon"), "{alias}");
+        let range = refused(&[("linger.ms", "99999999999999999999")]);
+        assert!(range.contains("outside allowed range 0..900000"), "{range}");
+        assert!(!range.contains("9999999999"), "{range}");
+        assert!(range.contains("(set as linger.ms)"), "{range}");
         // A misspelt secret is not known to be one: its value stays out.
         let typo = refused(&[("sasl.pasword", "hunter2-secret")]);
         assert!(typo.contains("\"sasl.pasword\""), "{typo}");
