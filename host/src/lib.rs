@@ -88,6 +88,23 @@ impl Hopper {
         self.running.relay_entries.as_ref()?.upgrade()
     }
 
+    /// Raises a fatal error in both producers of `route`'s park topic, as a
+    /// broker's answers can; false when the route has no ordered retries.
+    /// For tests of their replacement.
+    #[doc(hidden)]
+    pub fn raise_park_fatal(&self, route: &str, reason: &str) -> bool {
+        let Some(store) = self
+            .running
+            .park_stores
+            .get(route)
+            .and_then(|s| s.upgrade())
+        else {
+            return false;
+        };
+        store.raise_fatal(reason);
+        true
+    }
+
     /// Whether this hopper's WebAssembly engine is alive. It is freed, with
     /// its pooling reservation and epoch thread, by the time
     /// [`Hopper::stop`] returns.

@@ -167,6 +167,13 @@ impl AwaitedProducer {
         self.producer.load().send_result(record).map_err(|(e, _)| e)
     }
 
+    /// Replaces the current producer when librdkafka has failed it for
+    /// good; does nothing otherwise. [`AwaitedProducer::enqueue`] does not:
+    /// its caller sees the failures, in the record's acknowledgement.
+    pub fn renew_if_failed(&self) {
+        self.producer.renew();
+    }
+
     /// Produces `record` and waits for the broker's acknowledgement, or for
     /// `timeout` in librdkafka's queue.
     pub async fn send<K, V>(

@@ -979,6 +979,43 @@ mod tests {
         )
     }
 
+    /// A job hands a waiting message on to a retry tier: its head record
+    /// is written while the message still waits, and its waiting record is
+    /// deleted only once the retry is written. Until the job takes it out
+    /// of the table, the key reads as releasing, and its retry, read from
+    /// the tier, would not resolve it: the key would stay parked for ever.
+    #[test]
+    fn a_message_handed_on_and_retried_holds_its_key_once_taken_from_the_table() {
+        let t = table(KeyDeadLetter::Continue);
+        let k = lane("acct-1");
+        t.apply(head(&k, "m5", 5));
+        t.apply(parked(&k, 7));
+        t.apply(release(&k, "m5", ReleaseCause::Resolved));
+        assert!(matches!(t.step(&k), Step::Handle { seq: 7, .. }));
+        t.apply(head(&k, "m7", 7));
+        assert_eq!(
+            t.holds(&k, "m7", 7),
+            Some(false),
+            "releasing while its copy waits"
+        );
+        assert!(t.take(&k, 7).is_some());
+        assert_eq!(t.holds(&k, "m7", 7), Some(true));
+        assert_eq!(t.head_of(&k), Some(("m7".into(), KeyState::Parked)));
+        assert_eq!(
+            t.admit(&k, 7, "m7"),
+            Admission::CallAsHead,
+            "read again, as any head"
+        );
+        // Its record's deletion, once written, changes nothing more.
+        t.apply(Record::Parked {
+            lane: k.clone(),
+            seq: 7,
+            message: None,
+        });
+        assert_eq!(t.holds(&k, "m7", 7), Some(true));
+        assert_eq!(t.summary().messages, 0);
+    }
+
     #[test]
     fn a_key_parks_behind_its_head_and_its_messages_wait_in_order() {
         let t = table(KeyDeadLetter::Continue);

@@ -814,7 +814,17 @@ impl Store {
         if acknowledged {
             return Ok(());
         }
+        // Failed for good, the producer of parked messages is replaced
+        // before its next record; this one is written as any other is.
+        self.parks.renew_if_failed();
         self.deliver(out).await
+    }
+
+    /// Raises a fatal error in both producers, through librdkafka's test
+    /// interface. For tests of their replacement.
+    pub(crate) fn raise_fatal(&self, reason: &str) {
+        self.producer.raise_fatal(reason);
+        self.parks.raise_fatal(reason);
     }
 
     fn tag(&self, lane: &Lane, seq: i64) -> (u64, i64) {

@@ -251,6 +251,13 @@ pub(crate) async fn run_job(processor: &RouteProcessor, store: &Store, lane: Lan
             spans.finish(processor.telemetry.tracer(), &action);
             if let Some(id) = retried(&action) {
                 let held_now = store.hold(&lane, id, seq).await;
+                if held_now.is_ok() {
+                    // The key is parked behind this message now, not behind
+                    // its copy waiting here, whose record is deleted only
+                    // once the retry is written (below): its retry, read
+                    // from the tier however soon, finds it holding the key.
+                    let _ = store.table.take(&lane, seq);
+                }
                 action = held(processor, held_now, &message, action);
             }
             if let Action::GiveUp = action {

@@ -106,6 +106,9 @@ pub(crate) struct Running {
     /// The delay relay's producer of the entries it awaits; weak, so that
     /// it goes with the relay's pipeline.
     pub relay_entries: Option<std::sync::Weak<renewable::AwaitedProducer>>,
+    /// Per route with ordered retries: its park store; weak, so that it
+    /// goes with the route's pipeline.
+    pub park_stores: HashMap<String, std::sync::Weak<parked::Store>>,
     /// Cancels `shutdown` when a hopper is dropped without [`Running::stop`]
     /// (an embedder's panic): its loops stop rather than run on unowned,
     /// and a runtime shutting down does not wait on them for ever.
@@ -365,8 +368,10 @@ impl Built {
         let shutdown = CancellationToken::new();
         // Followed before any partition starts: a partition's task waits
         // until its route's table has read the topic's end.
+        let mut park_stores = HashMap::new();
         for table in parked {
-            table.follow(shutdown.clone());
+            let store = table.follow(shutdown.clone());
+            park_stores.insert(store.table.route().to_string(), Arc::downgrade(&store));
         }
         let loops = TaskTracker::new();
         let supervision = Supervision::default();
@@ -422,6 +427,7 @@ impl Built {
             engine,
             cancels,
             relay_entries,
+            park_stores,
         })
     }
 }
