@@ -93,16 +93,23 @@ impl Hopper {
     /// For tests of their replacement.
     #[doc(hidden)]
     pub fn raise_park_fatal(&self, route: &str, reason: &str) -> bool {
-        let Some(store) = self
-            .running
-            .park_stores
-            .get(route)
-            .and_then(|s| s.upgrade())
-        else {
+        let Some(store) = self.park_store(route) else {
             return false;
         };
         store.raise_fatal(reason);
         true
+    }
+
+    /// How many times each producer of `route`'s park topic was replaced,
+    /// failed for good: the awaited records' and the parked messages'.
+    /// For tests of their replacement.
+    #[doc(hidden)]
+    pub fn park_producer_renewals(&self, route: &str) -> Option<(u64, u64)> {
+        Some(self.park_store(route)?.renewals())
+    }
+
+    fn park_store(&self, route: &str) -> Option<Arc<parked::Store>> {
+        self.running.park_stores.get(route)?.upgrade()
     }
 
     /// Whether this hopper's WebAssembly engine is alive. It is freed, with

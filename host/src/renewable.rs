@@ -58,6 +58,8 @@ pub(crate) struct Renewable<P> {
     make: Make<P>,
     /// Held while the producer is replaced, so that it is replaced once.
     renewing: Mutex<()>,
+    /// How many times it was replaced.
+    renewals: std::sync::atomic::AtomicU64,
     /// Names the producer in the log.
     name: String,
 }
@@ -69,6 +71,7 @@ impl<P: Client> Renewable<P> {
             current: ArcSwap::from_pointee(make()?),
             make,
             renewing: Mutex::new(()),
+            renewals: std::sync::atomic::AtomicU64::new(0),
             name,
         })
     }
@@ -96,6 +99,8 @@ impl<P: Client> Renewable<P> {
         match (self.make)() {
             Ok(new) => {
                 self.current.store(Arc::new(new));
+                self.renewals
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::error!(
                     producer = %self.name,
                     error = %format!("{code:?}: {reason}"),
@@ -111,6 +116,11 @@ impl<P: Client> Renewable<P> {
                 "The producer failed for good and no new one could be made; the next failed record tries again."
             ),
         }
+    }
+
+    /// How many times the producer was replaced.
+    pub(crate) fn renewals(&self) -> u64 {
+        self.renewals.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Raises a fatal error in the current producer through librdkafka's
@@ -219,6 +229,11 @@ impl AwaitedProducer {
     #[doc(hidden)]
     pub fn raise_fatal(&self, reason: &str) {
         self.producer.raise_fatal(reason);
+    }
+
+    /// How many times the producer was replaced, failed for good.
+    pub fn renewals(&self) -> u64 {
+        self.producer.renewals()
     }
 
     /// The current producer's fatal error, if librdkafka has failed it for

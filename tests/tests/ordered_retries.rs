@@ -538,8 +538,21 @@ async fn park_producers_failed_for_good_mid_stream_lose_nothing_and_keep_each_ke
         p.keys == Some(0.0) && p.messages == Some(0.0)
     })
     .await;
+    // The errors took: each producer was replaced, at most once for each
+    // error (two errors before a producer's next record are one).
+    let (awaited, parks) = hopper
+        .park_producer_renewals(&s.name)
+        .expect("the route has a park store");
     hopper.stop().await;
     assert_eq!(raised, FATALS);
+    assert!(
+        (1..=FATALS as u64).contains(&awaited),
+        "the awaited records' producer: {awaited}"
+    );
+    assert!(
+        (1..=FATALS as u64).contains(&parks),
+        "the parked messages' producer: {parks}"
+    );
     assert_eq!(
         recorder.failures_answered(),
         failures,
@@ -834,6 +847,116 @@ async fn park_records_the_broker_refuses_for_good_are_dead_lettered_once_and_unc
         2,
         "long/0 and long/1"
     );
+}
+
+/// Produces message `seq` of `key` to `topic`, as [`Msg::get`] makes it,
+/// with a `padding` header when given one.
+async fn send_padded(
+    producer: &FutureProducer,
+    topic: &str,
+    recorder: &KeyRecorder,
+    (key, seq): (&str, u64),
+    padding: Option<&String>,
+) {
+    let id = format!("{key}/{seq}");
+    let mut headers = OwnedHeaders::new().insert(Header {
+        key: "hopper-id",
+        value: Some(id.as_str()),
+    });
+    if let Some(padding) = padding {
+        headers = headers.insert(Header {
+            key: "padding",
+            value: Some(padding.as_str()),
+        });
+    }
+    let payload = recorder.command(key, seq);
+    let record = FutureRecord::to(topic)
+        .key(key)
+        .payload(&payload)
+        .headers(headers);
+    producer
+        .send(record, Duration::from_secs(10))
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
+}
+
+/// A retry its tier refuses for good (a record larger than the tier takes;
+/// a tier not allowed) is dead-lettered in its place. It then waits in no
+/// tier, so nothing would ever release its key: it releases it as a
+/// dead-lettered head does, whether it was read from the input (`b`) or
+/// handed on from the park topic (`a`), and the key's later messages go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_its_tier_refuses_for_good_is_dead_lettered_and_releases_its_key() {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    init_tracing();
+    let recorder = KeyRecorder::start();
+    let s = Setup::new(ordered(&recorder), 1).await;
+    let tier = format!("{}.retry.1s", s.name);
+    let admin: AdminClient<_> = client_config().create().unwrap();
+    let topic =
+        NewTopic::new(&tier, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "8192");
+    let made = admin
+        .create_topics([&topic], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(made.iter().all(Result::is_ok), "{made:?}");
+    let (hopper, addr) = s.start().await;
+    let producer = producer();
+    // `b/0` and `a/1` carry a header too large for the tier, and fail once.
+    // One key after the other: the broker's limit is per batch, and a
+    // small retry batched with a large one would be refused with it.
+    for (key, seq) in [("b", 0), ("a", 0), ("a", 1)] {
+        recorder.fail(key, seq, 1);
+    }
+    let padding = "x".repeat(12 * 1024);
+    let send = |key: &'static str, seq: u64, large: bool| {
+        send_padded(
+            &producer,
+            &s.input,
+            &recorder,
+            (key, seq),
+            large.then_some(&padding),
+        )
+    };
+    let dead_letter = |record: &OwnedMessage| {
+        let (headers, _) = header_map(record);
+        assert_eq!(headers["hopper-reason"], "RECORD_TOO_LARGE", "{headers:?}");
+        assert!(
+            headers["hopper-last-error"].contains(&tier),
+            "the error names the tier: {}",
+            headers["hopper-last-error"]
+        );
+        headers["hopper-id"].clone()
+    };
+    // Read from the input.
+    send("b", 0, true).await;
+    send("b", 1, false).await;
+    let dead = consume(&s.dlq, 1, PATIENCE).await;
+    assert_eq!(dead_letter(&dead[0]), "b/0");
+    recorder
+        .wait_for("b/1", PATIENCE, |r| r.has_ok("b", 1))
+        .await;
+    // Handed on from the park topic, behind `a/0`.
+    send("a", 0, false).await;
+    send("a", 1, true).await;
+    send("a", 2, false).await;
+    let dead = consume(&s.dlq, 2, PATIENCE).await;
+    assert_eq!(dead_letter(&dead[1]), "a/1");
+    recorder
+        .wait_for("a/2", PATIENCE, |r| r.has_ok("a", 2))
+        .await;
+    let parking = parking_until(addr, &s.name, "both keys released", |p| {
+        p.keys == Some(0.0) && p.messages == Some(0.0)
+    })
+    .await;
+    hopper.stop().await;
+    assert_eq!(
+        seqs(&recorder.calls_of("a")),
+        [(0, 503), (0, 200), (1, 503), (2, 200)]
+    );
+    assert_eq!(seqs(&recorder.calls_of("b")), [(0, 503), (1, 200)]);
+    assert_eq!(parking.released_dead_lettered, Some(2.0), "{parking:?}");
 }
 
 /// `hopper ARGS` to the end, within a minute: stdout, after checking it

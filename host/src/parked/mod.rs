@@ -35,6 +35,6 @@ pub use records::{BadRecord, Head, Lane, Parked, Record, Release};
 pub use table::LaneView;
 pub use table::{Admission, Inputs, KeyState, KeyView, ParkTable, Refusal, Step};
 pub use topic::{
-    HeadAck, LoadedTable, NotParked, ParkError, Purged, Refused, Stopping, Store, Unwritten,
+    HeadAck, LoadedTable, NotParked, ParkError, Purged, Refused, Sent, Stopping, Store, Unwritten,
     ensure_topic, list, load, purge, release,
 };

@@ -80,6 +80,16 @@ pub enum Unwritten {
     Stopping(#[from] Stopping),
 }
 
+/// What became of a hop [`Store::send`] produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sent {
+    /// Acknowledged where it was going.
+    Written,
+    /// Refused there for good (a tier that does not take a record that
+    /// large, a topic not allowed), and dead-lettered in its place.
+    DeadLettered,
+}
+
 /// A parked message's record, not acknowledged.
 #[derive(Debug)]
 pub enum NotParked {
@@ -827,6 +837,12 @@ impl Store {
         self.parks.raise_fatal(reason);
     }
 
+    /// How many times each producer was replaced, failed for good: the
+    /// awaited records' and the parked messages'.
+    pub(crate) fn renewals(&self) -> (u64, u64) {
+        (self.producer.renewals(), self.parks.renewals())
+    }
+
     fn tag(&self, lane: &Lane, seq: i64) -> (u64, i64) {
         (self.lanes.hash_one(lane), seq)
     }
@@ -953,14 +969,16 @@ impl Store {
     /// [`Store::write`] does; then reports it, as a pipeline's producer
     /// does on an acknowledgement. A hop the broker refuses for good is
     /// dead-lettered in its place, as the pipeline's producer does
-    /// ([`crate::produce::instead_of_refused`]); a dead letter refused for
-    /// good halts the route's pipeline. Either, and hopper's stop, give the
-    /// hop up: what needed it is left undone.
-    pub async fn send(&self, hop: PlannedHop) -> Result<(), Stopping> {
+    /// ([`crate::produce::instead_of_refused`]), and says so
+    /// ([`Sent::DeadLettered`]); a dead letter refused for good halts the
+    /// route's pipeline. Either, and hopper's stop, give the hop up: what
+    /// needed it is left undone.
+    pub async fn send(&self, hop: PlannedHop) -> Result<Sent, Stopping> {
         let PlannedHop {
             mut record,
             mut outcome,
         } = hop;
+        let mut became = Sent::Written;
         let mut failures = 0u32;
         loop {
             let mut out = FutureRecord::<[u8], [u8]>::to(&record.topic)
@@ -1007,6 +1025,7 @@ impl Store {
                         outcome: crate::types::HopFailure::DeadLettered,
                     });
                     (record, outcome, failures) = (dead.record, dead.outcome, 0);
+                    became = Sent::DeadLettered;
                 }
                 Err(_) => {
                     self.telemetry.emit(events::HopFailed {
@@ -1024,6 +1043,6 @@ impl Store {
             }
         }
         self.telemetry.emit(outcome);
-        Ok(())
+        Ok(became)
     }
 }

@@ -5,7 +5,7 @@
 use super::{self as route, RouteProcessor};
 use crate::headers;
 use crate::hop::{Action, Outcome, PlannedHop, Written};
-use crate::parked::{Admission, Lane, NotParked, Parked, Step, Stopping, Store, Unwritten};
+use crate::parked::{Admission, Lane, NotParked, Parked, Sent, Step, Stopping, Store, Unwritten};
 use crate::spans::RouteSpans;
 use crate::types::ReleaseCause;
 use rdkafka::Timestamp;
@@ -94,7 +94,7 @@ pub(crate) async fn process(
                         let dead =
                             route::dead_letter_unparkable(&config, &message, &refused, false);
                         match store.send(dead).await {
-                            Ok(()) => Written::Acknowledged,
+                            Ok(_) => Written::Acknowledged,
                             Err(Stopping) => Written::GivenUp,
                         }
                     }
@@ -163,16 +163,24 @@ pub(crate) fn park_behind(
                 (vec![dead], true)
             }
         };
+        let mut dead_lettered = false;
         for hop in hops {
-            if store.send(hop).await.is_err() {
-                return Written::GivenUp;
+            match store.send(hop).await {
+                Ok(Sent::Written) => {}
+                Ok(Sent::DeadLettered) => dead_lettered = true,
+                Err(Stopping) => return Written::GivenUp,
             }
         }
-        if unparked
-            && store
-                .resolved(&lane, &id, ReleaseCause::Resolved)
-                .await
-                .is_err()
+        // Not parked, it is released as if it had never parked it; its
+        // retry dead-lettered in its place, it waits in no tier, and is
+        // released as a dead-lettered head is.
+        let release = if unparked {
+            Some(ReleaseCause::Resolved)
+        } else {
+            dead_lettered.then_some(ReleaseCause::DeadLettered)
+        };
+        if let Some(cause) = release
+            && store.resolved(&lane, &id, cause).await.is_err()
         {
             return Written::GivenUp;
         }
@@ -249,14 +257,17 @@ pub(crate) async fn run_job(processor: &RouteProcessor, store: &Store, lane: Lan
             let mut spans = RouteSpans::default();
             let mut action = route::handle(processor, &message, &mut spans).await;
             spans.finish(processor.telemetry.tracer(), &action);
-            if let Some(id) = retried(&action) {
-                let held_now = store.hold(&lane, id, seq).await;
+            // The key's head now, when it goes to a retry tier.
+            let mut head = None;
+            if let Some(id) = retried(&action).map(str::to_string) {
+                let held_now = store.hold(&lane, &id, seq).await;
                 if held_now.is_ok() {
                     // The key is parked behind this message now, not behind
                     // its copy waiting here, whose record is deleted only
                     // once the retry is written (below): its retry, read
                     // from the tier however soon, finds it holding the key.
                     let _ = store.table.take(&lane, seq);
+                    head = Some(id);
                 }
                 action = held(processor, held_now, &message, action);
             }
@@ -264,10 +275,24 @@ pub(crate) async fn run_job(processor: &RouteProcessor, store: &Store, lane: Lan
                 return;
             }
             let resolved = resolution(&action);
+            let mut dead_lettered = false;
             for hop in hops(action) {
-                if store.send(hop).await.is_err() {
-                    return;
+                match store.send(hop).await {
+                    Ok(Sent::Written) => {}
+                    Ok(Sent::DeadLettered) => dead_lettered = true,
+                    Err(Stopping) => return,
                 }
+            }
+            // Its retry dead-lettered in its place, it waits in no tier:
+            // it releases its key as a dead-lettered head does.
+            if dead_lettered
+                && let Some(id) = &head
+                && store
+                    .resolved(&lane, id, ReleaseCause::DeadLettered)
+                    .await
+                    .is_err()
+            {
+                return;
             }
             // The key's head itself, handed on again after a crash
             // (`KeyState::Releasing`), that resolved this time.
