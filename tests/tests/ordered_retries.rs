@@ -425,23 +425,9 @@ async fn each_of_200_keys_keeps_its_order_through_retries_of_2_percent_of_10000_
     let recorder = KeyRecorder::start();
     let s = Setup::new(ordered(&recorder), 4).await;
     // About 2% of (key, seq) fail once or twice; the rest answer 200.
-    let mut rng = StdRng::seed_from_u64(49);
-    let mut failures = 0;
-    for k in 0..KEYS {
-        for seq in 0..SEQS {
-            if rng.random_ratio(1, 50) {
-                let times = rng.random_range(1..=2);
-                recorder.fail(&format!("k{k}"), seq, times);
-                failures += times as usize;
-            }
-        }
-    }
+    let failures = plan_failures(&recorder, (KEYS, SEQS), 49, 50, 2);
     let (hopper, addr) = s.start().await;
-    // Keys interleaved, each key's messages in seq order.
-    let msgs: Vec<Msg> = (0..SEQS)
-        .flat_map(|seq| (0..KEYS).map(move |k| (k, seq)))
-        .map(|(k, seq)| Msg::get(&recorder, &format!("k{k}"), seq))
-        .collect();
+    let msgs = interleaved(&recorder, (KEYS, SEQS));
     let started = Instant::now();
     produce_all(&producer(), &s.input, &msgs).await;
     every_ok(
@@ -462,6 +448,45 @@ async fn each_of_200_keys_keeps_its_order_through_retries_of_2_percent_of_10000_
     .await;
     hopper.stop().await;
     eprintln!("{parking:?}");
+    assert_parked_and_kept_order(&recorder, failures, &parking);
+}
+
+/// Makes about one in `one_in` of the messages `k<key>/<seq>` of `keys` ×
+/// `seqs` fail 1 to `most` times, chosen by `seed`; the rest answer 200.
+/// Returns how many 503s that plans.
+fn plan_failures(
+    recorder: &KeyRecorder,
+    (keys, seqs): (usize, u64),
+    seed: u64,
+    one_in: u32,
+    most: u32,
+) -> usize {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut failures = 0;
+    for k in 0..keys {
+        for seq in 0..seqs {
+            if rng.random_ratio(1, one_in) {
+                let times = rng.random_range(1..=most);
+                recorder.fail(&format!("k{k}"), seq, times);
+                failures += times as usize;
+            }
+        }
+    }
+    failures
+}
+
+/// The messages `k<key>/<seq>` of `keys` × `seqs`, keys interleaved, each
+/// key's messages in seq order.
+fn interleaved(recorder: &KeyRecorder, (keys, seqs): (usize, u64)) -> Vec<Msg> {
+    (0..seqs)
+        .flat_map(|seq| (0..keys).map(move |k| (k, seq)))
+        .map(|(k, seq)| Msg::get(recorder, &format!("k{k}"), seq))
+        .collect()
+}
+
+/// How a run of many keys ends: each 503 planned was given, some message
+/// was parked (else the run tested nothing), and each key kept its order.
+fn assert_parked_and_kept_order(recorder: &KeyRecorder, failures: usize, parking: &Parking) {
     assert_eq!(
         recorder.failures_answered(),
         failures,
@@ -471,7 +496,7 @@ async fn each_of_200_keys_keeps_its_order_through_retries_of_2_percent_of_10000_
         parking.parked_total.unwrap_or(0.0) > 0.0,
         "no message was parked: the run did not test parking ({parking:?})"
     );
-    assert_in_order(&recorder);
+    assert_in_order(recorder);
 }
 
 /// librdkafka fails an idempotent producer for good when it and the broker
@@ -488,21 +513,9 @@ async fn park_producers_failed_for_good_mid_stream_lose_nothing_and_keep_each_ke
     let recorder = KeyRecorder::start();
     let s = Setup::new(ordered(&recorder), 4).await;
     // About 5% of (key, seq) fail once: keys are parked all through.
-    let mut rng = StdRng::seed_from_u64(63);
-    let mut failures = 0;
-    for k in 0..KEYS {
-        for seq in 0..SEQS {
-            if rng.random_ratio(1, 20) {
-                recorder.fail(&format!("k{k}"), seq, 1);
-                failures += 1;
-            }
-        }
-    }
+    let failures = plan_failures(&recorder, (KEYS, SEQS), 63, 20, 1);
     let (hopper, addr) = s.start().await;
-    let msgs: Vec<Msg> = (0..SEQS)
-        .flat_map(|seq| (0..KEYS).map(move |k| (k, seq)))
-        .map(|(k, seq)| Msg::get(&recorder, &format!("k{k}"), seq))
-        .collect();
+    let msgs = interleaved(&recorder, (KEYS, SEQS));
     let total = msgs.len();
     let producing = {
         let input = s.input.clone();
@@ -553,16 +566,7 @@ async fn park_producers_failed_for_good_mid_stream_lose_nothing_and_keep_each_ke
         (1..=FATALS as u64).contains(&parks),
         "the parked messages' producer: {parks}"
     );
-    assert_eq!(
-        recorder.failures_answered(),
-        failures,
-        "every 503 was given"
-    );
-    assert!(
-        parking.parked_total.unwrap_or(0.0) > 0.0,
-        "no message was parked: the run did not test parking ({parking:?})"
-    );
-    assert_in_order(&recorder);
+    assert_parked_and_kept_order(&recorder, failures, &parking);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -772,20 +776,11 @@ async fn continue_hands_the_rest_of_a_key_on_in_order_once_its_head_is_dead_lett
 /// key's would be refused with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn park_records_the_broker_refuses_for_good_are_dead_lettered_once_and_uncalled() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     init_tracing();
     let recorder = KeyRecorder::start();
     let s = Setup::new(ordered(&recorder), 1).await;
     let parked = format!("{}.parked", s.name);
-    let admin: AdminClient<_> = client_config().create().unwrap();
-    let topic = NewTopic::new(&parked, 1, TopicReplication::Fixed(1))
-        .set("cleanup.policy", "compact")
-        .set("max.message.bytes", "8192");
-    let made = admin
-        .create_topics([&topic], &AdminOptions::new())
-        .await
-        .unwrap();
-    assert!(made.iter().all(Result::is_ok), "{made:?}");
+    create_small_topic(&parked, Some("compact")).await;
     let (hopper, addr) = s.start().await;
     let producer = producer();
     let long = vec![b'k'; 16 * 1024];
@@ -849,6 +844,23 @@ async fn park_records_the_broker_refuses_for_good_are_dead_lettered_once_and_unc
     );
 }
 
+/// Creates `topic`, of one partition, whose broker takes no record batch
+/// over 8 KiB; compacted when `cleanup` says so.
+async fn create_small_topic(topic: &str, cleanup: Option<&str>) {
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    let admin: AdminClient<_> = client_config().create().unwrap();
+    let mut new =
+        NewTopic::new(topic, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "8192");
+    if let Some(policy) = cleanup {
+        new = new.set("cleanup.policy", policy);
+    }
+    let made = admin
+        .create_topics([&new], &AdminOptions::new())
+        .await
+        .unwrap();
+    assert!(made.iter().all(Result::is_ok), "{made:?}");
+}
+
 /// Produces message `seq` of `key` to `topic`, as [`Msg::get`] makes it,
 /// with a `padding` header when given one.
 async fn send_padded(
@@ -888,19 +900,11 @@ async fn send_padded(
 /// handed on from the park topic (`a`), and the key's later messages go on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_its_tier_refuses_for_good_is_dead_lettered_and_releases_its_key() {
-    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
     init_tracing();
     let recorder = KeyRecorder::start();
     let s = Setup::new(ordered(&recorder), 1).await;
     let tier = format!("{}.retry.1s", s.name);
-    let admin: AdminClient<_> = client_config().create().unwrap();
-    let topic =
-        NewTopic::new(&tier, 1, TopicReplication::Fixed(1)).set("max.message.bytes", "8192");
-    let made = admin
-        .create_topics([&topic], &AdminOptions::new())
-        .await
-        .unwrap();
-    assert!(made.iter().all(Result::is_ok), "{made:?}");
+    create_small_topic(&tier, None).await;
     let (hopper, addr) = s.start().await;
     let producer = producer();
     // `b/0` and `a/1` carry a header too large for the tier, and fail once.
@@ -1237,10 +1241,7 @@ fn keyed_stream(recorder: &KeyRecorder, keys: usize, seqs: u64, seed: u64) -> Ve
             }
         }
     }
-    (0..seqs)
-        .flat_map(|seq| (0..keys).map(move |k| (k, seq)))
-        .map(|(k, seq)| Msg::get(recorder, &format!("k{k}"), seq))
-        .collect()
+    interleaved(recorder, (keys, seqs))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
